@@ -1,0 +1,62 @@
+#include "tessera/gather.hpp"
+
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/wait.hpp"
+
+namespace tessera {
+namespace {
+
+// Gathers each rank's tile of `planes_per_sample` planes onto rank 0 and places it with `put`.
+template <typename T, typename Put>
+void gather_tiles(std::span<const T> mine, const Distribution& d, std::int64_t planes,
+                  const ProcessGrid& grid, Put&& put) {
+  constexpr int kTag = 7001;
+  if (grid.rank() != 0) {
+    MPI_Request r;
+    TESSERA_CHECK_MPI(MPI_Isend(mine.data(), static_cast<int>(mine.size()), mpi_type<T>(), 0, kTag,
+                                grid.comm(), &r));
+    wait(r);
+    return;
+  }
+  const int ranks = grid.shape().size();
+  std::vector<std::vector<T>> tiles(static_cast<std::size_t>(ranks));
+  std::vector<MPI_Request> requests;
+  for (int r = 1; r < ranks; ++r) {
+    const Distribution theirs{d.global, d.grid, grid.coords_of(r)};
+    const Shape4 s = theirs.local_shape();
+    tiles[r].resize(static_cast<std::size_t>(s.n * planes * s.h * s.w));
+    MPI_Request q;
+    TESSERA_CHECK_MPI(MPI_Irecv(tiles[r].data(), static_cast<int>(tiles[r].size()), mpi_type<T>(),
+                                r, kTag, grid.comm(), &q));
+    requests.push_back(q);
+  }
+  tiles[0].assign(mine.begin(), mine.end());
+  wait_all(requests);
+  for (int r = 0; r < ranks; ++r)
+    put(Distribution{d.global, d.grid, grid.coords_of(r)}, tiles[r]);
+}
+
+}  // namespace
+
+template <typename T>
+Tensor<T> gather_to_root(const DistTensor<T>& x, const ProcessGrid& grid) {
+  const Shape4& g = x.dist.global;
+  Tensor<T> whole(grid.rank() == 0 ? g : Shape4{});
+  gather_tiles<T>(x.local.span(), x.dist, g.c, grid,
+                  [&](const Distribution& d, const std::vector<T>& t) {
+                    const Range ns = d.samples(), hs = d.rows(), ws = d.cols();
+                    std::size_t k = 0;
+                    for (std::int64_t n = ns.begin; n < ns.end; ++n)
+                      for (std::int64_t c = 0; c < g.c; ++c)
+                        for (std::int64_t h = hs.begin; h < hs.end; ++h)
+                          for (std::int64_t w = ws.begin; w < ws.end; ++w)
+                            whole.at(n, c, h, w) = t[k++];
+                  });
+  return whole;
+}
+
+template Tensor<float> gather_to_root(const DistTensor<float>&, const ProcessGrid&);
+template Tensor<double> gather_to_root(const DistTensor<double>&, const ProcessGrid&);
+
+}  // namespace tessera

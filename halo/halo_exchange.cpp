@@ -1,0 +1,189 @@
+#include "tessera/halo_exchange.hpp"
+
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/wait.hpp"
+
+namespace tessera {
+namespace {
+
+// Index of global (row, col) in a tensor whose spatial origin is `origin`.
+template <typename T>
+const T* plane_row(const Tensor<T>& t, std::int64_t plane, const Box& origin, std::int64_t row,
+                   std::int64_t col) {
+  const Shape4& s = t.shape();
+  return t.data() + (plane * s.h + (row - origin.h.begin)) * s.w + (col - origin.w.begin);
+}
+
+template <typename T>
+T* plane_row(Tensor<T>& t, std::int64_t plane, const Box& origin, std::int64_t row,
+             std::int64_t col) {
+  return const_cast<T*>(plane_row(static_cast<const Tensor<T>&>(t), plane, origin, row, col));
+}
+
+template <typename T>
+void pack(const Tensor<T>& t, const Box& origin, const Box& box, T* out) {
+  const std::int64_t planes = t.shape().n * t.shape().c;
+  const std::int64_t width = box.w.size();
+  for (std::int64_t p = 0; p < planes; ++p)
+    for (std::int64_t r = box.h.begin; r < box.h.end; ++r, out += width) {
+      const T* in = plane_row(t, p, origin, r, box.w.begin);
+      std::copy(in, in + width, out);
+    }
+}
+
+template <typename T>
+void unpack(const T* in, const Box& box, Tensor<T>& t, const Box& origin, Direction how) {
+  const std::int64_t planes = t.shape().n * t.shape().c;
+  const std::int64_t width = box.w.size();
+  for (std::int64_t p = 0; p < planes; ++p)
+    for (std::int64_t r = box.h.begin; r < box.h.end; ++r, in += width) {
+      T* out = plane_row(t, p, origin, r, box.w.begin);
+      if (how == Direction::fill) {
+        std::copy(in, in + width, out);
+      } else {
+        for (std::int64_t k = 0; k < width; ++k)
+          out[k] += in[k];
+      }
+    }
+}
+
+// Copies (fill) or adds (accumulate) `box` from one tensor to another without a message.
+template <typename T>
+void move_local(const Tensor<T>& from, const Box& from_origin, Tensor<T>& to, const Box& to_origin,
+                const Box& box, Direction how) {
+  if (box.empty()) return;
+  std::vector<T> buffer(static_cast<std::size_t>(from.shape().n * from.shape().c * box.size()));
+  pack(from, from_origin, box, buffer.data());
+  unpack(buffer.data(), box, to, to_origin, how);
+}
+
+Shape4 with_box(const Shape4& s, const Box& b) {
+  return {s.n, s.c, b.h.size(), b.w.size()};
+}
+
+}  // namespace
+
+template <typename T>
+struct HaloRequest<T>::State {
+  Direction how = Direction::fill;
+  Tensor<T>* target = nullptr;  // window (fill) or tile gradient (accumulate)
+  Box target_origin;
+  std::vector<Box> incoming;  // boxes of recv_buffers, in order
+  std::vector<std::vector<T>> recv_buffers;
+  std::vector<std::vector<T>> send_buffers;
+  std::vector<MPI_Request> requests;
+  bool* in_flight = nullptr;
+};
+
+template <typename T>
+HaloRequest<T>::~HaloRequest() {
+  if (!state_) return;
+  // Abandoned mid-flight (an exception unwound past it): never block here, and keep the
+  // buffers alive so a late message cannot land in freed memory. The job is ending anyway.
+  for (MPI_Request& r : state_->requests)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  if (state_->in_flight) *state_->in_flight = false;
+  (void)state_.release();
+}
+
+template <typename T>
+HaloExchange<T>::HaloExchange(HaloPlan plan, MPI_Comm comm, int tag)
+    : plan_(std::move(plan)), comm_(comm), tag_(tag) {}
+
+template <typename T>
+HaloRequest<T> HaloExchange<T>::start_fill(const Tensor<T>& tile, Tensor<T>& window) {
+  TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
+  TESSERA_CHECK(tile.shape() == with_box(tile.shape(), plan_.owned) &&
+                    window.shape() == with_box(tile.shape(), plan_.window),
+                "halo fill: tile " + tile.shape().str() + " / window " + window.shape().str() +
+                    " do not match the plan " + to_string(plan_.owned) + " / " +
+                    to_string(plan_.window));
+  HaloRequest<T> request;
+  auto s = std::make_unique<typename HaloRequest<T>::State>();
+  s->how = Direction::fill;
+  s->target = &window;
+  s->target_origin = plan_.window;
+  const std::int64_t planes = tile.shape().n * tile.shape().c;
+  const int tag = 2 * tag_;
+  for (const HaloTransfer& t : plan_.recv) {
+    s->incoming.push_back(t.box);
+    auto& buf = s->recv_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
+    MPI_Request r;
+    TESSERA_CHECK_MPI(
+        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
+    s->requests.push_back(r);
+  }
+  for (const HaloTransfer& t : plan_.send) {
+    auto& buf = s->send_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
+    pack(tile, plan_.owned, t.box, buf.data());
+    MPI_Request r;
+    TESSERA_CHECK_MPI(
+        MPI_Isend(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
+    s->requests.push_back(r);
+  }
+  // Zero padding and the local copy overlap the messages.
+  window.fill(T(0));
+  move_local(tile, plan_.owned, window, plan_.window, plan_.self, Direction::fill);
+  in_flight_ = true;
+  s->in_flight = &in_flight_;
+  request.state_ = std::move(s);
+  return request;
+}
+
+template <typename T>
+HaloRequest<T> HaloExchange<T>::start_accumulate(const Tensor<T>& window_grad,
+                                                 Tensor<T>& tile_grad) {
+  TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
+  TESSERA_CHECK(tile_grad.shape() == with_box(tile_grad.shape(), plan_.owned) &&
+                    window_grad.shape() == with_box(tile_grad.shape(), plan_.window),
+                "halo accumulate: tile " + tile_grad.shape().str() + " / window " +
+                    window_grad.shape().str() + " do not match the plan");
+  HaloRequest<T> request;
+  auto s = std::make_unique<typename HaloRequest<T>::State>();
+  s->how = Direction::accumulate;
+  s->target = &tile_grad;
+  s->target_origin = plan_.owned;
+  const std::int64_t planes = tile_grad.shape().n * tile_grad.shape().c;
+  const int tag = 2 * tag_ + 1;
+  // The reverse of fill: what fill received, accumulate sends back, and vice versa.
+  for (const HaloTransfer& t : plan_.send) {
+    s->incoming.push_back(t.box);
+    auto& buf = s->recv_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
+    MPI_Request r;
+    TESSERA_CHECK_MPI(
+        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
+    s->requests.push_back(r);
+  }
+  for (const HaloTransfer& t : plan_.recv) {
+    auto& buf = s->send_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
+    pack(window_grad, plan_.window, t.box, buf.data());
+    MPI_Request r;
+    TESSERA_CHECK_MPI(
+        MPI_Isend(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
+    s->requests.push_back(r);
+  }
+  move_local(window_grad, plan_.window, tile_grad, plan_.owned, plan_.self, Direction::accumulate);
+  in_flight_ = true;
+  s->in_flight = &in_flight_;
+  request.state_ = std::move(s);
+  return request;
+}
+
+template <typename T>
+void HaloExchange<T>::finish(HaloRequest<T>& request) {
+  TESSERA_CHECK(request.state_ != nullptr, "halo finish: the request is empty or already finished");
+  auto s = std::move(request.state_);
+  wait_all(s->requests);
+  // Received boxes are added in ascending peer order, so results do not depend on timing.
+  for (std::size_t k = 0; k < s->incoming.size(); ++k)
+    unpack(s->recv_buffers[k].data(), s->incoming[k], *s->target, s->target_origin, s->how);
+  in_flight_ = false;
+}
+
+template class HaloRequest<float>;
+template class HaloRequest<double>;
+template class HaloExchange<float>;
+template class HaloExchange<double>;
+
+}  // namespace tessera

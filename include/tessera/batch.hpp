@@ -1,0 +1,44 @@
+// Batches of images and per-pixel labels: from HDF5 files (DESIGN.md section 4, each rank reading
+// only its own tile) or generated from a seed. Every function is local.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/dist_tensor.hpp"
+#include "tessera/hdf5.hpp"
+
+namespace tessera {
+
+struct BatchFileInfo {
+  Shape4 images;                       // /images [N, C, H, W]
+  std::array<std::int64_t, 3> labels;  // /labels [N, H, W]
+};
+
+// Checks that `file` holds /images (float32, float64 or uint8, rank 4) and /labels (integer,
+// rank 3, same N); throws an Error naming the file and the dataset otherwise.
+BatchFileInfo inspect_batch_file(const h5::File& file);
+
+// This rank's tile of /images for distribution `d` (its samples, every channel, its rows and
+// columns); uint8 images are scaled to [0, 1].
+template <typename T>
+Tensor<T> read_image_tile(const h5::File& file, const Distribution& d);
+
+// This rank's tile of /labels for distribution `d` (d.global is the logits' shape, whose C is
+// the class count); every label is checked to lie in [0, C).
+std::vector<std::int32_t> read_label_tile(const h5::File& file, const Distribution& d);
+
+// Uniform(-1, 1) images and uniform labels in [0, C) whose values depend only on the seed and
+// the global index, so every grid sees the same batch.
+template <typename T>
+Tensor<T> random_image_tile(const Distribution& d, std::uint64_t seed);
+std::vector<std::int32_t> random_label_tile(const Distribution& d, std::uint64_t seed);
+
+// Writes `group`/images and `group`/labels (whole tensors; "" for the root) into `file`.
+template <typename T>
+void write_batch(h5::File& file, const std::string& group, const Tensor<T>& images,
+                 std::span<const std::int32_t> labels, const Shape4& label_shape);
+
+}  // namespace tessera

@@ -1,0 +1,33 @@
+// Collectives that wait through wait_all, and agreement on errors.
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <span>
+#include <string>
+
+namespace tessera {
+
+template <typename T>
+MPI_Datatype mpi_type();
+
+// In-place SUM over `comm`. Collective over `comm`.
+template <typename T>
+void allreduce_sum(std::span<T> data, MPI_Comm comm);
+
+// Returns the maximum / minimum of `value` over `comm`. Collective over `comm`.
+int allreduce_max(int value, MPI_Comm comm);
+int allreduce_min(int value, MPI_Comm comm);
+long long allreduce_sum(long long value, MPI_Comm comm);
+
+// Broadcasts `text` from `root`. Collective over `comm`.
+void broadcast(std::string& text, int root, MPI_Comm comm);
+
+// Runs `step` on every rank of `comm`; if it throws on any rank, every rank throws an agreed
+// Error with the message of the lowest failing rank (prefixed with that rank when the
+// communicator has more than one). Use it around every check a user can fail, so that a bad
+// input ends all ranks with one message instead of a hang. Collective over `comm`.
+void agree(MPI_Comm comm, const std::function<void()>& step);
+
+}  // namespace tessera

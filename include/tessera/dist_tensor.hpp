@@ -1,0 +1,41 @@
+// A tensor distributed over a process grid: N block-partitioned over the grid's n sample groups,
+// H over its h rows and W over its w columns (DESIGN.md "Distribution"). Local.
+#pragma once
+
+#include "tessera/box.hpp"
+#include "tessera/process_grid.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+struct Distribution {
+  Shape4 global;  // the whole tensor
+  GridShape grid;
+  GridCoords me;
+
+  Range samples() const;  // my samples, [begin, end) of global.n
+  Range rows() const;     // my rows of global.h
+  Range cols() const;     // my columns of global.w
+  Box tile() const { return {rows(), cols()}; }
+  Shape4 local_shape() const;
+
+  // The tile of spatial rank (i, j); the samples of group n.
+  Box tile_of(int i, int j) const;
+  Range samples_of(int n) const;
+
+  // Same grid and rank, another global shape.
+  Distribution with_shape(Shape4 s) const { return {s, grid, me}; }
+  // Empty tiles (fewer rows or columns than grid parts) are an impossible distribution.
+  bool has_empty_tile() const;
+};
+
+template <typename T>
+struct DistTensor {
+  Distribution dist;
+  Tensor<T> local;
+
+  DistTensor() = default;
+  explicit DistTensor(const Distribution& d) : dist(d), local(d.local_shape()) {}
+};
+
+}  // namespace tessera

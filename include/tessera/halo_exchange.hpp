@@ -1,0 +1,76 @@
+// Moves the boxes of a HaloPlan over MPI, split phase (start / finish), in two directions:
+//   fill:       a rank's owned tile -> every window that overlaps it (forward)
+//   accumulate: window gradients -> added into their owners' tiles (backward; the adjoint of fill)
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "tessera/halo_plan.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+enum class Direction { fill, accumulate };
+
+template <typename T>
+class HaloExchange;
+
+// An exchange in flight. Move-only; hand it back to HaloExchange::finish.
+template <typename T>
+class HaloRequest {
+ public:
+  HaloRequest() = default;
+  HaloRequest(HaloRequest&&) noexcept = default;
+  HaloRequest& operator=(HaloRequest&&) noexcept = default;
+  HaloRequest(const HaloRequest&) = delete;
+  HaloRequest& operator=(const HaloRequest&) = delete;
+  ~HaloRequest();
+
+ private:
+  friend class HaloExchange<T>;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+template <typename T>
+class HaloExchange {
+ public:
+  // `comm` is the spatial communicator the plan's peers index; `tag` tells this exchange's
+  // messages from other exchanges that may be in flight at the same time. Local.
+  HaloExchange(HaloPlan plan, MPI_Comm comm, int tag);
+
+  const HaloPlan& plan() const { return plan_; }
+
+  // Forward. `tile` holds plan.owned, `window` (same N and C) is sized to plan.window; on
+  // finish, window holds the tile's values, the peers' values, and zeros outside the image.
+  // Neighbour-wise collective over the spatial communicator (every rank must start one).
+  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window);
+
+  // Backward. Adds each element of `window_grad` (sized to plan.window) into the tile that owns
+  // it; parts outside the image are dropped. `tile_grad` is added to, not overwritten.
+  // Neighbour-wise collective over the spatial communicator.
+  HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad);
+
+  // Completes the exchange. Local wait (through wait_all).
+  void finish(HaloRequest<T>& request);
+
+  void fill(const Tensor<T>& tile, Tensor<T>& window) {
+    auto r = start_fill(tile, window);
+    finish(r);
+  }
+  void accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad) {
+    auto r = start_accumulate(window_grad, tile_grad);
+    finish(r);
+  }
+
+ private:
+  HaloPlan plan_;
+  MPI_Comm comm_;
+  int tag_;
+  bool in_flight_ = false;
+};
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// A dense, owning NCHW tensor on one rank. Local.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct Shape4 {
+  std::int64_t n = 0;
+  std::int64_t c = 0;
+  std::int64_t h = 0;
+  std::int64_t w = 0;
+
+  std::int64_t numel() const { return n * c * h * w; }
+  std::string str() const;
+  friend bool operator==(const Shape4&, const Shape4&) = default;
+};
+
+template <typename T>
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(Shape4 shape, T fill = T(0))
+      : shape_(shape), data_(static_cast<std::size_t>(shape.numel()), fill) {}
+
+  const Shape4& shape() const { return shape_; }
+  std::int64_t numel() const { return shape_.numel(); }
+  T* data() { return data_.data(); }
+  const T* data() const { return data_.data(); }
+  std::span<T> span() { return data_; }
+  std::span<const T> span() const { return data_; }
+
+  std::int64_t offset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
+    return ((n * shape_.c + c) * shape_.h + h) * shape_.w + w;
+  }
+  T& at(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+    return data_[static_cast<std::size_t>(offset(n, c, h, w))];
+  }
+  const T& at(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
+    return data_[static_cast<std::size_t>(offset(n, c, h, w))];
+  }
+  void fill(T v) { std::fill(data_.begin(), data_.end(), v); }
+
+ private:
+  Shape4 shape_;
+  std::vector<T> data_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,47 @@
+#include "tessera/partition.hpp"
+
+#include <algorithm>
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+
+std::string to_string(Range r) {
+  return "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+}
+
+std::string to_string(const Box& b) {
+  return to_string(b.h) + " x " + to_string(b.w);
+}
+
+Range block_range(std::int64_t extent, int parts, int index) {
+  TESSERA_CHECK(parts > 0 && index >= 0 && index < parts && extent >= 0,
+                "block_range: bad arguments");
+  const std::int64_t q = extent / parts;
+  const std::int64_t r = extent % parts;
+  return {index * q + std::min<std::int64_t>(index, r),
+          (index + 1) * q + std::min<std::int64_t>(index + 1, r)};
+}
+
+int block_owner(std::int64_t extent, int parts, std::int64_t i) {
+  TESSERA_CHECK(parts > 0 && i >= 0 && i < extent, "block_owner: index outside the extent");
+  const std::int64_t q = extent / parts;
+  const std::int64_t r = extent % parts;
+  // The first r parts have q + 1 elements and cover [0, r * (q + 1)).
+  const std::int64_t big = r * (q + 1);
+  if (i < big) return static_cast<int>(i / (q + 1));
+  return static_cast<int>(r + (i - big) / q);
+}
+
+std::int64_t window_output_extent(std::int64_t extent, const WindowAxis& a) {
+  const std::int64_t reach = extent + a.pad_begin + a.pad_end - a.span();
+  if (reach < 0) return 0;
+  return reach / a.stride + 1;
+}
+
+Range input_window(Range out, const WindowAxis& a) {
+  if (out.empty()) return {0, 0};
+  return {out.begin * a.stride - a.pad_begin, (out.end - 1) * a.stride - a.pad_begin + a.span()};
+}
+
+}  // namespace tessera

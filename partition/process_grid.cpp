@@ -1,0 +1,65 @@
+#include "tessera/process_grid.hpp"
+
+#include <charconv>
+#include <vector>
+
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+
+namespace tessera {
+
+std::string GridShape::str() const {
+  return std::to_string(n) + "x" + std::to_string(h) + "x" + std::to_string(w);
+}
+
+GridShape parse_grid(const std::string& text) {
+  const std::string help = "bad grid '" + text +
+                           "': expected NxHxW, three positive integers (data-parallel groups x "
+                           "spatial rows x spatial columns), e.g. 1x2x2";
+  int values[3] = {0, 0, 0};
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  for (int k = 0; k < 3; ++k) {
+    auto [next, ec] = std::from_chars(p, end, values[k]);
+    TESSERA_CHECK(ec == std::errc() && next != p && values[k] > 0, help);
+    p = next;
+    if (k < 2) {
+      TESSERA_CHECK(p != end && (*p == 'x' || *p == 'X'), help);
+      ++p;
+    }
+  }
+  TESSERA_CHECK(p == end, help);
+  return {values[0], values[1], values[2]};
+}
+
+ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape) : shape_(shape) {
+  int size = 0;
+  TESSERA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  agree(comm, [&] {
+    TESSERA_CHECK(shape.size() == size,
+                  "grid " + shape.str() + " has " + std::to_string(shape.size()) +
+                      " ranks but the job has " + std::to_string(size) + " (run mpiexec -n " +
+                      std::to_string(shape.size()) + ", or choose a grid whose product is " +
+                      std::to_string(size) + ")");
+  });
+  int dims[3] = {shape.n, shape.h, shape.w};
+  int periods[3] = {0, 0, 0};
+  TESSERA_CHECK_MPI(MPI_Cart_create(comm, 3, dims, periods, /*reorder=*/0, &cart_));
+  TESSERA_CHECK_MPI(MPI_Comm_rank(cart_, &rank_));
+  coords_ = coords_of(rank_);
+  TESSERA_CHECK_MPI(
+      MPI_Comm_split(cart_, coords_.n, spatial_rank(coords_.i, coords_.j), &spatial_));
+  TESSERA_CHECK_MPI(MPI_Comm_split(cart_, spatial_rank(coords_.i, coords_.j), coords_.n, &sample_));
+}
+
+ProcessGrid::~ProcessGrid() {
+  for (MPI_Comm* c : {&sample_, &spatial_, &cart_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+GridCoords ProcessGrid::coords_of(int rank) const {
+  const int hw = shape_.h * shape_.w;
+  return {rank / hw, (rank % hw) / shape_.w, rank % shape_.w};
+}
+
+}  // namespace tessera

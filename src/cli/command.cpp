@@ -1,0 +1,63 @@
+#include "command.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/wait.hpp"
+
+namespace tessera::cli {
+
+po::options_description common_options() {
+  po::options_description o("Common options");
+  o.add_options()("help,h", "show this help and exit")(
+      "config", po::value<std::string>(),
+      "read options from this INI file (key = value; the command line wins)")(
+      "wait", po::value<std::string>(),
+      "how ranks wait for messages: spin, or sleep (polite polling for more ranks than "
+      "cores); default: detected, or $TESSERA_WAIT");
+  return o;
+}
+
+bool is_root(MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  return rank == 0;
+}
+
+bool parse(const std::string& command, const std::string& summary,
+           const po::options_description& options, const std::vector<std::string>& args,
+           po::variables_map& vm, MPI_Comm world) {
+  po::options_description all;
+  all.add(options).add(common_options());
+  agree(world, [&] {
+    try {
+      po::store(po::command_line_parser(args).options(all).run(), vm);
+      if (vm.count("config")) {
+        const std::string path = vm["config"].as<std::string>();
+        TESSERA_CHECK(std::filesystem::exists(path), "config file '" + path + "' does not exist");
+        std::ifstream in(path);
+        po::store(po::parse_config_file(in, options), vm);
+      }
+      po::notify(vm);
+    } catch (const po::error& e) {
+      throw Error("tessera " + command + ": " + e.what() + " (see tessera " + command + " --help)");
+    }
+  });
+  if (vm.count("help")) {
+    if (is_root(world))
+      std::cout << "Usage: mpiexec -n P tessera " << command << " [options]\n\n"
+                << summary << "\n\n"
+                << all << std::endl;
+    return false;
+  }
+  WaitPolicy policy = detect_wait_policy(world);
+  if (vm.count("wait"))
+    agree(world, [&] { policy = parse_wait_policy(vm["wait"].as<std::string>()); });
+  set_wait_policy(policy);
+  return true;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,28 @@
+// Shared pieces of the `tessera` subcommands.
+#pragma once
+
+#include <mpi.h>
+
+#include <boost/program_options.hpp>
+#include <string>
+#include <vector>
+
+namespace tessera::cli {
+
+namespace po = boost::program_options;
+
+// What every subcommand accepts: --help, --config FILE (INI; the command line wins), --wait.
+po::options_description common_options();
+
+// Parses `args` (the words after the subcommand) against `options` plus the common ones, reading
+// --config when given. Returns false when --help was asked for (the help has been printed on
+// rank 0). Collective over `world` (errors are agreed on every rank).
+bool parse(const std::string& command, const std::string& summary,
+           const po::options_description& options, const std::vector<std::string>& args,
+           po::variables_map& vm, MPI_Comm world);
+
+bool is_root(MPI_Comm world);
+
+int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
+
+}  // namespace tessera::cli

@@ -1,0 +1,55 @@
+#include <iostream>
+
+#include "command.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/gradcheck.hpp"
+#include "tessera/model_spec.hpp"
+
+namespace tessera::cli {
+
+int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world) {
+  GradcheckOptions o;
+  std::string grid;
+  std::string models;
+  for (const auto& n : builtin_model_names())
+    models += (models.empty() ? "" : ", ") + n;
+  po::options_description d("Gradcheck options");
+  d.add_options()("model", po::value(&o.model)->default_value(o.model),
+                  ("model JSON file or built-in name (" + models + ")").c_str())(
+      "grid", po::value(&grid),
+      "process grid NxHxW: N data-parallel groups of HxW spatial ranks; "
+      "default: 1x1xP for P ranks")("dtype", po::value(&o.dtype)->default_value(o.dtype),
+                                    "float32 or float64")(
+      "init", po::value(&o.init),
+      "initial parameters (HDF5, /params/<layer>/<param>); default: "
+      "seeded random")("input", po::value(&o.input),
+                       "batch (HDF5, /images [N,C,H,W] and /labels [N,H,W]); "
+                       "default: a seeded random batch")(
+      "dump", po::value(&o.dump), "write sharded and single-rank results to this HDF5 file")(
+      "rtol", po::value(&o.rtol)->default_value(0),
+      "relative tolerance; 0 means 1e-10 for float64, 1e-4 for float32")(
+      "batch", po::value(&o.batch)->default_value(o.batch), "random batch: samples")(
+      "channels", po::value(&o.channels)->default_value(0),
+      "random batch: channels (0: the model's input channels)")(
+      "height", po::value(&o.height)->default_value(o.height), "random batch: image height")(
+      "width", po::value(&o.width)->default_value(o.width), "random batch: image width")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random batch and parameters");
+  po::variables_map vm;
+  if (!parse(
+          "gradcheck",
+          "Runs one forward and backward pass of the model sharded over the grid and on a single "
+          "rank,\nand compares the loss, the output, the input gradient and every parameter "
+          "gradient.\nExits 1 when a relative error exceeds the tolerance.",
+          d, args, vm, world))
+    return 0;
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  o.grid = GridShape{1, 1, size};
+  agree(world, [&] {
+    if (!grid.empty()) o.grid = parse_grid(grid);
+  });
+  return run_gradcheck(o, world, std::cout);
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,94 @@
+// The `tessera` command. Only this file decides how a process ends: agreed errors (every rank
+// holds the same one) end normally with exit 1; any other error aborts the job, so no rank is
+// left waiting in a collective.
+#include <mpi.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "tessera/error.hpp"
+#include "tessera/hdf5.hpp"
+#include "tessera_config.h"
+
+#if TESSERA_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace {
+
+constexpr const char* kUsage =
+    "Usage: mpiexec -n P tessera <command> [options]\n"
+    "\n"
+    "Trains convolutional networks on images tiled over a grid of MPI ranks, exactly.\n"
+    "\n"
+    "Commands:\n"
+    "  gradcheck   compare sharded and single-rank gradients of a model on a grid\n"
+    "\n"
+    "Run 'tessera <command> --help' for a command's options; 'tessera --version' for the build.\n";
+
+void print_version() {
+  std::cout << "tessera " << TESSERA_VERSION << "\n";
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  char library[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(library, &length);
+  std::string mpi(library, static_cast<std::size_t>(length));
+  std::cout << "  MPI " << major << "." << minor << ": " << mpi.substr(0, mpi.find('\n')) << "\n";
+  unsigned h5major = 0, h5minor = 0, h5release = 0;
+  H5get_libversion(&h5major, &h5minor, &h5release);
+  std::cout << "  HDF5 " << h5major << "." << h5minor << "." << h5release << "\n";
+#if TESSERA_HAVE_ONEDNN
+  const dnnl_version_t* v = dnnl_version();
+  std::cout << "  oneDNN " << v->major << "." << v->minor << "." << v->patch
+            << " (linked; the fast CPU kernels are not built yet)\n";
+#else
+  std::cout << "  oneDNN: not built\n";
+#endif
+  std::cout << "  kernels: reference (CPU, float32 and float64)\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  tessera::h5::quiet();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  int rc = 0;
+  try {
+    const std::string command = args.empty() ? "" : args.front();
+    const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+    if (command == "--version" || command == "version") {
+      if (rank == 0) print_version();
+    } else if (command.empty() || command == "--help" || command == "-h" || command == "help") {
+      if (rank == 0) std::cout << kUsage;
+      rc = command.empty() ? 2 : 0;
+    } else if (command == "gradcheck") {
+      rc = tessera::cli::gradcheck_command(rest, MPI_COMM_WORLD);
+    } else {
+      if (rank == 0) std::cerr << "tessera: unknown command '" << command << "'\n\n" << kUsage;
+      rc = 2;
+    }
+  } catch (const tessera::Error& e) {
+    if (e.agreed()) {
+      if (rank == 0) std::cerr << "tessera: error: " << e.what() << "\n";
+      rc = 1;
+    } else {
+      std::cerr << "tessera: error on rank " << rank << " (" << e.where() << "): " << e.what()
+                << "\n";
+      if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+      rc = 1;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "tessera: internal error on rank " << rank << ": " << e.what() << "\n";
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,201 @@
+#include "tessera/gradcheck.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <optional>
+
+#include "tessera/batch.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/gather.hpp"
+#include "tessera/model.hpp"
+#include "tessera/params_io.hpp"
+
+namespace tessera {
+namespace {
+
+struct Row {
+  std::string name;
+  std::string shape;
+  double max_abs = 0;
+  double rel = 0;
+};
+
+// max |a - b| and that over max |b| (b: the single-rank reference).
+template <typename T>
+Row compare(std::string name, std::string shape, std::span<const T> a, std::span<const T> b) {
+  double diff = 0, scale = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    diff = std::max(diff, std::abs(double(a[k]) - double(b[k])));
+    scale = std::max(scale, std::abs(double(b[k])));
+  }
+  if (a.size() != b.size()) diff = INFINITY;
+  return {std::move(name), std::move(shape), diff, scale > 0 ? diff / scale : diff};
+}
+
+std::string dims_text(const Shape4& s, bool bias) {
+  return bias ? std::to_string(s.n) : s.str();
+}
+
+template <typename T>
+void write_result(h5::File& f, const std::string& group, double loss, const Tensor<T>& output,
+                  const Tensor<T>& input_grad, Model<T>& model) {
+  f.write<double>(group + "/loss", std::span<const double>(&loss, 1), {});
+  const Shape4& o = output.shape();
+  const Shape4& i = input_grad.shape();
+  f.write<T>(group + "/output", output.span(), {o.n, o.c, o.h, o.w});
+  f.write<T>(group + "/input_grad", input_grad.span(), {i.n, i.c, i.h, i.w});
+  write_params(f, model, group + "/grads", ParamField::grad);
+}
+
+template <typename T>
+int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
+  using clock = std::chrono::steady_clock;
+  ModelSpec spec;
+  agree(world, [&] { spec = load_model(o.model); });
+  ProcessGrid grid(world, o.grid);
+
+  // The batch's shape: from the file, or from the options.
+  std::optional<h5::File> input;
+  Shape4 shape{o.batch, o.channels > 0 ? o.channels : spec.input_channels, o.height, o.width};
+  BatchFileInfo file_info{};
+  agree(world, [&] {
+    TESSERA_CHECK(o.dtype == "float32" || o.dtype == "float64",
+                  "bad dtype '" + o.dtype + "': expected float32 or float64");
+    if (o.input.empty()) {
+      TESSERA_CHECK(o.batch > 0 && o.height > 0 && o.width > 0,
+                    "--batch, --height and --width must be positive");
+      return;
+    }
+    input.emplace(h5::File::open_read(o.input));
+    file_info = inspect_batch_file(*input);
+    shape = file_info.images;
+  });
+
+  std::optional<Model<T>> model;
+  agree(world, [&] {
+    model.emplace(spec, grid, shape);
+    const Shape4& g = model->output_distribution().global;
+    if (input)
+      TESSERA_CHECK(file_info.labels == (std::array<std::int64_t, 3>{g.n, g.h, g.w}),
+                    "'" + o.input + "': /labels is " + std::to_string(file_info.labels[0]) + "x" +
+                        std::to_string(file_info.labels[1]) + "x" +
+                        std::to_string(file_info.labels[2]) + " but the model's output is " +
+                        std::to_string(g.n) + "x" + std::to_string(g.h) + "x" +
+                        std::to_string(g.w) + " (N x H x W)");
+    if (o.init.empty()) {
+      model->init_params(o.seed);
+    } else {
+      read_params(o.init, *model);
+    }
+  });
+
+  // This rank's tile of the batch.
+  DistTensor<T> x(model->input_distribution());
+  std::vector<std::int32_t> labels;
+  const Distribution& label_dist = model->output_distribution();
+  agree(world, [&] {
+    if (input) {
+      x.local = read_image_tile<T>(*input, x.dist);
+      labels = read_label_tile(*input, label_dist);
+    } else {
+      x.local = random_image_tile<T>(x.dist, o.seed);
+      labels = random_label_tile(label_dist, o.seed);
+    }
+  });
+
+  const double rtol = o.rtol > 0 ? o.rtol : (std::is_same_v<T, float> ? 1e-4 : 1e-10);
+  const bool root = grid.rank() == 0;
+  if (root) {
+    out << "tessera gradcheck: model " << spec.name << ", grid " << o.grid.str() << " ("
+        << o.grid.size() << " ranks), " << o.dtype << ", batch " << shape.str() << ", rtol " << rtol
+        << "\n";
+    const Box t = x.dist.tile();
+    out << "  rank 0 tile: rows " << to_string(t.h) << ", columns " << to_string(t.w)
+        << ", samples " << to_string(x.dist.samples()) << "\n";
+  }
+
+  auto t0 = clock::now();
+  StepResult<T> sharded = forward_backward(*model, x, labels, grid);
+  const double sharded_s = std::chrono::duration<double>(clock::now() - t0).count();
+  const Tensor<T> output = gather_to_root(sharded.output, grid);
+  const Tensor<T> input_grad = gather_to_root(sharded.input_grad, grid);
+
+  // The single-rank reference, on rank 0 only; the others wait at the agreement.
+  int failed = 0;
+  agree(world, [&] {
+    if (!root) return;
+    ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+    Model<T> ref(spec, single, shape);
+    auto mine = model->params();
+    auto theirs = ref.params();
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      theirs[k].param->value = mine[k].param->value;
+    DistTensor<T> rx(ref.input_distribution());
+    std::vector<std::int32_t> rlabels;
+    if (input) {
+      rx.local = read_image_tile<T>(*input, rx.dist);
+      rlabels = read_label_tile(*input, ref.output_distribution());
+    } else {
+      rx.local = random_image_tile<T>(rx.dist, o.seed);
+      rlabels = random_label_tile(ref.output_distribution(), o.seed);
+    }
+    t0 = clock::now();
+    StepResult<T> r = forward_backward(ref, rx, rlabels, single);
+    const double single_s = std::chrono::duration<double>(clock::now() - t0).count();
+
+    std::vector<Row> rows;
+    rows.push_back(compare<double>("loss", "1", std::span<const double>(&sharded.loss, 1),
+                                   std::span<const double>(&r.loss, 1)));
+    rows.push_back(
+        compare<T>("output", output.shape().str(), output.span(), r.output.local.span()));
+    rows.push_back(compare<T>("input_grad", input_grad.shape().str(), input_grad.span(),
+                              r.input_grad.local.span()));
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      rows.push_back(compare<T>(
+          mine[k].key(), dims_text(mine[k].param->grad.shape(), mine[k].param->name == "bias"),
+          mine[k].param->grad.span(), theirs[k].param->grad.span()));
+    out << "  " << std::left << std::setw(22) << "quantity" << std::setw(16) << "shape"
+        << std::setw(14) << "max abs err"
+        << "rel err\n";
+    for (const Row& row : rows) {
+      out << "  " << std::left << std::setw(22) << row.name << std::setw(16) << row.shape
+          << std::setw(14) << std::setprecision(3) << std::scientific << row.max_abs << row.rel
+          << (row.rel > rtol ? "  FAIL" : "") << std::defaultfloat << "\n";
+      if (!(row.rel <= rtol)) ++failed;
+    }
+    out << std::setprecision(3) << "  loss " << std::setprecision(12) << sharded.loss
+        << std::setprecision(3) << "; sharded " << sharded_s << " s, single rank " << single_s
+        << " s\n";
+    if (!o.dump.empty()) {
+      h5::write_atomically(o.dump, [&](h5::File& f) {
+        f.set_attribute("format", "tessera-gradcheck-1");
+        f.set_attribute("grid", o.grid.str());
+        f.set_attribute("dtype", o.dtype);
+        f.set_attribute("model", spec.json);
+        write_params(f, ref, "/params", ParamField::value);
+        write_batch(f, "/batch", rx.local, rlabels, ref.output_distribution().global);
+        write_result(f, "/sharded", sharded.loss, output, input_grad, *model);
+        write_result(f, "/reference", r.loss, r.output.local, r.input_grad.local, ref);
+      });
+      out << "  wrote " << o.dump << "\n";
+    }
+    if (failed)
+      out << "FAIL: " << failed << " of " << rows.size() << " quantities exceed rtol " << rtol
+          << "\n";
+    else
+      out << "PASS: all " << rows.size() << " quantities within rtol " << rtol << "\n";
+  });
+  failed = allreduce_max(failed, world);
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int run_gradcheck(const GradcheckOptions& options, MPI_Comm world, std::ostream& out) {
+  if (options.dtype == "float32") return run<float>(options, world, out);
+  return run<double>(options, world, out);
+}
+
+}  // namespace tessera

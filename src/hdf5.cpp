@@ -1,0 +1,274 @@
+#include "tessera/hdf5.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "tessera/error.hpp"
+
+namespace tessera::h5 {
+namespace {
+
+template <typename T>
+hid_t native();
+template <>
+hid_t native<float>() {
+  return H5T_NATIVE_FLOAT;
+}
+template <>
+hid_t native<double>() {
+  return H5T_NATIVE_DOUBLE;
+}
+template <>
+hid_t native<std::int32_t>() {
+  return H5T_NATIVE_INT32;
+}
+template <>
+hid_t native<std::int64_t>() {
+  return H5T_NATIVE_INT64;
+}
+
+// Closes an HDF5 identifier with the right function when it goes out of scope.
+class Id {
+ public:
+  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~Id() {
+    if (id_ >= 0) close_(id_);
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+std::vector<hsize_t> to_hsize(std::span<const std::int64_t> v) {
+  return std::vector<hsize_t>(v.begin(), v.end());
+}
+
+// Creates every missing group on the way to `dataset`.
+hid_t link_creation_with_parents() {
+  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  return lcpl;
+}
+
+}  // namespace
+
+void quiet() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+std::string DatasetInfo::type_name() const {
+  if (kind == Kind::floating) return bytes == 4 ? "float32" : bytes == 8 ? "float64" : "float";
+  if (kind == Kind::integer)
+    return std::string(is_signed ? "int" : "uint") + std::to_string(8 * bytes);
+  return "a non-numeric type";
+}
+
+File File::open_read(const std::string& path) {
+  TESSERA_CHECK(std::filesystem::exists(path), "file '" + path + "' does not exist");
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  TESSERA_CHECK(is_h5 > 0, "'" + path + "' is not an HDF5 file");
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  TESSERA_CHECK(id >= 0, "cannot open '" + path + "' as HDF5: the file is damaged or truncated");
+  return File(id, path);
+}
+
+File File::create(const std::string& path) {
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  TESSERA_CHECK(id >= 0, "cannot create '" + path + "' (is the directory writable?)");
+  return File(id, path);
+}
+
+File::File(File&& other) noexcept : id_(other.id_), path_(std::move(other.path_)) {
+  other.id_ = -1;
+}
+
+File& File::operator=(File&& other) noexcept {
+  std::swap(id_, other.id_);
+  std::swap(path_, other.path_);
+  return *this;
+}
+
+File::~File() {
+  if (id_ >= 0) H5Fclose(id_);
+}
+
+bool File::has(const std::string& name) const {
+  // H5Lexists needs every parent to exist: walk the path one link at a time.
+  std::string at;
+  std::size_t start = 1;
+  while (start <= name.size()) {
+    const std::size_t slash = std::min(name.find('/', start), name.size());
+    at += "/" + name.substr(start, slash - start);
+    if (H5Lexists(id_, at.c_str(), H5P_DEFAULT) <= 0) return false;
+    start = slash + 1;
+  }
+  return true;
+}
+
+std::vector<std::string> File::children(const std::string& group) const {
+  std::vector<std::string> names;
+  if (!has(group)) return names;
+  Id g(TESSERA_CHECK_HDF5(H5Gopen2(id_, group.c_str(), H5P_DEFAULT)), H5Gclose);
+  H5G_info_t gi;
+  TESSERA_CHECK_HDF5(H5Gget_info(g, &gi));
+  for (hsize_t k = 0; k < gi.nlinks; ++k) {
+    const ssize_t n =
+        H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, k, nullptr, 0, H5P_DEFAULT);
+    std::string name(static_cast<std::size_t>(std::max<ssize_t>(n, 0)), '\0');
+    H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, k, name.data(), name.size() + 1,
+                       H5P_DEFAULT);
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+DatasetInfo File::info(const std::string& dataset) const {
+  TESSERA_CHECK(has(dataset), "'" + path_ + "' has no dataset '" + dataset + "'");
+  Id d(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
+  TESSERA_CHECK(d >= 0, "'" + path_ + "': '" + dataset + "' is not a readable dataset");
+  Id space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+  Id type(TESSERA_CHECK_HDF5(H5Dget_type(d)), H5Tclose);
+  DatasetInfo out;
+  const int rank = H5Sget_simple_extent_ndims(space);
+  TESSERA_CHECK(rank >= 0, "'" + path_ + "': '" + dataset + "' has an unreadable shape");
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  out.dims.assign(dims.begin(), dims.end());
+  const H5T_class_t cls = H5Tget_class(type);
+  out.kind = cls == H5T_FLOAT ? Kind::floating : cls == H5T_INTEGER ? Kind::integer : Kind::other;
+  out.bytes = H5Tget_size(type);
+  out.is_signed = cls != H5T_INTEGER || H5Tget_sign(type) == H5T_SGN_2;
+  return out;
+}
+
+template <typename T>
+std::vector<T> File::read(const std::string& dataset, std::span<const std::int64_t> offset,
+                          std::span<const std::int64_t> count) const {
+  const DatasetInfo di = info(dataset);
+  TESSERA_CHECK(di.kind != Kind::other,
+                "'" + path_ + "': '" + dataset + "' holds " + di.type_name() + ", not numbers");
+  Id d(TESSERA_CHECK_HDF5(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  Id file_space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+  std::int64_t elements = 1;
+  std::vector<std::int64_t> box =
+      count.empty() ? di.dims : std::vector<std::int64_t>(count.begin(), count.end());
+  for (auto n : box)
+    elements *= n;
+  std::vector<T> out(static_cast<std::size_t>(elements));
+  if (elements == 0) return out;
+  if (!count.empty()) {
+    const auto start = to_hsize(offset), extent = to_hsize(count);
+    TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr,
+                                           extent.data(), nullptr));
+  }
+  const auto mem_dims = to_hsize(box);
+  Id mem_space(TESSERA_CHECK_HDF5(
+                   H5Screate_simple(static_cast<int>(mem_dims.size()), mem_dims.data(), nullptr)),
+               H5Sclose);
+  const herr_t rc = H5Dread(d, native<T>(), mem_space, file_space, H5P_DEFAULT, out.data());
+  if (rc < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    throw Error("cannot read '" + dataset + "' from '" + path_ +
+                "': the file is truncated or damaged");
+  }
+  return out;
+}
+
+template <typename T>
+void File::write(const std::string& dataset, std::span<const T> data,
+                 const std::vector<std::int64_t>& dims) {
+  const auto extent = to_hsize(dims);
+  Id space(TESSERA_CHECK_HDF5(dims.empty() ? H5Screate(H5S_SCALAR)
+                                           : H5Screate_simple(static_cast<int>(extent.size()),
+                                                              extent.data(), nullptr)),
+           H5Sclose);
+  Id lcpl(link_creation_with_parents(), H5Pclose);
+  Id d(TESSERA_CHECK_HDF5(
+           H5Dcreate2(id_, dataset.c_str(), native<T>(), space, lcpl, H5P_DEFAULT, H5P_DEFAULT)),
+       H5Dclose);
+  TESSERA_CHECK_HDF5(H5Dwrite(d, native<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()));
+}
+
+void File::set_attribute(const std::string& name, const std::string& value) {
+  Id type(TESSERA_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
+  TESSERA_CHECK_HDF5(H5Tset_size(type, std::max<std::size_t>(value.size(), 1)));
+  TESSERA_CHECK_HDF5(H5Tset_strpad(type, H5T_STR_NULLPAD));
+  Id space(TESSERA_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
+  Id a(TESSERA_CHECK_HDF5(H5Acreate2(id_, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)),
+       H5Aclose);
+  TESSERA_CHECK_HDF5(H5Awrite(a, type, value.empty() ? "" : value.data()));
+}
+
+bool File::has_attribute(const std::string& name) const {
+  return H5Aexists(id_, name.c_str()) > 0;
+}
+
+std::string File::attribute(const std::string& name) const {
+  TESSERA_CHECK(has_attribute(name), "'" + path_ + "' has no attribute '" + name + "'");
+  Id a(TESSERA_CHECK_HDF5(H5Aopen(id_, name.c_str(), H5P_DEFAULT)), H5Aclose);
+  Id type(TESSERA_CHECK_HDF5(H5Aget_type(a)), H5Tclose);
+  TESSERA_CHECK(H5Tget_class(type) == H5T_STRING,
+                "'" + path_ + "': attribute '" + name + "' is not a string");
+  if (H5Tis_variable_str(type) > 0) {
+    // h5py writes variable-length strings.
+    Id mem(TESSERA_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
+    TESSERA_CHECK_HDF5(H5Tset_size(mem, H5T_VARIABLE));
+    char* text = nullptr;
+    TESSERA_CHECK_HDF5(H5Aread(a, mem, &text));
+    std::string out = text != nullptr ? text : "";
+    H5free_memory(text);
+    return out;
+  }
+  std::string out(H5Tget_size(type), '\0');
+  TESSERA_CHECK_HDF5(H5Aread(a, type, out.data()));
+  out.erase(std::find(out.begin(), out.end(), '\0'), out.end());
+  return out;
+}
+
+void File::flush() {
+  TESSERA_CHECK_HDF5(H5Fflush(id_, H5F_SCOPE_GLOBAL));
+}
+
+void write_atomically(const std::string& path, const std::function<void(File&)>& body) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path temp =
+      dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
+  try {
+    {
+      File f = File::create(temp.string());
+      body(f);
+      f.flush();
+    }
+    fs::rename(temp, target);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw;
+  }
+}
+
+template std::vector<float> File::read(const std::string&, std::span<const std::int64_t>,
+                                       std::span<const std::int64_t>) const;
+template std::vector<double> File::read(const std::string&, std::span<const std::int64_t>,
+                                        std::span<const std::int64_t>) const;
+template std::vector<std::int32_t> File::read(const std::string&, std::span<const std::int64_t>,
+                                              std::span<const std::int64_t>) const;
+template std::vector<std::int64_t> File::read(const std::string&, std::span<const std::int64_t>,
+                                              std::span<const std::int64_t>) const;
+template void File::write(const std::string&, std::span<const float>,
+                          const std::vector<std::int64_t>&);
+template void File::write(const std::string&, std::span<const double>,
+                          const std::vector<std::int64_t>&);
+template void File::write(const std::string&, std::span<const std::int32_t>,
+                          const std::vector<std::int64_t>&);
+
+}  // namespace tessera::h5

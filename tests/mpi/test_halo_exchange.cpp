@@ -1,0 +1,171 @@
+#include <gtest/gtest.h>
+
+#include "mpi_test.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/dist_tensor.hpp"
+#include "tessera/error.hpp"
+#include "tessera/halo_exchange.hpp"
+#include "tessera/partition.hpp"
+#include "tessera/random.hpp"
+
+namespace tessera {
+namespace {
+
+struct Geometry {
+  Shape4 shape;  // global input
+  WindowAxis ah, aw;
+};
+
+// The exchange of a conv with this geometry on the test grid, as Conv2d builds it.
+struct ExchangeSetup {
+  const ProcessGrid& grid = test::world_grid();
+  Distribution in;
+  std::optional<HaloExchange<double>> exchange;
+
+  explicit ExchangeSetup(const Geometry& g) {
+    in = {g.shape, grid.shape(), grid.coords()};
+    const Shape4 out_shape{g.shape.n, 1, window_output_extent(g.shape.h, g.ah),
+                           window_output_extent(g.shape.w, g.aw)};
+    const Distribution out = in.with_shape(out_shape);
+    std::vector<Box> owned, windows;
+    for (int i = 0; i < grid.shape().h; ++i)
+      for (int j = 0; j < grid.shape().w; ++j) {
+        owned.push_back(in.tile_of(i, j));
+        windows.push_back(
+            {input_window(out.tile_of(i, j).h, g.ah), input_window(out.tile_of(i, j).w, g.aw)});
+      }
+    exchange.emplace(make_halo_plan(owned, windows, grid.spatial_rank(in.me.i, in.me.j)),
+                     grid.spatial(), 1);
+  }
+  Shape4 window_shape() const {
+    const Shape4 l = in.local_shape();
+    const Box& w = exchange->plan().window;
+    return {l.n, l.c, w.h.size(), w.w.size()};
+  }
+};
+
+std::vector<Geometry> geometries() {
+  std::vector<Geometry> out;
+  for (auto [H, W] : {std::pair{17, 15}, std::pair{9, 10}})
+    for (std::int64_t k : {1, 2, 3, 5, 7})
+      for (std::int64_t s : {1, 2, 3})
+        for (std::int64_t d : {1, 2})
+          for (std::int64_t p : {std::int64_t{0}, k / 2 * d, std::int64_t{3}}) {
+            const WindowAxis a{
+                .kernel = k, .stride = s, .pad_begin = p, .pad_end = p, .dilation = d};
+            const Geometry g{{3, 2, H, W}, a, a};
+            const auto grid = test::test_grid();
+            if (window_output_extent(H, a) < grid.h || window_output_extent(W, a) < grid.w ||
+                g.shape.n < grid.n)
+              continue;
+            out.push_back(g);
+          }
+  return out;
+}
+
+// Global coordinates encoded in the value, so a misplaced element is caught.
+double code(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+  return 1 + n * 1e6 + c * 1e4 + h * 100 + w;
+}
+
+TEST(HaloExchange, FillPutsEveryGlobalElementInPlaceAndZerosOutsideTheImage) {
+  for (const Geometry& g : geometries()) {
+    ExchangeSetup s(g);
+    Tensor<double> tile(s.in.local_shape());
+    const Range ns = s.in.samples(), hs = s.in.rows(), ws = s.in.cols();
+    for (std::int64_t n = 0; n < ns.size(); ++n)
+      for (std::int64_t c = 0; c < g.shape.c; ++c)
+        for (std::int64_t h = 0; h < hs.size(); ++h)
+          for (std::int64_t w = 0; w < ws.size(); ++w)
+            tile.at(n, c, h, w) = code(ns.begin + n, c, hs.begin + h, ws.begin + w);
+    Tensor<double> window(s.window_shape(), -1.0);
+    s.exchange->fill(tile, window);
+    const Box& wb = s.exchange->plan().window;
+    std::int64_t wrong = 0;
+    for (std::int64_t n = 0; n < ns.size(); ++n)
+      for (std::int64_t c = 0; c < g.shape.c; ++c)
+        for (std::int64_t h = wb.h.begin; h < wb.h.end; ++h)
+          for (std::int64_t w = wb.w.begin; w < wb.w.end; ++w) {
+            const bool inside = h >= 0 && h < g.shape.h && w >= 0 && w < g.shape.w;
+            const double want = inside ? code(ns.begin + n, c, h, w) : 0.0;
+            wrong += window.at(n, c, h - wb.h.begin, w - wb.w.begin) != want;
+          }
+    EXPECT_EQ(wrong, 0) << "kernel " << g.ah.kernel << " stride " << g.ah.stride << " dilation "
+                        << g.ah.dilation << " padding " << g.ah.pad_begin << " image " << g.shape.h
+                        << "x" << g.shape.w;
+  }
+}
+
+// accumulate is the adjoint of fill: <fill(x), y> == <x, accumulate(y)>, summed over ranks.
+TEST(HaloExchange, AccumulateIsTheAdjointOfFill) {
+  std::uint64_t stream = 0;
+  for (const Geometry& g : geometries()) {
+    ExchangeSetup s(g);
+    ++stream;
+    Tensor<double> x(s.in.local_shape());
+    Tensor<double> y(s.window_shape());
+    const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
+    for (std::size_t k = 0; k < x.span().size(); ++k)
+      x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
+    for (std::size_t k = 0; k < y.span().size(); ++k)
+      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+    Tensor<double> fx(s.window_shape());
+    s.exchange->fill(x, fx);
+    Tensor<double> ay(s.in.local_shape());
+    s.exchange->accumulate(y, ay);
+    double sums[2] = {0, 0};
+    for (std::size_t k = 0; k < y.span().size(); ++k)
+      sums[0] += fx.span()[k] * y.span()[k];
+    for (std::size_t k = 0; k < x.span().size(); ++k)
+      sums[1] += x.span()[k] * ay.span()[k];
+    allreduce_sum(std::span<double>(sums, 2), s.grid.comm());
+    EXPECT_NEAR(sums[0], sums[1], 1e-12 * std::max(1.0, std::abs(sums[0])))
+        << "kernel " << g.ah.kernel << " stride " << g.ah.stride << " dilation " << g.ah.dilation;
+  }
+}
+
+TEST(HaloExchange, SplitPhaseRefusesASecondExchangeInFlight) {
+  const WindowAxis a{.kernel = 3, .pad_begin = 1, .pad_end = 1};
+  ExchangeSetup s({{3, 2, 17, 15}, a, a});
+  Tensor<double> x(s.in.local_shape(), 1.0), window(s.window_shape());
+  auto request = s.exchange->start_fill(x, window);
+  Tensor<double> other(s.window_shape());
+  EXPECT_THROW(s.exchange->start_fill(x, other), Error);
+  s.exchange->finish(request);
+  EXPECT_THROW(s.exchange->finish(request), Error);  // already finished
+  s.exchange->fill(x, window);                       // usable again
+}
+
+TEST(ProcessGrid, AWrongGridIsAnAgreedErrorOnEveryRank) {
+  GridShape g = test::test_grid();
+  g.w += 1;
+  try {
+    ProcessGrid grid(MPI_COMM_WORLD, g);
+    ADD_FAILURE() << "accepted a grid of the wrong size";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.agreed());
+    EXPECT_NE(std::string(e.what()).find("mpiexec -n"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProcessGrid, SubCommunicatorsFollowTheCoordinates) {
+  const ProcessGrid& grid = test::world_grid();
+  int spatial_rank = -1, sample_rank = -1, spatial_size = 0, sample_size = 0;
+  MPI_Comm_rank(grid.spatial(), &spatial_rank);
+  MPI_Comm_rank(grid.sample(), &sample_rank);
+  MPI_Comm_size(grid.spatial(), &spatial_size);
+  MPI_Comm_size(grid.sample(), &sample_size);
+  const GridCoords c = grid.coords();
+  EXPECT_EQ(spatial_rank, grid.spatial_rank(c.i, c.j));
+  EXPECT_EQ(sample_rank, c.n);
+  EXPECT_EQ(spatial_size, grid.shape().h * grid.shape().w);
+  EXPECT_EQ(sample_size, grid.shape().n);
+  int cart[3];
+  MPI_Cart_coords(grid.comm(), grid.rank(), 3, cart);
+  EXPECT_EQ(cart[0], c.n);
+  EXPECT_EQ(cart[1], c.i);
+  EXPECT_EQ(cart[2], c.j);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,88 @@
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tessera/error.hpp"
+#include "tessera/partition.hpp"
+#include "tessera/process_grid.hpp"
+
+namespace tessera {
+namespace {
+
+TEST(BlockPartition, TilesEveryExtentInOrderWithSizesDifferingByAtMostOne) {
+  for (std::int64_t extent = 0; extent <= 40; ++extent)
+    for (int parts = 1; parts <= 7; ++parts) {
+      std::int64_t next = 0;
+      for (int i = 0; i < parts; ++i) {
+        const Range r = block_range(extent, parts, i);
+        EXPECT_EQ(r.begin, next) << extent << "/" << parts << " part " << i;
+        const std::int64_t expect = extent / parts + (i < extent % parts ? 1 : 0);
+        EXPECT_EQ(r.size(), expect) << extent << "/" << parts << " part " << i;
+        for (std::int64_t k = r.begin; k < r.end; ++k)
+          EXPECT_EQ(block_owner(extent, parts, k), i);
+        next = r.end;
+      }
+      EXPECT_EQ(next, extent);
+    }
+}
+
+TEST(BlockPartition, MatchesTheDesignFormula) {
+  // 17 over 3: q = 5, r = 2 -> [0,6) [6,12) [12,17)
+  EXPECT_EQ(block_range(17, 3, 0), (Range{0, 6}));
+  EXPECT_EQ(block_range(17, 3, 1), (Range{6, 12}));
+  EXPECT_EQ(block_range(17, 3, 2), (Range{12, 17}));
+}
+
+// The window must be exactly the hull of the input rows the outputs read.
+TEST(InputWindow, IsTheHullOfEveryTapOfEveryOutputRow) {
+  for (std::int64_t extent = 1; extent <= 24; ++extent)
+    for (std::int64_t k = 1; k <= 5; ++k)
+      for (std::int64_t s = 1; s <= 3; ++s)
+        for (std::int64_t d = 1; d <= 2; ++d)
+          for (std::int64_t p = 0; p <= 3; ++p)
+            for (std::int64_t pe = 0; pe <= 3; pe += 3) {
+              const WindowAxis a{
+                  .kernel = k, .stride = s, .pad_begin = p, .pad_end = pe, .dilation = d};
+              const std::int64_t out = window_output_extent(extent, a);
+              // Brute force: the outputs are those whose taps all fit in the padded input.
+              std::int64_t brute = 0;
+              while (brute * s + d * (k - 1) < extent + p + pe)
+                ++brute;
+              ASSERT_EQ(out, brute) << extent << " k" << k << " s" << s << " d" << d << " p" << p;
+              for (int parts = 1; parts <= 5 && parts <= out; ++parts)
+                for (int i = 0; i < parts; ++i) {
+                  const Range o = block_range(out, parts, i);
+                  std::int64_t lo = INT64_MAX, hi = INT64_MIN;
+                  for (std::int64_t q = o.begin; q < o.end; ++q)
+                    for (std::int64_t t = 0; t < k; ++t) {
+                      lo = std::min(lo, q * s - p + t * d);
+                      hi = std::max(hi, q * s - p + t * d);
+                    }
+                  EXPECT_EQ(input_window(o, a), (Range{lo, hi + 1}));
+                }
+            }
+}
+
+TEST(InputWindow, EmptyOutputsNeedNothing) {
+  EXPECT_TRUE(input_window({3, 3}, WindowAxis{.kernel = 3}).empty());
+}
+
+TEST(ParseGrid, AcceptsNxHxW) {
+  EXPECT_EQ(parse_grid("1x2x3"), (GridShape{1, 2, 3}));
+  EXPECT_EQ(parse_grid("2X1x2"), (GridShape{2, 1, 2}));
+}
+
+TEST(ParseGrid, RejectsEverythingElseWithTheNotation) {
+  for (const char* bad :
+       {"", "2x2", "1x2x3x4", "0x1x1", "1x-1x2", "axbxc", "1x2x", "1 x2x2", "1x2x2 "}) {
+    try {
+      parse_grid(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("NxHxW"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
