@@ -1,5 +1,8 @@
 #include "tessera/batch.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include "tessera/error.hpp"
 #include "tessera/random.hpp"
 
@@ -45,6 +48,12 @@ Tensor<T> read_image_tile(const h5::File& file, const Distribution& d) {
   if (im.kind == h5::Kind::integer)
     for (T& v : values)
       v /= T(255);
+  const auto bad =
+      std::find_if(values.begin(), values.end(), [](T v) { return !std::isfinite(v); });
+  TESSERA_CHECK(bad == values.end(),
+                "'" + file.path() + "': /images holds " + std::to_string(*bad) + " in samples " +
+                    to_string(d.samples()) + ", rows " + to_string(d.rows()) + ", columns " +
+                    to_string(d.cols()) + " (every pixel must be finite)");
   std::copy(values.begin(), values.end(), out.data());
   return out;
 }

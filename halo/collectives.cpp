@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tessera/error.hpp"
+#include "tessera/random.hpp"
 #include "tessera/wait.hpp"
 
 namespace tessera {
@@ -101,6 +102,25 @@ void agree(MPI_Comm comm, const std::function<void()>& step) {
   broadcast(where, first, comm);
   if (size > 1 && first != 0) message = "rank " + std::to_string(first) + ": " + message;
   throw Error(message, where, /*agreed=*/true);
+}
+
+void check_same_everywhere(const std::string& what, const std::string& value, MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  const long long mine = static_cast<long long>(hash_string(value));
+  std::vector<long long> all(static_cast<std::size_t>(size));
+  MPI_Request r = MPI_REQUEST_NULL;
+  TESSERA_CHECK_MPI(
+      MPI_Iallgather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, comm, &r));
+  wait(r);
+  std::string differ;
+  for (int k = 1; k < size; ++k)
+    if (all[k] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(k);
+  if (!differ.empty())
+    throw Error("the ranks disagree on the " + what + ": rank(s) " + differ +
+                    " differ from rank 0 (are the files and the tessera binary the same on every "
+                    "node?)",
+                "collectives.cpp", /*agreed=*/true);
 }
 
 }  // namespace tessera

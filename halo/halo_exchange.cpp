@@ -92,21 +92,27 @@ HaloExchange<T>::HaloExchange(HaloPlan plan, MPI_Comm comm, int tag)
     : plan_(std::move(plan)), comm_(comm), tag_(tag) {}
 
 template <typename T>
-HaloRequest<T> HaloExchange<T>::start_fill(const Tensor<T>& tile, Tensor<T>& window) {
+HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
-  TESSERA_CHECK(tile.shape() == with_box(tile.shape(), plan_.owned) &&
-                    window.shape() == with_box(tile.shape(), plan_.window),
-                "halo fill: tile " + tile.shape().str() + " / window " + window.shape().str() +
-                    " do not match the plan " + to_string(plan_.owned) + " / " +
-                    to_string(plan_.window));
+  const bool fill = how == Direction::fill;
+  // fill: tile -> window; accumulate: window -> tile, the same messages reversed.
+  const Box& from = fill ? plan_.owned : plan_.window;
+  const Box& to = fill ? plan_.window : plan_.owned;
+  const auto& incoming = fill ? plan_.recv : plan_.send;
+  const auto& outgoing = fill ? plan_.send : plan_.recv;
+  TESSERA_CHECK(source.shape() == with_box(source.shape(), from) &&
+                    target.shape() == with_box(source.shape(), to),
+                std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
+                    source.shape().str() + " / target " + target.shape().str() +
+                    " do not match the plan's " + to_string(from) + " / " + to_string(to));
   HaloRequest<T> request;
   auto s = std::make_unique<typename HaloRequest<T>::State>();
-  s->how = Direction::fill;
-  s->target = &window;
-  s->target_origin = plan_.window;
-  const std::int64_t planes = tile.shape().n * tile.shape().c;
-  const int tag = 2 * tag_;
-  for (const HaloTransfer& t : plan_.recv) {
+  s->how = how;
+  s->target = &target;
+  s->target_origin = to;
+  const std::int64_t planes = source.shape().n * source.shape().c;
+  const int tag = 2 * tag_ + (fill ? 0 : 1);
+  for (const HaloTransfer& t : incoming) {
     s->incoming.push_back(t.box);
     auto& buf = s->recv_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
     MPI_Request r;
@@ -114,56 +120,17 @@ HaloRequest<T> HaloExchange<T>::start_fill(const Tensor<T>& tile, Tensor<T>& win
         MPI_Irecv(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
     s->requests.push_back(r);
   }
-  for (const HaloTransfer& t : plan_.send) {
+  for (const HaloTransfer& t : outgoing) {
     auto& buf = s->send_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
-    pack(tile, plan_.owned, t.box, buf.data());
+    pack(source, from, t.box, buf.data());
     MPI_Request r;
     TESSERA_CHECK_MPI(
         MPI_Isend(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
     s->requests.push_back(r);
   }
-  // Zero padding and the local copy overlap the messages.
-  window.fill(T(0));
-  move_local(tile, plan_.owned, window, plan_.window, plan_.self, Direction::fill);
-  in_flight_ = true;
-  s->in_flight = &in_flight_;
-  request.state_ = std::move(s);
-  return request;
-}
-
-template <typename T>
-HaloRequest<T> HaloExchange<T>::start_accumulate(const Tensor<T>& window_grad,
-                                                 Tensor<T>& tile_grad) {
-  TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
-  TESSERA_CHECK(tile_grad.shape() == with_box(tile_grad.shape(), plan_.owned) &&
-                    window_grad.shape() == with_box(tile_grad.shape(), plan_.window),
-                "halo accumulate: tile " + tile_grad.shape().str() + " / window " +
-                    window_grad.shape().str() + " do not match the plan");
-  HaloRequest<T> request;
-  auto s = std::make_unique<typename HaloRequest<T>::State>();
-  s->how = Direction::accumulate;
-  s->target = &tile_grad;
-  s->target_origin = plan_.owned;
-  const std::int64_t planes = tile_grad.shape().n * tile_grad.shape().c;
-  const int tag = 2 * tag_ + 1;
-  // The reverse of fill: what fill received, accumulate sends back, and vice versa.
-  for (const HaloTransfer& t : plan_.send) {
-    s->incoming.push_back(t.box);
-    auto& buf = s->recv_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
-    MPI_Request r;
-    TESSERA_CHECK_MPI(
-        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
-    s->requests.push_back(r);
-  }
-  for (const HaloTransfer& t : plan_.recv) {
-    auto& buf = s->send_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
-    pack(window_grad, plan_.window, t.box, buf.data());
-    MPI_Request r;
-    TESSERA_CHECK_MPI(
-        MPI_Isend(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
-    s->requests.push_back(r);
-  }
-  move_local(window_grad, plan_.window, tile_grad, plan_.owned, plan_.self, Direction::accumulate);
+  // Zero padding and the local part overlap the messages.
+  if (fill) target.fill(T(0));
+  move_local(source, from, target, to, plan_.self, how);
   in_flight_ = true;
   s->in_flight = &in_flight_;
   request.state_ = std::move(s);

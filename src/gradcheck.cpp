@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <optional>
 
@@ -63,6 +64,13 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
   agree(world, [&] {
     TESSERA_CHECK(o.dtype == "float32" || o.dtype == "float64",
                   "bad dtype '" + o.dtype + "': expected float32 or float64");
+    // Say so now rather than after the work: the dump's directory must exist.
+    if (!o.dump.empty()) {
+      const auto dir = std::filesystem::path(o.dump).parent_path();
+      TESSERA_CHECK(
+          dir.empty() || std::filesystem::is_directory(dir),
+          "cannot write '" + o.dump + "': the directory '" + dir.string() + "' does not exist");
+    }
     if (o.input.empty()) {
       TESSERA_CHECK(o.batch > 0 && o.height > 0 && o.width > 0,
                     "--batch, --height and --width must be positive");
@@ -72,6 +80,12 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
     file_info = inspect_batch_file(*input);
     shape = file_info.images;
   });
+
+  check_same_everywhere("configuration",
+                        spec.json + "|" + o.grid.str() + "|" + shape.str() + "|" + o.dtype + "|" +
+                            o.init + "|" + o.input + "|" + std::to_string(o.seed) + "|" + __DATE__ +
+                            __TIME__,
+                        world);
 
   std::optional<Model<T>> model;
   agree(world, [&] {

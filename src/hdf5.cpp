@@ -111,9 +111,17 @@ bool File::has(const std::string& name) const {
   return true;
 }
 
+bool File::is_group(const std::string& name) const {
+  if (!has(name)) return false;
+  H5O_info_t oi;
+  TESSERA_CHECK_HDF5(H5Oget_info_by_name(id_, name.c_str(), &oi, H5P_DEFAULT));
+  return oi.type == H5O_TYPE_GROUP;
+}
+
 std::vector<std::string> File::children(const std::string& group) const {
   std::vector<std::string> names;
   if (!has(group)) return names;
+  TESSERA_CHECK(is_group(group), "'" + path_ + "': '" + group + "' is a dataset, not a group");
   Id g(TESSERA_CHECK_HDF5(H5Gopen2(id_, group.c_str(), H5P_DEFAULT)), H5Gclose);
   H5G_info_t gi;
   TESSERA_CHECK_HDF5(H5Gget_info(g, &gi));
@@ -217,9 +225,11 @@ std::string File::attribute(const std::string& name) const {
   TESSERA_CHECK(H5Tget_class(type) == H5T_STRING,
                 "'" + path_ + "': attribute '" + name + "' is not a string");
   if (H5Tis_variable_str(type) > 0) {
-    // h5py writes variable-length strings.
+    // h5py writes variable-length UTF-8 strings; HDF5 does not convert between character
+    // sets, so read with the attribute's own.
     Id mem(TESSERA_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
     TESSERA_CHECK_HDF5(H5Tset_size(mem, H5T_VARIABLE));
+    TESSERA_CHECK_HDF5(H5Tset_cset(mem, TESSERA_CHECK_HDF5(H5Tget_cset(type))));
     char* text = nullptr;
     TESSERA_CHECK_HDF5(H5Aread(a, mem, &text));
     std::string out = text != nullptr ? text : "";
@@ -240,6 +250,8 @@ void write_atomically(const std::string& path, const std::function<void(File&)>&
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  TESSERA_CHECK(fs::is_directory(dir),
+                "cannot write '" + path + "': the directory '" + dir.string() + "' does not exist");
   const fs::path temp =
       dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
   try {

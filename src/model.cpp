@@ -42,7 +42,10 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
   TESSERA_CHECK(input.h >= grid.shape().h && input.w >= grid.shape().w,
                 "the " + std::to_string(input.h) + "x" + std::to_string(input.w) +
                     " image cannot be split over " + std::to_string(grid.shape().h) + "x" +
-                    std::to_string(grid.shape().w) + " spatial ranks: a tile would have no rows");
+                    std::to_string(grid.shape().w) + " spatial ranks: a tile would have " +
+                    (input.h < grid.shape().h
+                         ? (input.w < grid.shape().w ? "no rows and no columns" : "no rows")
+                         : "no columns"));
   Distribution d = input_;
   int tag = 0;
   for (const LayerSpec& l : spec.layers) {

@@ -1,5 +1,7 @@
 #include "tessera/params_io.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "tessera/error.hpp"
@@ -44,13 +46,20 @@ void read_params(const std::string& path, Model<T>& model) {
                                                        "' holds " + info.type_name() +
                                                        ", expected float32 or float64");
     const std::vector<T> values = file.read<T>(name);
+    TESSERA_CHECK(std::all_of(values.begin(), values.end(), [](T v) { return std::isfinite(v); }),
+                  "'" + path + "': parameter '" + name + "' holds NaN or infinity");
     std::copy(values.begin(), values.end(), p.param->value.data());
   }
-  for (const std::string& layer : file.children("/params"))
+  for (const std::string& layer : file.children("/params")) {
+    TESSERA_CHECK(file.is_group("/params/" + layer),
+                  "'" + path + "' has parameter '/params/" + layer + "', which the model '" +
+                      model.spec().name +
+                      "' does not have (parameters are /params/<layer>/<name>)");
     for (const std::string& param : file.children("/params/" + layer))
       TESSERA_CHECK(expected.count(layer + "/" + param),
                     "'" + path + "' has parameter '/params/" + layer + "/" + param +
                         "', which the model '" + model.spec().name + "' does not have");
+  }
 }
 
 template <typename T>

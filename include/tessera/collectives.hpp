@@ -30,4 +30,9 @@ void broadcast(std::string& text, int root, MPI_Comm comm);
 // input ends all ranks with one message instead of a hang. Collective over `comm`.
 void agree(MPI_Comm comm, const std::function<void()>& step);
 
+// Checks that `value` (a description of the run: model, grid, shapes, build) is the same on every
+// rank; otherwise every rank throws an agreed Error naming `what` and the ranks that differ from
+// rank 0 (e.g. a model file that differs between nodes). Collective over `comm`.
+void check_same_everywhere(const std::string& what, const std::string& value, MPI_Comm comm);
+
 }  // namespace tessera

@@ -47,12 +47,16 @@ class HaloExchange {
   // Forward. `tile` holds plan.owned, `window` (same N and C) is sized to plan.window; on
   // finish, window holds the tile's values, the peers' values, and zeros outside the image.
   // Neighbour-wise collective over the spatial communicator (every rank must start one).
-  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window);
+  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window) {
+    return start(Direction::fill, tile, window);
+  }
 
   // Backward. Adds each element of `window_grad` (sized to plan.window) into the tile that owns
   // it; parts outside the image are dropped. `tile_grad` is added to, not overwritten.
   // Neighbour-wise collective over the spatial communicator.
-  HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad);
+  HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad) {
+    return start(Direction::accumulate, window_grad, tile_grad);
+  }
 
   // Completes the exchange. Local wait (through wait_all).
   void finish(HaloRequest<T>& request);
@@ -67,6 +71,8 @@ class HaloExchange {
   }
 
  private:
+  HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target);
+
   HaloPlan plan_;
   MPI_Comm comm_;
   int tag_;

@@ -42,6 +42,7 @@ class File {
   const std::string& path() const { return path_; }
   bool has(const std::string& name) const;  // a dataset or group at "/a/b/c"
   std::vector<std::string> children(const std::string& group) const;  // sorted names
+  bool is_group(const std::string& name) const;  // false when missing or a dataset
 
   DatasetInfo info(const std::string& dataset) const;
 

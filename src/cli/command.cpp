@@ -34,7 +34,14 @@ bool parse(const std::string& command, const std::string& summary,
   all.add(options).add(common_options());
   agree(world, [&] {
     try {
-      po::store(po::command_line_parser(args).options(all).run(), vm);
+      const po::parsed_options parsed = po::command_line_parser(args).options(all).run();
+      // Without this, boost silently drops words that are not options ("gradcheck m.json").
+      for (const po::option& o : parsed.options)
+        if (o.position_key >= 0)
+          throw Error("tessera " + command + ": unexpected argument '" +
+                      (o.value.empty() ? o.string_key : o.value.front()) +
+                      "': options take the form --name value (see tessera " + command + " --help)");
+      po::store(parsed, vm);
       if (vm.count("config")) {
         const std::string path = vm["config"].as<std::string>();
         TESSERA_CHECK(std::filesystem::exists(path), "config file '" + path + "' does not exist");

@@ -9,6 +9,7 @@
 
 #include "command.hpp"
 #include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
 #include "tessera/hdf5.hpp"
 #include "tessera_config.h"
 
@@ -47,6 +48,15 @@ void print_version() {
 #else
   std::cout << "  oneDNN: not built\n";
 #endif
+  const tessera::GpuInfo gpu = tessera::gpu_info();
+  if (gpu.built) {
+    std::cout << "  CUDA runtime " << gpu.runtime_version / 1000 << "."
+              << gpu.runtime_version % 1000 / 10 << ": " << gpu.devices << " device(s)"
+              << (gpu.error.empty() ? "" : " (" + gpu.error + ")")
+              << "; the GPU backend is not built yet\n";
+  } else {
+    std::cout << "  CUDA: not built\n";
+  }
   std::cout << "  kernels: reference (CPU, float32 and float64)\n";
 }
 
@@ -71,7 +81,8 @@ int main(int argc, char** argv) {
     } else if (command == "gradcheck") {
       rc = tessera::cli::gradcheck_command(rest, MPI_COMM_WORLD);
     } else {
-      if (rank == 0) std::cerr << "tessera: unknown command '" << command << "'\n\n" << kUsage;
+      if (rank == 0)
+        std::cerr << "tessera: error: unknown command '" << command << "'\n\n" << kUsage;
       rc = 2;
     }
   } catch (const tessera::Error& e) {

@@ -34,8 +34,10 @@ Distribution Conv2d<T>::setup(const Distribution& in, const ProcessGrid& grid) {
   TESSERA_CHECK(oh >= in.grid.h && ow >= in.grid.w,
                 who + ": its " + std::to_string(oh) + "x" + std::to_string(ow) +
                     " output cannot be split over " + std::to_string(in.grid.h) + "x" +
-                    std::to_string(in.grid.w) +
-                    " spatial ranks: a tile would have no rows (use a spatial grid of at most " +
+                    std::to_string(in.grid.w) + " spatial ranks: a tile would have " +
+                    (oh < in.grid.h ? (ow < in.grid.w ? "no rows and no columns" : "no rows")
+                                    : "no columns") +
+                    " (use a spatial grid of at most " +
                     std::to_string(std::min<std::int64_t>(oh, in.grid.h)) + "x" +
                     std::to_string(std::min<std::int64_t>(ow, in.grid.w)) + ")");
   in_ = in;

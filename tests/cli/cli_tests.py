@@ -1,0 +1,663 @@
+#!/usr/bin/python3
+"""End-to-end tests of the `tessera` command line, run under mpiexec.
+
+Usage: cli_tests.py BUILD_DIR SCENARIO
+
+Runs one scenario in a fresh temporary directory. Exit status: 0 pass, 1 fail (what was
+expected and what was seen, with the command's full output, is printed), 77 skip.
+
+Every command runs under `mpiexec` from PATH with MPIEXEC_TIMEOUT=60 and a subprocess timeout,
+so a hang is a failure, never a stuck test. Error scenarios check that the command exits
+non-zero, that its message holds the expected key phrases, that the line "tessera: error:"
+appears exactly once in the output of all ranks together, and that nothing crashed or aborted.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:  # the Debian interpreter has them; without them, skip
+    print(f"SKIP: {e}")
+    sys.exit(77)
+
+SKIP = 77
+TIMEOUT_S = 120
+ERROR_LINE = "tessera: error:"
+# Signs of a crash or an abort instead of a clean, agreed error.
+CRASH_MARKERS = [
+    "internal error",
+    "error on rank",
+    "BAD TERMINATION",
+    "APPLICATION TIMED OUT",
+    "MPI_Abort",
+    "application called MPI_Abort",
+    "Segmentation fault",
+    "core dumped",
+    "terminate called",
+    "Aborted",
+    "HDF5-DIAG",
+    "Traceback",
+]
+
+RANK_WRAPPER = '"$0" "$@"; rc=$?; echo "[rank ${PMI_RANK:-?} exited with $rc]"; exit $rc'
+# Not anchored: a rank's report may land in the middle of another rank's line.
+RANK_EXIT = re.compile(r"\[rank \S+ exited with (\d+)\]\n")
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK_WITH_PYTORCH = REPO / "scripts" / "check_with_pytorch.py"
+PARAMS_FORMAT = "tessera-params-1"
+
+
+class Failure(Exception):
+    pass
+
+
+class Result:
+    def __init__(self, argv, rc, output):
+        self.argv = argv
+        self.rc = rc
+        self.output = output
+        self.ranks = None  # for tessera runs: the rank count and each rank's exit code
+        self.rank_rcs = None
+
+    def describe(self):
+        return (f"command: {shlex.join(str(a) for a in self.argv)}\n"
+                f"exit code: {self.rc}\n"
+                f"----- output (stdout + stderr of all ranks) -----\n{self.output}"
+                f"----- end of output -----")
+
+
+def fail(what, result=None):
+    raise Failure(what + ("\n" + result.describe() if result is not None else ""))
+
+
+class Env:
+    def __init__(self, build_dir, tmp):
+        self.build = Path(build_dir).resolve()
+        self.tmp = Path(tmp)
+        self.exe = self.build / "tessera"
+        self.mpiexec = shutil.which("mpiexec")
+
+    def path(self, name):
+        return self.tmp / name
+
+    def run_cmd(self, argv, timeout=TIMEOUT_S):
+        env = dict(os.environ, MPIEXEC_TIMEOUT="60")
+        proc = subprocess.Popen([str(a) for a in argv], cwd=self.tmp, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # mpiexec and the ranks are in their own session: end them all.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, _ = proc.communicate()
+            fail(f"the command hung: still running after {timeout} s",
+                 Result(argv, "killed (timeout)", out.decode(errors="replace")))
+        r = Result(argv, proc.returncode, out.decode(errors="replace"))
+        print(f"$ {shlex.join(str(a) for a in argv)}\n{r.output}[exit code {r.rc}]\n")
+        return r
+
+    def tessera(self, np_, *args, timeout=TIMEOUT_S):
+        # Each rank runs through a shell that reports the rank's own exit code, so "non-zero
+        # on every rank" can be checked, not just mpiexec's summary.
+        r = self.run_cmd([self.mpiexec, "-n", str(np_), "/bin/sh", "-c", RANK_WRAPPER, self.exe,
+                          *args], timeout=timeout)
+        r.ranks = np_
+        r.rank_rcs = [int(m) for m in RANK_EXIT.findall(r.output)]
+        return r
+
+
+def check_no_crash(r):
+    for marker in CRASH_MARKERS:
+        if marker in r.output:
+            fail(f"expected a clean exit, but the output holds {marker!r} "
+                 "(crash, abort or hang)", r)
+    if not isinstance(r.rc, int) or r.rc < 0 or r.rc > 2:
+        fail(f"expected exit code 0, 1 or 2 from a clean exit, got {r.rc}", r)
+    if r.ranks is not None and len(r.rank_rcs) != r.ranks:
+        fail(f"expected all {r.ranks} ranks to exit normally, {len(r.rank_rcs)} did", r)
+
+
+def check_rank_rcs(r, ok):
+    if r.ranks is None:
+        return
+    if ok and any(rc != 0 for rc in r.rank_rcs):
+        fail(f"expected exit code 0 on every rank, got {r.rank_rcs}", r)
+    if not ok and any(rc == 0 for rc in r.rank_rcs):
+        fail(f"expected a non-zero exit code on every rank, got {r.rank_rcs}", r)
+
+
+def expect_ok(r, *phrases):
+    check_no_crash(r)
+    if r.rc != 0:
+        fail("expected exit code 0", r)
+    check_rank_rcs(r, ok=True)
+    if ERROR_LINE in r.output:
+        fail(f"expected no {ERROR_LINE!r} line", r)
+    for p in phrases:
+        if p not in r.output:
+            fail(f"expected the output to contain {p!r}", r)
+
+
+def expect_error(r, *phrases, any_of=None):
+    """A clean error: exit != 0, the error line exactly once, every phrase in it."""
+    check_no_crash(r)
+    if r.rc == 0:
+        fail("expected a non-zero exit code", r)
+    check_rank_rcs(r, ok=False)
+    count = r.output.count(ERROR_LINE)
+    if count != 1:
+        fail(f"expected {ERROR_LINE!r} exactly once in the output of all ranks, "
+             f"seen {count} times", r)
+    line = next(l for l in RANK_EXIT.sub("", r.output).splitlines() if ERROR_LINE in l)
+    for p in phrases:
+        if p not in line:
+            fail(f"expected the error message to contain {p!r}", r)
+    if any_of is not None and not any(p in line for p in any_of):
+        fail(f"expected the error message to contain one of {any_of!r}", r)
+    return line
+
+
+# ------------------------------------------------------------------------------------------
+# Files
+
+def write_batch(path, images, labels, chunks=None):
+    with h5py.File(path, "w") as f:
+        if images is not None:
+            f.create_dataset("images", data=images, chunks=chunks)
+        if labels is not None:
+            f.create_dataset("labels", data=labels)
+
+
+def convstack_out(size):
+    """Output height/width of the built-in convstack-small for an input size (stride 2 once)."""
+    return (size + 2 - 4) // 2 + 1
+
+
+def random_batch(rng, n=2, c=3, h=16, w=16, classes=2, label_dtype=np.int64):
+    images = rng.uniform(-1, 1, size=(n, c, h, w))
+    labels = rng.integers(0, classes, size=(n, convstack_out(h), convstack_out(w)),
+                          dtype=label_dtype)
+    return images, labels
+
+
+def write_json(path, obj):
+    Path(path).write_text(json.dumps(obj))
+
+
+def seed_params(env, name="seed.h5"):
+    """A dump of convstack-small on 2 ranks; its /params is a valid parameter set."""
+    r = env.tessera(2, "gradcheck", "--dump", env.path(name))
+    expect_ok(r, "PASS")
+    return env.path(name)
+
+
+def write_params_from(seed, path, edit=None, fmt=PARAMS_FORMAT):
+    with h5py.File(seed, "r") as s, h5py.File(path, "w") as f:
+        s.copy("params", f)
+        if fmt is not None:
+            f.attrs["format"] = fmt
+        if edit is not None:
+            edit(f)
+    return path
+
+
+def read_group(f, group):
+    out = {}
+    f[group].visititems(lambda name, obj: out.__setitem__(name, obj[()])
+                        if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Scenarios
+
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+@scenario
+def grid_mismatch(env):
+    r = env.tessera(2, "gradcheck", "--grid", "1x2x2")
+    expect_error(r, "has 4 ranks but the job has 2")
+
+
+@scenario
+def bad_grid_string(env):
+    for grid in ["2x2", "1x0x2", "1x2x2x", "axbxc"]:
+        r = env.tessera(2, "gradcheck", "--grid", grid)
+        expect_error(r, "NxHxW", f"'{grid}'")
+
+
+@scenario
+def unknown_layer_type(env):
+    write_json(env.path("m.json"), {"name": "bad", "input_channels": 3, "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 4, "kernel": 3},
+        {"name": "c9", "type": "conv3d"}]})
+    r = env.tessera(2, "gradcheck", "--model", "m.json")
+    expect_error(r, "'c9'", "unknown layer type", "conv3d")
+
+
+@scenario
+def unknown_field(env):
+    write_json(env.path("m.json"), {"name": "bad", "input_channels": 3, "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 4, "kernel": 3},
+        {"name": "c2", "type": "conv2d", "out_channels": 2, "kernal": 3}]})
+    r = env.tessera(2, "gradcheck", "--model", "m.json")
+    expect_error(r, "'c2'", "'kernal'")
+
+
+@scenario
+def impossible_tiles(env):
+    # c1 keeps 9x9; 'down' (kernel 4, stride 4) makes it 2x2, which 4 ranks cannot split.
+    write_json(env.path("m.json"), {"name": "tiny", "input_channels": 3, "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "down", "type": "conv2d", "out_channels": 2, "kernel": 4, "stride": 4}]})
+    common = ["gradcheck", "--model", "m.json", "--height", "9", "--width", "9"]
+    r = env.tessera(4, *common, "--grid", "1x4x1")
+    expect_error(r, "'down'", "no rows", "2x1")
+    # Split across columns, the message must say so.
+    r = env.tessera(4, *common, "--grid", "1x1x4")
+    expect_error(r, "'down'", "no columns", "1x2")
+    # The same model fits a 1x2x2 grid.
+    expect_ok(env.tessera(4, *common, "--grid", "1x2x2"), "PASS")
+
+
+@scenario
+def missing_file(env):
+    r = env.tessera(2, "gradcheck", "--input", "/nonexistent.h5")
+    expect_error(r, "/nonexistent.h5", "does not exist")
+
+
+@scenario
+def not_hdf5(env):
+    env.path("batch.h5").write_text("images and labels, honestly\n" * 100)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "batch.h5", "is not an HDF5 file")
+
+
+@scenario
+def truncated_hdf5(env):
+    rng = np.random.default_rng(5)
+    images, labels = random_batch(rng, n=2, c=3, h=64, w=64)
+    path = env.path("batch.h5")
+    write_batch(path, images, labels)
+    size = path.stat().st_size
+    if size < images.nbytes:
+        fail(f"the batch file is unexpectedly small ({size} bytes)")
+    os.truncate(path, size // 2)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    # HDF5 notices at open that the file ends early; a reader that got further would fail
+    # in H5Dread. Either way: a clean error saying so.
+    expect_error(r, "batch.h5", any_of=["damaged or truncated", "truncated or damaged"])
+
+
+@scenario
+def corrupt_hdf5_data(env):
+    # A file that opens but whose compressed image chunks are garbage: the read itself fails,
+    # on some ranks only (each reads its own tile), and the error must still be agreed.
+    rng = np.random.default_rng(6)
+    images, labels = random_batch(rng, n=2, c=3, h=64, w=64)
+    path = env.path("batch.h5")
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("images", data=images, chunks=(1, 3, 64, 64), compression="gzip")
+        f.create_dataset("labels", data=labels)
+        offsets = [d.id.get_chunk_info(k).byte_offset for k in range(d.id.get_num_chunks())]
+        sizes = [d.id.get_chunk_info(k).size for k in range(d.id.get_num_chunks())]
+    with open(path, "r+b") as f:
+        for off, n in zip(offsets, sizes):
+            f.seek(off + 16)
+            f.write(b"\xff" * (n - 32))
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "batch.h5", "truncated or damaged")
+
+
+@scenario
+def missing_labels(env):
+    images, _ = random_batch(np.random.default_rng(1))
+    write_batch(env.path("batch.h5"), images, None)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "no dataset '/labels'")
+
+
+@scenario
+def images_wrong_rank(env):
+    images, labels = random_batch(np.random.default_rng(1))
+    write_batch(env.path("batch.h5"), images[0], labels)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "/images", "expected 4")
+
+
+@scenario
+def images_wrong_dtype(env):
+    images, labels = random_batch(np.random.default_rng(1))
+    write_batch(env.path("batch.h5"), (images * 100).astype(np.int32), labels)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "/images", "int32", "expected float32, float64 or uint8")
+
+
+@scenario
+def labels_wrong_dtype(env):
+    images, labels = random_batch(np.random.default_rng(1))
+    write_batch(env.path("batch.h5"), images, labels.astype(np.float32))
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "/labels", "expected int32 or int64")
+
+
+@scenario
+def labels_wrong_shape(env):
+    images, labels = random_batch(np.random.default_rng(1))  # model output: 8x8
+    write_batch(env.path("batch.h5"), images, labels[:, :, :7])
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "/labels", "model's output", "2x8x7", "2x8x8")
+
+
+@scenario
+def labels_out_of_range(env):
+    images, labels = random_batch(np.random.default_rng(1))
+    labels[-1, -1, -1] = 5  # in the last rank's tile, so not rank 0 finds it
+    write_batch(env.path("batch.h5"), images, labels.astype(np.int32))
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "/labels", "5", "outside [0, 2)")
+    labels[-1, -1, -1] = -1
+    write_batch(env.path("batch.h5"), images, labels)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "-1", "outside [0, 2)")
+
+
+@scenario
+def images_nan(env):
+    images, labels = random_batch(np.random.default_rng(1))
+    images[1, 2, -1, -1] = np.nan  # in the last rank's tile
+    write_batch(env.path("batch.h5"), images, labels)
+    r = env.tessera(2, "gradcheck", "--input", "batch.h5")
+    expect_error(r, "/images", "nan", "finite")
+
+
+@scenario
+def params_nan(env):
+    seed = seed_params(env)
+
+    def edit(f):
+        w = f["params/c2/weight"][()]
+        w[0, 0, 0, 0] = np.inf
+        del f["params/c2/weight"]
+        f["params/c2/weight"] = w
+    write_params_from(seed, env.path("w.h5"), edit=edit)
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "/params/c2/weight", "NaN or infinity")
+
+
+@scenario
+def params_missing(env):
+    seed = seed_params(env)
+    write_params_from(seed, env.path("w.h5"), edit=lambda f: f.__delitem__("params/c3/bias"))
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "w.h5", "/params/c3/bias")
+
+
+@scenario
+def params_wrong_shape(env):
+    seed = seed_params(env)
+
+    def edit(f):
+        del f["params/c2/weight"]
+        f["params/c2/weight"] = np.zeros((8, 8, 3, 3))
+    write_params_from(seed, env.path("w.h5"), edit=edit)
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "/params/c2/weight", "[8, 8, 3, 3]", "[8, 8, 4, 4]")
+
+
+@scenario
+def params_wrong_format(env):
+    seed = seed_params(env)
+    write_params_from(seed, env.path("w.h5"), fmt=None)
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "w.h5", PARAMS_FORMAT)
+    write_params_from(seed, env.path("w.h5"), fmt="tessera-params-0")
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "w.h5", PARAMS_FORMAT)
+    # The attribute as h5py writes it (variable-length UTF-8) is accepted.
+    write_params_from(seed, env.path("w.h5"))
+    expect_ok(env.tessera(2, "gradcheck", "--init", "w.h5"), "PASS")
+
+
+@scenario
+def params_extra(env):
+    seed = seed_params(env)
+    write_params_from(seed, env.path("w.h5"),
+                      edit=lambda f: f.__setitem__("params/zz/weight", np.zeros((2, 2, 1, 1))))
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "/params/zz/weight")
+    # A stray dataset right under /params is reported the same way.
+    write_params_from(seed, env.path("w.h5"),
+                      edit=lambda f: f.__setitem__("params/zz", np.zeros(3)))
+    r = env.tessera(2, "gradcheck", "--init", "w.h5")
+    expect_error(r, "/params/zz")
+
+
+@scenario
+def unknown_option(env):
+    r = env.tessera(2, "gradcheck", "--frobnicate")
+    expect_error(r, "frobnicate")
+    # A stray word is not silently ignored (here the model would otherwise be the default).
+    write_json(env.path("m.json"), {"input_channels": 3, "layers": [
+        {"type": "conv2d", "out_channels": 2, "kernel": 1}]})
+    r = env.tessera(2, "gradcheck", "m.json")
+    expect_error(r, "m.json")
+    r = env.tessera(2, "gradcheck", "--rtol", "abc")
+    expect_error(r, "rtol", "abc")
+
+
+@scenario
+def help_and_version(env):
+    r = env.tessera(2, "--help")
+    expect_ok(r, "gradcheck")
+    if r.output.count("Usage:") != 1:
+        fail("expected the usage printed once (by rank 0)", r)
+    r = env.tessera(2, "gradcheck", "--help")
+    expect_ok(r, "--grid", "--dtype", "--init", "--input", "--dump", "--rtol")
+    if r.output.count("Usage:") != 1:
+        fail("expected the help printed once (by rank 0)", r)
+    r = env.tessera(2, "--version")
+    expect_ok(r, "tessera ", "MPI", "HDF5")
+    if r.output.count("HDF5") != 1:
+        fail("expected the version printed once (by rank 0)", r)
+
+
+@scenario
+def dump_unwritable(env):
+    target = env.path("missing_dir") / "g.h5"
+    r = env.tessera(2, "gradcheck", "--dump", target)
+    expect_error(r, "g.h5", "does not exist")
+    if target.parent.exists():
+        fail(f"{target.parent} was created", r)
+    # The target is a directory: creating the temporary file works, renaming it does not.
+    (env.path("out.h5") / "inside").mkdir(parents=True)
+    r = env.tessera(2, "gradcheck", "--dump", "out.h5")
+    expect_error(r, "out.h5")
+    left = sorted(p.name for p in env.tmp.iterdir())
+    if left != ["out.h5"] or list((env.path("out.h5")).iterdir()) != [env.path("out.h5/inside")]:
+        fail(f"expected no file left behind, the directory holds {left}", r)
+
+
+@scenario
+def config_file(env):
+    env.path("c.ini").write_text("# gradcheck settings\ngrid = 1x1x2\ndtype = float32\n")
+    r = env.tessera(2, "gradcheck", "--config", "c.ini")
+    expect_ok(r, "float32", "grid 1x1x2", "PASS")
+    r = env.tessera(2, "gradcheck", "--config", "c.ini", "--dtype", "float64")
+    expect_ok(r, "float64", "grid 1x1x2", "PASS")
+    if "float32" in r.output:
+        fail("expected --dtype float64 on the command line to override the file", r)
+    # The file's grid is really used: on 3 ranks it does not fit.
+    r = env.tessera(3, "gradcheck", "--config", "c.ini")
+    expect_error(r, "has 2 ranks but the job has 3")
+    env.path("bad.ini").write_text("grid = 1x1x2\nfrobnicate = 3\n")
+    r = env.tessera(2, "gradcheck", "--config", "bad.ini")
+    expect_error(r, "frobnicate")
+    r = env.tessera(2, "gradcheck", "--config", "nonexistent.ini")
+    expect_error(r, "nonexistent.ini", "does not exist")
+
+
+# The roundtrip model: odd and even kernels, stride 2 and 3, dilation 2, padding 0, [h, w]
+# and "same" (asymmetric for the even kernel), relu, a layer without bias; 29x31 input.
+ROUNDTRIP_MODEL = {
+    "name": "roundtrip", "input_channels": 2,
+    "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": "same"},
+        {"name": "r1", "type": "relu"},
+        {"name": "c2", "type": "conv2d", "out_channels": 5, "kernel": 4, "stride": 2,
+         "padding": [1, 2]},
+        {"name": "r2", "type": "relu"},
+        {"name": "c3", "type": "conv2d", "out_channels": 4, "kernel": [3, 2], "dilation": 2,
+         "padding": 0, "bias": False},
+        {"name": "r3", "type": "relu"},
+        {"name": "c4", "type": "conv2d", "out_channels": 6, "kernel": 2, "stride": 3},
+        {"name": "r4", "type": "relu"},
+        {"name": "c5", "type": "conv2d", "out_channels": 4, "kernel": [2, 3], "padding": "same"},
+        {"name": "r5", "type": "relu"},
+        {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}],
+}
+
+
+def roundtrip(env, dtype, grid, uint8_images, label_dtype, seed):
+    ranks = int(np.prod([int(x) for x in grid.split("x")]))
+    ftype = np.float64 if dtype == "float64" else np.float32
+    rng = np.random.default_rng(seed)
+    write_json(env.path("m.json"), ROUNDTRIP_MODEL)
+    common = ["gradcheck", "--model", "m.json", "--grid", grid, "--dtype", dtype]
+
+    # (1) A seed dump: the model's parameter and batch layout.
+    r = env.tessera(ranks, *common, "--batch", "3", "--height", "29", "--width", "31",
+                    "--dump", "seed.h5")
+    expect_ok(r, "PASS", "wrote seed.h5")
+
+    # (2) New parameters and a new batch.
+    classes = ROUNDTRIP_MODEL["layers"][-1]["out_channels"]
+    with h5py.File(env.path("seed.h5"), "r") as s, h5py.File(env.path("w.h5"), "w") as w:
+        seed_params_ = read_group(s, "params")
+        if not seed_params_:
+            fail("seed.h5 has no parameters under /params")
+        for name, value in seed_params_.items():
+            factor = rng.uniform(0.5, 1.5, size=value.shape)
+            w.create_dataset("params/" + name, data=(value.astype(np.float64) * factor)
+                             .astype(ftype))
+        w.attrs["format"] = PARAMS_FORMAT
+        image_shape = s["batch/images"].shape
+        label_shape = s["batch/labels"].shape
+    if image_shape != (3, 2, 29, 31):
+        fail(f"seed.h5's /batch/images is {image_shape}, expected (3, 2, 29, 31)")
+    if uint8_images:
+        images = rng.integers(0, 256, size=image_shape, dtype=np.uint8)
+        expected_images = images.astype(np.float32) / np.float32(255)
+    else:
+        images = rng.uniform(-2, 2, size=image_shape)
+        expected_images = images.astype(ftype)
+    labels = rng.integers(0, classes, size=label_shape).astype(label_dtype)
+    write_batch(env.path("b.h5"), images, labels)
+
+    # (3) The gradcheck with them.
+    r = env.tessera(ranks, *common, "--init", "w.h5", "--input", "b.h5", "--dump", "g.h5")
+    expect_ok(r, "PASS", f"grid {grid}", dtype, "batch 3x2x29x31")
+
+    # (4) The dump holds exactly the given parameters and batch.
+    with h5py.File(env.path("w.h5"), "r") as w, h5py.File(env.path("g.h5"), "r") as g:
+        want, got = read_group(w, "params"), read_group(g, "params")
+        if sorted(want) != sorted(got):
+            fail(f"g.h5's /params holds {sorted(got)}, w.h5's {sorted(want)}", r)
+        for name in want:
+            if got[name].dtype != ftype or not np.array_equal(got[name], want[name]):
+                fail(f"g.h5's /params/{name} ({got[name].dtype}) differs from w.h5's "
+                     f"({want[name].dtype}): --init was not used as given", r)
+        gi, gl = g["batch/images"][()], g["batch/labels"][()]
+        if gi.dtype != ftype or not np.array_equal(gi, expected_images):
+            fail("g.h5's /batch/images differs from b.h5's /images"
+                 + (" / 255" if uint8_images else "") + ": --input was not used as given", r)
+        if not np.array_equal(gl, labels):
+            fail("g.h5's /batch/labels differs from b.h5's /labels", r)
+        if g.attrs["dtype"] != dtype.encode() and g.attrs["dtype"] != dtype:
+            fail(f"g.h5's dtype attribute is {g.attrs['dtype']!r}, expected {dtype}", r)
+
+    # (5) PyTorch agrees.
+    rtol = "1e-9" if dtype == "float64" else "1e-4"
+    r = env.run_cmd([sys.executable, CHECK_WITH_PYTORCH, env.path("g.h5"), "--rtol", rtol])
+    if r.rc != 0:
+        fail(f"expected check_with_pytorch.py to agree within {rtol} (exit 0)", r)
+
+
+@scenario
+def roundtrip_pytorch(env):
+    if importlib.util.find_spec("torch") is None:  # check_with_pytorch.py needs it
+        print("SKIP: no torch")
+        sys.exit(SKIP)
+    roundtrip(env, "float64", "1x2x3", uint8_images=False, label_dtype=np.int64, seed=11)
+    for f in list(env.tmp.iterdir()):
+        f.unlink()
+    roundtrip(env, "float32", "2x1x2", uint8_images=True, label_dtype=np.int32, seed=12)
+
+
+@scenario
+def gradcheck_detects_mismatch(env):
+    r = env.tessera(4, "gradcheck", "--grid", "1x2x2", "--dtype", "float32", "--rtol", "1e-300")
+    check_no_crash(r)
+    if r.rc != 1 or r.rank_rcs != [1] * 4:
+        fail("expected exit code 1 on every rank (gradients differ beyond rtol)", r)
+    if "FAIL" not in r.output:
+        fail("expected 'FAIL' in the output", r)
+    if ERROR_LINE in r.output:
+        fail(f"expected a gradient mismatch, not an error ({ERROR_LINE!r})", r)
+    # The same run with the default float32 tolerance passes.
+    expect_ok(env.tessera(4, "gradcheck", "--grid", "1x2x2", "--dtype", "float32"), "PASS")
+
+
+def main(argv):
+    if len(argv) != 3 or argv[2] not in SCENARIOS:
+        print(f"usage: {argv[0]} BUILD_DIR SCENARIO\nscenarios: {', '.join(SCENARIOS)}",
+              file=sys.stderr)
+        return 2
+    build_dir, name = argv[1], argv[2]
+    exe = Path(build_dir) / "tessera"
+    if not exe.exists():
+        print(f"FAIL: {exe} does not exist")
+        return 1
+    if shutil.which("mpiexec") is None:
+        print("SKIP: no mpiexec on PATH")
+        return SKIP
+    with tempfile.TemporaryDirectory(prefix=f"tessera-cli-{name}-") as tmp:
+        env = Env(build_dir, tmp)
+        try:
+            SCENARIOS[name](env)
+        except Failure as e:
+            print(f"FAIL: {name}: {e}")
+            return 1
+        except Exception:
+            print(f"FAIL: {name}: the test itself raised")
+            traceback.print_exc(file=sys.stdout)
+            return 1
+    print(f"PASS: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
