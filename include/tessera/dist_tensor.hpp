@@ -12,6 +12,9 @@ struct Distribution {
   Shape4 global;  // the whole tensor
   GridShape grid;
   GridCoords me;
+  // A spatially replicated tensor (after global pooling: N x C x 1 x 1) is whole on every rank
+  // of a sample group: its rows and columns are not split. Samples are still split over groups.
+  bool replicated = false;
 
   Range samples() const;  // my samples, [begin, end) of global.n
   Range rows() const;     // my rows of global.h
@@ -24,7 +27,8 @@ struct Distribution {
   Range samples_of(int n) const;
 
   // Same grid and rank, another global shape.
-  Distribution with_shape(Shape4 s) const { return {s, grid, me}; }
+  Distribution with_shape(Shape4 s) const { return {s, grid, me, replicated}; }
+  Distribution replicated_with_shape(Shape4 s) const { return {s, grid, me, true}; }
   // Empty tiles (fewer rows or columns than grid parts) are an impossible distribution.
   bool has_empty_tile() const;
 };

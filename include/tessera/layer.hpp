@@ -1,7 +1,10 @@
-// A distributed layer: sets itself up for an input distribution (shapes, halo plans), then runs
-// forward and backward on its rank's tiles.
+// A distributed layer: sets itself up for its input distributions (shapes, parameters), binds to
+// a process grid (halo exchanges), then runs forward and backward on its rank's tiles.
 #pragma once
 
+#include <functional>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,29 @@ struct Param {
   Tensor<T> grad;
 };
 
+// A tensor the layer updates itself (batch norm's running statistics), replicated on all ranks.
+template <typename T>
+struct Buffer {
+  std::string name;  // "running_mean", "running_var"
+  Tensor<T> value;
+};
+
+enum class Mode { train, eval };
+
+// What a step is, for the layers whose behaviour depends on it (batch norm, dropout).
+struct RunState {
+  Mode mode = Mode::train;
+  std::uint64_t seed = 0;  // dropout masks
+  std::int64_t step = 0;
+};
+
+// For halo layers: the input rows (columns) that a range of output rows (columns) reads, not
+// clipped to the image. The same map serves the exchange and `tessera plan`.
+struct WindowMap {
+  std::function<Range(Range)> rows;
+  std::function<Range(Range)> cols;
+};
+
 template <typename T>
 class Layer {
  public:
@@ -29,20 +55,49 @@ class Layer {
 
   const std::string& name() const { return name_; }
 
-  // Checks the input, allocates parameters, builds halo plans; returns the output distribution.
-  // Local (plans are pure index math); throws an Error naming the layer.
-  virtual Distribution setup(const Distribution& in, const ProcessGrid& grid) = 0;
+  // Checks the inputs, allocates parameters; returns the output distribution. Local and pure;
+  // throws an Error naming the layer.
+  virtual Distribution setup(std::span<const Distribution> inputs) = 0;
+  // Builds what needs the grid's communicators (halo exchanges). Local.
+  virtual void bind(const ProcessGrid&) {}
 
-  // Collective over the spatial communicator when the layer exchanges halos, else local.
-  virtual DistTensor<T> forward(const DistTensor<T>& x) = 0;
-  // Returns dL/dx and adds this rank's share of dL/dparam into each Param::grad.
-  // Collective over the spatial communicator when the layer exchanges halos, else local.
-  virtual DistTensor<T> backward(const DistTensor<T>& dy) = 0;
+  // Collective over the spatial communicator when the layer exchanges halos or reduces
+  // statistics (batch norm: over the grid), else local.
+  virtual DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs,
+                                const RunState& state) = 0;
+  // Returns dL/dinput for each input and adds this rank's share of dL/dparam into each
+  // Param::grad. Same collectiveness as forward.
+  virtual std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) = 0;
 
   virtual std::vector<Param<T>*> params() { return {}; }
+  virtual std::vector<Buffer<T>*> buffers() { return {}; }
+  // Halo layers say which inputs each output reads; pointwise layers return nothing.
+  virtual std::optional<WindowMap> window() const { return std::nullopt; }
 
  private:
   std::string name_;
+};
+
+// A layer with one input.
+template <typename T>
+class UnaryLayer : public Layer<T> {
+ public:
+  using Layer<T>::Layer;
+
+  virtual Distribution setup(const Distribution& in) = 0;
+  virtual DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) = 0;
+  virtual DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) = 0;
+
+  Distribution setup(std::span<const Distribution> inputs) final { return setup(inputs[0]); }
+  DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs,
+                        const RunState& state) final {
+    return forward(*inputs[0], state);
+  }
+  std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) final {
+    std::vector<DistTensor<T>> out;
+    out.push_back(backward_one(dy, state));
+    return out;
+  }
 };
 
 }  // namespace tessera

@@ -1,7 +1,8 @@
-// A model distributed over a process grid: its layers, set up for one global input shape.
+// A model distributed over a process grid: a graph of layers, set up for one global input shape.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,20 +19,29 @@ struct NamedParam {
 };
 
 template <typename T>
+struct NamedBuffer {
+  std::string layer;
+  Buffer<T>* buffer;
+  std::string key() const { return layer + "/" + buffer->name; }  // "bn1/running_mean"
+};
+
+template <typename T>
 class Model {
  public:
-  // Builds every layer for a global input [N, C, H, W] on `grid` and checks that every tile is
-  // non-empty. Local (pure index math); throws an Error naming the layer at fault.
+  // Builds every layer for a global input [N, C, H, W] on `grid` and checks every shape and tile.
+  // Local (pure index math); throws an Error naming the layer at fault.
   Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input);
 
   const ModelSpec& spec() const { return spec_; }
   const Distribution& input_distribution() const { return input_; }
-  const Distribution& output_distribution() const { return output_; }
+  const Distribution& output_distribution() const { return nodes_.back().out; }
 
-  // Collective over the spatial communicator.
+  RunState& state() { return state_; }  // mode (train / eval), seed and step
+
+  // Collective over the grid's communicator (halos over the spatial one, batch norm over all).
   DistTensor<T> forward(const DistTensor<T>& x);
-  // Returns dL/dinput; parameter gradients hold this rank's partial sums. Collective over the
-  // spatial communicator.
+  // Returns dL/dinput; parameter gradients hold this rank's partial sums until
+  // reduce_gradients. Collective over the grid's communicator.
   DistTensor<T> backward(const DistTensor<T>& dy);
 
   void zero_grad();  // local
@@ -40,31 +50,41 @@ class Model {
   void reduce_gradients();
 
   std::vector<NamedParam<T>> params();
+  std::vector<NamedBuffer<T>> buffers();
   std::int64_t parameter_count();
 
-  // Seeded uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, as PyTorch's
-  // default; the same on every rank and every grid. Local.
+  // Seeded uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases as PyTorch's default
+  // for conv and linear layers, (1, 0) for batch norm's weight and bias, the same on every rank
+  // and every grid. Local.
   void init_params(std::uint64_t seed);
 
  private:
+  struct Node {
+    std::unique_ptr<Layer<T>> layer;
+    std::vector<int> inputs;  // node indices; -1 is the model's input
+    Distribution out;
+    int consumers = 0;  // how many inputs name this node (the last node also feeds the loss)
+  };
   ModelSpec spec_;
   const ProcessGrid& grid_;
-  Distribution input_, output_;
-  std::vector<std::unique_ptr<Layer<T>>> layers_;
+  Distribution input_;
+  std::vector<Node> nodes_;
+  RunState state_;
 };
 
-// Mean per-pixel softmax cross-entropy over the global batch. `labels` is this rank's tile of
-// [N, H, W] for the logits' distribution, values checked beforehand to lie in [0, C).
+// The loss over the global batch and its gradient. `labels` is this rank's part of the labels:
+// [N, H, W] of its tile for pixel_cross_entropy, [N] of its samples for cross_entropy; values are
+// checked beforehand to lie in [0, C).
 template <typename T>
 struct LossResult {
   double loss = 0;     // the global mean, identical on every rank
   DistTensor<T> grad;  // dL/dlogits on this rank's tile
 };
 
-// Collective over `comm` (every rank of the grid).
+// Collective over the grid's communicator.
 template <typename T>
-LossResult<T> pixel_cross_entropy(const DistTensor<T>& logits, std::span<const std::int32_t> labels,
-                                  MPI_Comm comm);
+LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
+                           std::span<const std::int32_t> labels, const ProcessGrid& grid);
 
 // One evaluation of the loss and every gradient: zero_grad, forward, loss, backward and the
 // gradient reduction. Collective over the grid's communicator.

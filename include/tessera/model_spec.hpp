@@ -1,43 +1,35 @@
 // A model as described by its JSON file (DESIGN.md section 5), validated, dtype-free. Local.
 #pragma once
 
-#include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
-#include <variant>
 #include <vector>
 
 namespace tessera {
 
-struct Conv2dSpec {
-  std::int64_t out_channels = 0;
-  std::array<std::int64_t, 2> kernel{1, 1};  // [h, w]
-  std::array<std::int64_t, 2> stride{1, 1};
-  std::array<std::int64_t, 2> dilation{1, 1};
-  std::array<std::int64_t, 2> pad_begin{0, 0};  // top, left
-  std::array<std::int64_t, 2> pad_end{0, 0};    // bottom, right ("same" may be asymmetric)
-  bool bias = true;
-};
-
-struct ReluSpec {};
-
-using LayerConfig = std::variant<Conv2dSpec, ReluSpec>;
-
 struct LayerSpec {
   std::string name;
-  std::string type;  // the JSON "type"
-  LayerConfig config;
+  std::string type;                 // the JSON "type"
+  std::vector<std::string> inputs;  // earlier layers' names; "input" is the model's input
+  nlohmann::json fields;            // the layer's JSON object, validated by its type
+  std::string where;                // "m.json: layer 'c1' (conv2d)", for messages
 };
 
-enum class LossKind { pixel_cross_entropy };
+enum class LossKind {
+  pixel_cross_entropy,  // logits [N, C, H, W], labels [N, H, W]
+  cross_entropy,        // logits [N, C] (after global pooling), labels [N]
+};
 
 struct ModelSpec {
   std::string name;
   std::int64_t input_channels = 0;
-  std::vector<LayerSpec> layers;
+  std::vector<LayerSpec> layers;  // in order; every input names an earlier layer
   LossKind loss = LossKind::pixel_cross_entropy;
-  std::string json;  // canonical text, for hashing and checkpoints
+  std::string json;  // canonical text, for hashing and dumps
 };
+
+const char* to_string(LossKind k);
 
 // Parses and validates a model. Errors name the layer and the field. Local.
 ModelSpec parse_model(const std::string& json_text, const std::string& source = "model");

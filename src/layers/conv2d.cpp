@@ -1,27 +1,68 @@
 #include "tessera/layers/conv2d.hpp"
 
 #include "tessera/error.hpp"
+#include "tessera/layers/window.hpp"
 
 namespace tessera {
 
-template <typename T>
-Conv2d<T>::Conv2d(std::string name, const Conv2dSpec& spec, int tag)
-    : Layer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+WindowAxis Conv2dSpec::axis(int a) const {
+  return {.kernel = kernel[a],
+          .stride = stride[a],
+          .pad_begin = pad_begin[a],
+          .pad_end = pad_end[a],
+          .dilation = dilation[a]};
+}
 
-template <typename T>
-WindowAxis Conv2d<T>::axis(int a) const {
-  return {.kernel = spec_.kernel[a],
-          .stride = spec_.stride[a],
-          .pad_begin = spec_.pad_begin[a],
-          .pad_end = spec_.pad_end[a],
-          .dilation = spec_.dilation[a]};
+Conv2dSpec parse_conv2d(const LayerSpec& spec) {
+  Fields f(spec);
+  Conv2dSpec s;
+  s.out_channels = f.integer("out_channels", std::nullopt, 1);
+  s.kernel = f.pair("kernel", std::nullopt, 1);
+  s.stride = f.pair("stride", Pair{1, 1}, 1);
+  s.dilation = f.pair("dilation", Pair{1, 1}, 1);
+  s.groups = f.integer("groups", 1, 1);
+  s.bias = f.boolean("bias", true);
+  const nlohmann::json* padding = f.raw("padding");
+  if (!(padding != nullptr && padding->is_string()))
+    s.pad_begin = s.pad_end = f.pair("padding", Pair{0, 0}, 0);
+  f.finish();
+  if (const nlohmann::json* p = padding; p != nullptr && p->is_string()) {
+    if (p->get<std::string>() == "same") {
+      if (s.stride != Pair{1, 1}) f.fail("padding 'same' needs stride 1 (as in PyTorch)");
+      for (int a = 0; a < 2; ++a) {
+        // PyTorch: total = dilation * (kernel - 1), the smaller half first.
+        const std::int64_t total = s.dilation[a] * (s.kernel[a] - 1);
+        s.pad_begin[a] = total / 2;
+        s.pad_end[a] = total - total / 2;
+      }
+    } else if (p->get<std::string>() != "valid") {
+      f.fail("field 'padding' must be an integer, [h, w], \"same\" or \"valid\", got " + p->dump());
+    }
+  }
+  if (s.out_channels % s.groups != 0)
+    f.fail("out_channels (" + std::to_string(s.out_channels) + ") must be divisible by groups (" +
+           std::to_string(s.groups) + ")");
+  return s;
 }
 
 template <typename T>
-Distribution Conv2d<T>::setup(const Distribution& in, const ProcessGrid& grid) {
+Conv2d<T>::Conv2d(std::string name, const Conv2dSpec& spec, int tag)
+    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+
+template <typename T>
+std::optional<WindowMap> Conv2d<T>::window() const {
+  return conv_window(spec_.axis(0), spec_.axis(1));
+}
+
+template <typename T>
+Distribution Conv2d<T>::setup(const Distribution& in) {
   const std::string who = "layer '" + this->name() + "' (conv2d)";
+  require_spatial(who, in);
   const Shape4& s = in.global;
-  const WindowAxis ah = axis(0), aw = axis(1);
+  TESSERA_CHECK(s.c % spec_.groups == 0,
+                who + ": its " + std::to_string(s.c) +
+                    " input channels are not divisible by groups=" + std::to_string(spec_.groups));
+  const WindowAxis ah = spec_.axis(0), aw = spec_.axis(1);
   const std::int64_t oh = window_output_extent(s.h, ah);
   const std::int64_t ow = window_output_extent(s.w, aw);
   TESSERA_CHECK(oh > 0 && ow > 0,
@@ -30,26 +71,9 @@ Distribution Conv2d<T>::setup(const Distribution& in, const ProcessGrid& grid) {
                     std::to_string(s.w + aw.pad_begin + aw.pad_end) +
                     ", is smaller than the kernel's reach of " + std::to_string(ah.span()) + "x" +
                     std::to_string(aw.span()) + " (dilation * (kernel - 1) + 1)");
-  out_ = in.with_shape({s.n, spec_.out_channels, oh, ow});
-  TESSERA_CHECK(oh >= in.grid.h && ow >= in.grid.w,
-                who + ": its " + std::to_string(oh) + "x" + std::to_string(ow) +
-                    " output cannot be split over " + std::to_string(in.grid.h) + "x" +
-                    std::to_string(in.grid.w) + " spatial ranks: a tile would have " +
-                    (oh < in.grid.h ? (ow < in.grid.w ? "no rows and no columns" : "no rows")
-                                    : "no columns") +
-                    " (use a spatial grid of at most " +
-                    std::to_string(std::min<std::int64_t>(oh, in.grid.h)) + "x" +
-                    std::to_string(std::min<std::int64_t>(ow, in.grid.w)) + ")");
   in_ = in;
-  std::vector<Box> owned, windows;
-  for (int i = 0; i < in.grid.h; ++i)
-    for (int j = 0; j < in.grid.w; ++j) {
-      owned.push_back(in.tile_of(i, j));
-      const Box out_tile = out_.tile_of(i, j);
-      windows.push_back({input_window(out_tile.h, ah), input_window(out_tile.w, aw)});
-    }
-  exchange_.emplace(make_halo_plan(owned, windows, grid.spatial_rank(in.me.i, in.me.j)),
-                    grid.spatial(), tag_);
+  out_ = in.with_shape({s.n, spec_.out_channels, oh, ow});
+  require_tiles(who, out_);
   // The window materialises the padding, so the kernel itself pads nothing.
   geometry_ = {.stride_h = ah.stride,
                .stride_w = aw.stride,
@@ -57,8 +81,8 @@ Distribution Conv2d<T>::setup(const Distribution& in, const ProcessGrid& grid) {
                .dilation_w = aw.dilation,
                .pad_top = 0,
                .pad_left = 0,
-               .groups = 1};
-  const Shape4 wshape{spec_.out_channels, s.c, spec_.kernel[0], spec_.kernel[1]};
+               .groups = spec_.groups};
+  const Shape4 wshape{spec_.out_channels, s.c / spec_.groups, spec_.kernel[0], spec_.kernel[1]};
   weight_ = {"weight", Tensor<T>(wshape), Tensor<T>(wshape)};
   if (spec_.bias) {
     const Shape4 bshape{spec_.out_channels, 1, 1, 1};
@@ -68,10 +92,13 @@ Distribution Conv2d<T>::setup(const Distribution& in, const ProcessGrid& grid) {
 }
 
 template <typename T>
-DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x) {
-  const HaloPlan& p = exchange_->plan();
-  const Shape4 ls = x.local.shape();
-  window_ = Tensor<T>({ls.n, ls.c, p.window.h.size(), p.window.w.size()});
+void Conv2d<T>::bind(const ProcessGrid& grid) {
+  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+}
+
+template <typename T>
+DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
+  window_ = Tensor<T>(window_shape(in_, exchange_->plan()));
   exchange_->fill(x.local, window_);
   DistTensor<T> y(out_);
   reference::conv2d_forward(window_, weight_.value, std::span<const T>(bias_.value.span()), y.local,
@@ -80,7 +107,7 @@ DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x) {
 }
 
 template <typename T>
-DistTensor<T> Conv2d<T>::backward(const DistTensor<T>& dy) {
+DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   Tensor<T> window_grad(window_.shape());
   reference::conv2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
   DistTensor<T> dx(in_);

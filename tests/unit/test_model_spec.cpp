@@ -13,12 +13,12 @@
 #include <unistd.h>
 
 #include "tessera/error.hpp"
+#include "tessera/layers/conv2d.hpp"
 #include "tessera/model_spec.hpp"
 
 namespace tessera {
 namespace {
 
-using Pair = std::array<std::int64_t, 2>;
 
 // A model with the given layers (JSON text of the list's items) and the defaults otherwise.
 std::string model_with(const std::string& layers, const std::string& extra = "") {
@@ -29,9 +29,8 @@ std::string model_with(const std::string& layers, const std::string& extra = "")
 Conv2dSpec conv_of(const std::string& layer) {
   const ModelSpec m = parse_model(model_with(layer));
   EXPECT_EQ(m.layers.size(), 1u);
-  const auto* conv = std::get_if<Conv2dSpec>(&m.layers.at(0).config);
-  EXPECT_NE(conv, nullptr);
-  return conv != nullptr ? *conv : Conv2dSpec{};
+  EXPECT_EQ(m.layers.at(0).type, "conv2d");
+  return parse_conv2d(m.layers.at(0));
 }
 
 // The message of the tessera::Error that parse_model(json) throws ("" and a failure if none).
@@ -69,24 +68,24 @@ TEST(ModelSpec, BuiltinConvstackSmallLoads) {
     EXPECT_EQ(m.layers[i].name, expect_names[i]);
     const bool conv = expect_names[i][0] != 'r';
     EXPECT_EQ(m.layers[i].type, conv ? "conv2d" : "relu");
-    EXPECT_EQ(std::holds_alternative<Conv2dSpec>(m.layers[i].config), conv) << m.layers[i].name;
-    EXPECT_EQ(std::holds_alternative<ReluSpec>(m.layers[i].config), !conv) << m.layers[i].name;
+    EXPECT_EQ(m.layers[i].inputs,
+              std::vector<std::string>{i == 0 ? "input" : expect_names[i - 1]});
   }
-  const auto& c2 = std::get<Conv2dSpec>(m.layers[2].config);
+  const Conv2dSpec c2 = parse_conv2d(m.layers[2]);
   EXPECT_EQ(c2.out_channels, 8);
   EXPECT_EQ(c2.kernel, (Pair{4, 4}));
   EXPECT_EQ(c2.stride, (Pair{2, 2}));
   EXPECT_EQ(c2.pad_begin, (Pair{1, 1}));
   EXPECT_EQ(c2.pad_end, (Pair{1, 1}));
-  const auto& c3 = std::get<Conv2dSpec>(m.layers[4].config);  // kernel 3, dilation 2, "same"
+  const Conv2dSpec c3 = parse_conv2d(m.layers[4]);  // kernel 3, dilation 2, "same"
   EXPECT_EQ(c3.dilation, (Pair{2, 2}));
   EXPECT_EQ(c3.pad_begin, (Pair{2, 2}));
   EXPECT_EQ(c3.pad_end, (Pair{2, 2}));
-  const auto& c4 = std::get<Conv2dSpec>(m.layers[6].config);  // kernel [5, 2], "same"
+  const Conv2dSpec c4 = parse_conv2d(m.layers[6]);  // kernel [5, 2], "same"
   EXPECT_EQ(c4.kernel, (Pair{5, 2}));
   EXPECT_EQ(c4.pad_begin, (Pair{2, 0}));
   EXPECT_EQ(c4.pad_end, (Pair{2, 1}));
-  const auto& head = std::get<Conv2dSpec>(m.layers[8].config);
+  const Conv2dSpec head = parse_conv2d(m.layers[8]);
   EXPECT_EQ(head.out_channels, 2);
   EXPECT_EQ(head.kernel, (Pair{1, 1}));
   EXPECT_TRUE(head.bias);
@@ -274,7 +273,7 @@ TEST(ModelSpec, LoadModelReadsFilesAndNamesMissingOnes) {
   const ModelSpec m = load_model(good);
   EXPECT_EQ(m.name, "t");
   ASSERT_EQ(m.layers.size(), 1u);
-  EXPECT_EQ(std::get<Conv2dSpec>(m.layers[0].config).pad_begin, (Pair{1, 1}));
+  EXPECT_EQ(parse_conv2d(m.layers[0]).pad_begin, (Pair{1, 1}));
   try {
     load_model(bad);
     ADD_FAILURE() << "loaded " << bad;

@@ -487,20 +487,20 @@ template <typename T>
 void check_relu() {
   const std::vector<T> x = {T(-2), T(-0.5), T(0), T(-0.0), T(1e-30), T(0.25), T(3)};
   std::vector<T> y(x.size(), T(7));
-  reference::relu_forward<T>(x, y);
+  reference::leaky_relu_forward<T>(x, T(0), y);
   const std::vector<T> expect_y = {T(0), T(0), T(0), T(0), T(1e-30), T(0.25), T(3)};
   EXPECT_EQ(y, expect_y);
   const std::vector<T> dy = {T(1), T(2), T(3), T(4), T(5), T(6), T(-7)};
   std::vector<T> dx(x.size(), T(9));
-  reference::relu_backward<T>(y, dy, dx);
+  reference::leaky_relu_backward<T>(y, dy, T(0), dx);
   const std::vector<T> expect_dx = {T(0), T(0), T(0), T(0), T(5), T(6), T(-7)};
   EXPECT_EQ(dx, expect_dx);
 
   // Random: forward is max(x, 0), backward passes dy exactly where x > 0.
   const std::vector<T> rx = random_vector<T>(1000, 51), rdy = random_vector<T>(1000, 52);
   std::vector<T> ry(rx.size()), rdx(rx.size());
-  reference::relu_forward<T>(rx, ry);
-  reference::relu_backward<T>(ry, rdy, rdx);
+  reference::leaky_relu_forward<T>(rx, T(0), ry);
+  reference::leaky_relu_backward<T>(ry, rdy, T(0), rdx);
   for (std::size_t k = 0; k < rx.size(); ++k) {
     EXPECT_EQ(ry[k], std::max(rx[k], T(0)));
     EXPECT_EQ(rdx[k], rx[k] > T(0) ? rdy[k] : T(0));

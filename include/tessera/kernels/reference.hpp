@@ -35,11 +35,17 @@ template <typename T>
 void conv2d_backward_filter(const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& dw,
                             std::span<T> dbias, const ConvGeometry& g);
 
-// y = max(x, 0); dx = dy where y > 0 else 0.
+// y = x where x > 0 else slope * x (slope 0: ReLU); dx = dy where y > 0 else slope * dy.
 template <typename T>
-void relu_forward(std::span<const T> x, std::span<T> y);
+void leaky_relu_forward(std::span<const T> x, T slope, std::span<T> y);
 template <typename T>
-void relu_backward(std::span<const T> y, std::span<const T> dy, std::span<T> dx);
+void leaky_relu_backward(std::span<const T> y, std::span<const T> dy, T slope, std::span<T> dx);
+
+// y = 1 / (1 + exp(-x)); dx = dy * y * (1 - y).
+template <typename T>
+void sigmoid_forward(std::span<const T> x, std::span<T> y);
+template <typename T>
+void sigmoid_backward(std::span<const T> y, std::span<const T> dy, std::span<T> dx);
 
 // Per-pixel softmax cross-entropy over the channels of logits [N, C, H, W] with labels [N, H, W]
 // (values in [0, C), checked). Returns the sum of -log softmax(logits)[label] over the pixels

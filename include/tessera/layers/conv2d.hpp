@@ -2,29 +2,46 @@
 // and in the backward pass accumulates window gradients back into their owners.
 #pragma once
 
-#include <memory>
 #include <optional>
 
 #include "tessera/halo_exchange.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layer.hpp"
-#include "tessera/model_spec.hpp"
+#include "tessera/layers/fields.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
 
+struct Conv2dSpec {
+  std::int64_t out_channels = 0;
+  Pair kernel{1, 1};
+  Pair stride{1, 1};
+  Pair dilation{1, 1};
+  Pair pad_begin{0, 0};  // top, left
+  Pair pad_end{0, 0};    // bottom, right ("same" may be asymmetric)
+  std::int64_t groups = 1;
+  bool bias = true;
+
+  WindowAxis axis(int a) const;  // 0: rows, 1: columns
+};
+
+// Fields: out_channels, kernel, stride=1, padding=0 (int, [h, w], "same", "valid"), dilation=1,
+// groups=1, bias=true. Local; throws an Error naming the layer and the field.
+Conv2dSpec parse_conv2d(const LayerSpec& spec);
+
 template <typename T>
-class Conv2d final : public Layer<T> {
+class Conv2d final : public UnaryLayer<T> {
  public:
   Conv2d(std::string name, const Conv2dSpec& spec, int tag);
 
-  Distribution setup(const Distribution& in, const ProcessGrid& grid) override;
-  DistTensor<T> forward(const DistTensor<T>& x) override;
-  DistTensor<T> backward(const DistTensor<T>& dy) override;
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override;
+  void bind(const ProcessGrid& grid) override;
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
-
-  const HaloPlan& plan() const { return exchange_->plan(); }
-  WindowAxis axis(int a) const;  // 0: rows, 1: columns
+  std::optional<WindowMap> window() const override;
 
  private:
   Conv2dSpec spec_;

@@ -1,0 +1,61 @@
+// Pointwise layers: no halo, no communication. Local.
+#pragma once
+
+#include "tessera/layer.hpp"
+#include "tessera/layers/fields.hpp"
+
+namespace tessera {
+
+enum class ActivationKind { relu, leaky_relu, sigmoid };
+
+struct ActivationSpec {
+  ActivationKind kind = ActivationKind::relu;
+  double slope = 0;  // leaky_relu: "slope" = 0.01
+};
+
+// Types relu, leaky_relu (slope=0.01), sigmoid.
+ActivationSpec parse_activation(const LayerSpec& spec);
+
+template <typename T>
+class Activation final : public UnaryLayer<T> {
+ public:
+  Activation(std::string name, const ActivationSpec& spec)
+      : UnaryLayer<T>(std::move(name)), spec_(spec) {}
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override { return in; }
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
+
+ private:
+  ActivationSpec spec_;
+  Tensor<T> y_;  // both backward rules need only the output
+};
+
+struct DropoutSpec {
+  double p = 0.5;
+};
+
+DropoutSpec parse_dropout(const LayerSpec& spec);
+
+// Zeroes each element with probability p in training (scaling the rest by 1 / (1 - p)); the
+// identity in evaluation. Whether an element is dropped depends only on (seed, step, layer,
+// global sample, channel, global row, global column), never on the grid, so every grid drops
+// exactly the elements a single rank would.
+template <typename T>
+class Dropout final : public UnaryLayer<T> {
+ public:
+  Dropout(std::string name, const DropoutSpec& spec)
+      : UnaryLayer<T>(std::move(name)), spec_(spec) {}
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override { return in; }
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
+
+ private:
+  DropoutSpec spec_;
+  Tensor<T> scale_;  // 0 or 1 / (1 - p) per element; empty in evaluation
+};
+
+}  // namespace tessera

@@ -1,0 +1,59 @@
+#include "tessera/layers/window.hpp"
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+
+WindowMap conv_window(const WindowAxis& rows, const WindowAxis& cols) {
+  return {[rows](Range r) { return input_window(r, rows); },
+          [cols](Range r) { return input_window(r, cols); }};
+}
+
+HaloPlan window_plan(const Distribution& in, const Distribution& out, const WindowMap& map, int i,
+                     int j) {
+  std::vector<Box> owned, windows;
+  for (int a = 0; a < in.grid.h; ++a)
+    for (int b = 0; b < in.grid.w; ++b) {
+      owned.push_back(in.tile_of(a, b));
+      const Box t = out.tile_of(a, b);
+      windows.push_back({map.rows(t.h), map.cols(t.w)});
+    }
+  return make_halo_plan(owned, windows, i * in.grid.w + j);
+}
+
+template <typename T>
+HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
+                                const WindowMap& map, const ProcessGrid& grid, int tag) {
+  return HaloExchange<T>(window_plan(in, out, map, in.me.i, in.me.j), grid.spatial(), tag);
+}
+
+Shape4 window_shape(const Distribution& in, const HaloPlan& plan) {
+  const Shape4 l = in.local_shape();
+  return {l.n, l.c, plan.window.h.size(), plan.window.w.size()};
+}
+
+void require_spatial(const std::string& who, const Distribution& in) {
+  TESSERA_CHECK(!in.replicated, who + ": its input is " + std::to_string(in.global.n) + "x" +
+                                    std::to_string(in.global.c) +
+                                    " (after global pooling), but the layer needs an image");
+}
+
+void require_tiles(const std::string& who, const Distribution& out) {
+  const std::int64_t h = out.global.h, w = out.global.w;
+  const int gh = out.grid.h, gw = out.grid.w;
+  TESSERA_CHECK(h >= gh && w >= gw,
+                who + ": its " + std::to_string(h) + "x" + std::to_string(w) +
+                    " output cannot be split over " + std::to_string(gh) + "x" +
+                    std::to_string(gw) + " spatial ranks: a tile would have " +
+                    (h < gh ? (w < gw ? "no rows and no columns" : "no rows") : "no columns") +
+                    " (use a spatial grid of at most " +
+                    std::to_string(std::min<std::int64_t>(h, gh)) + "x" +
+                    std::to_string(std::min<std::int64_t>(w, gw)) + ")");
+}
+
+template HaloExchange<float> window_exchange(const Distribution&, const Distribution&,
+                                             const WindowMap&, const ProcessGrid&, int);
+template HaloExchange<double> window_exchange(const Distribution&, const Distribution&,
+                                              const WindowMap&, const ProcessGrid&, int);
+
+}  // namespace tessera
