@@ -23,9 +23,10 @@ BatchFileInfo inspect_batch_file(const h5::File& file) {
       im.kind == h5::Kind::floating || uint8,
       "'" + path + "': /images holds " + im.type_name() + ", expected float32, float64 or uint8");
   const h5::DatasetInfo lb = file.info("/labels");
-  TESSERA_CHECK(lb.dims.size() == 3, "'" + path + "': /labels has " +
-                                         std::to_string(lb.dims.size()) +
-                                         " dimensions, expected 3 [N, H, W] (per-pixel classes)");
+  TESSERA_CHECK(lb.dims.size() == 3 || lb.dims.size() == 1,
+                "'" + path + "': /labels has " + std::to_string(lb.dims.size()) +
+                    " dimensions, expected 3 [N, H, W] (per-pixel classes) or 1 [N] (one class "
+                    "per image)");
   TESSERA_CHECK(lb.kind == h5::Kind::integer,
                 "'" + path + "': /labels holds " + lb.type_name() + ", expected int32 or int64");
   TESSERA_CHECK(lb.dims[0] == im.dims[0], "'" + path + "': /labels has " +
@@ -33,7 +34,11 @@ BatchFileInfo inspect_batch_file(const h5::File& file) {
                                               std::to_string(im.dims[0]));
   for (auto d : im.dims)
     TESSERA_CHECK(d > 0, "'" + path + "': /images is empty");
-  return {{im.dims[0], im.dims[1], im.dims[2], im.dims[3]}, {lb.dims[0], lb.dims[1], lb.dims[2]}};
+  // One class per image reads as an N x 1 x 1 map, the shape of a classifier's output.
+  const std::array<std::int64_t, 3> labels =
+      lb.dims.size() == 1 ? std::array<std::int64_t, 3>{lb.dims[0], 1, 1}
+                          : std::array<std::int64_t, 3>{lb.dims[0], lb.dims[1], lb.dims[2]};
+  return {{im.dims[0], im.dims[1], im.dims[2], im.dims[3]}, labels};
 }
 
 template <typename T>
@@ -61,7 +66,11 @@ Tensor<T> read_image_tile(const h5::File& file, const Distribution& d) {
 std::vector<std::int32_t> read_label_tile(const h5::File& file, const Distribution& d) {
   const std::array<std::int64_t, 3> offset{d.samples().begin, d.rows().begin, d.cols().begin};
   const std::array<std::int64_t, 3> count{d.samples().size(), d.rows().size(), d.cols().size()};
-  std::vector<std::int64_t> wide = file.read<std::int64_t>("/labels", offset, count);
+  const bool per_image = file.info("/labels").dims.size() == 1;
+  std::vector<std::int64_t> wide =
+      per_image ? file.read<std::int64_t>("/labels", std::span(offset).first(1),
+                                          std::span(count).first(1))
+                : file.read<std::int64_t>("/labels", offset, count);
   std::vector<std::int32_t> out(wide.size());
   for (std::size_t k = 0; k < wide.size(); ++k) {
     TESSERA_CHECK(wide[k] >= 0 && wide[k] < d.global.c,
@@ -108,11 +117,13 @@ std::vector<std::int32_t> random_label_tile(const Distribution& d, std::uint64_t
 
 template <typename T>
 void write_batch(h5::File& file, const std::string& group, const Tensor<T>& images,
-                 std::span<const std::int32_t> labels, const Shape4& label_shape) {
+                 std::span<const std::int32_t> labels, const Distribution& logits) {
   const Shape4& s = images.shape();
+  const Shape4& g = logits.global;
   file.write<T>(group + "/images", images.span(), {s.n, s.c, s.h, s.w});
   file.write<std::int32_t>(group + "/labels", labels,
-                           {label_shape.n, label_shape.h, label_shape.w});
+                           logits.replicated ? std::vector<std::int64_t>{g.n}
+                                             : std::vector<std::int64_t>{g.n, g.h, g.w});
 }
 
 template Tensor<float> read_image_tile(const h5::File&, const Distribution&);
@@ -120,8 +131,8 @@ template Tensor<double> read_image_tile(const h5::File&, const Distribution&);
 template Tensor<float> random_image_tile(const Distribution&, std::uint64_t);
 template Tensor<double> random_image_tile(const Distribution&, std::uint64_t);
 template void write_batch(h5::File&, const std::string&, const Tensor<float>&,
-                          std::span<const std::int32_t>, const Shape4&);
+                          std::span<const std::int32_t>, const Distribution&);
 template void write_batch(h5::File&, const std::string&, const Tensor<double>&,
-                          std::span<const std::int32_t>, const Shape4&);
+                          std::span<const std::int32_t>, const Distribution&);
 
 }  // namespace tessera

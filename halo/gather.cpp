@@ -23,7 +23,7 @@ void gather_tiles(std::span<const T> mine, const Distribution& d, std::int64_t p
   std::vector<std::vector<T>> tiles(static_cast<std::size_t>(ranks));
   std::vector<MPI_Request> requests;
   for (int r = 1; r < ranks; ++r) {
-    const Distribution theirs{d.global, d.grid, grid.coords_of(r)};
+    const Distribution theirs{d.global, d.grid, grid.coords_of(r), d.replicated};
     const Shape4 s = theirs.local_shape();
     tiles[r].resize(static_cast<std::size_t>(s.n * planes * s.h * s.w));
     MPI_Request q;
@@ -34,7 +34,7 @@ void gather_tiles(std::span<const T> mine, const Distribution& d, std::int64_t p
   tiles[0].assign(mine.begin(), mine.end());
   wait_all(requests);
   for (int r = 0; r < ranks; ++r)
-    put(Distribution{d.global, d.grid, grid.coords_of(r)}, tiles[r]);
+    put(Distribution{d.global, d.grid, grid.coords_of(r), d.replicated}, tiles[r]);
 }
 
 }  // namespace

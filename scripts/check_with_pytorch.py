@@ -3,10 +3,12 @@
 
 Usage: check_with_pytorch.py DUMP.h5 [--rtol X] [--which sharded|reference]
 
-The dump holds the initial parameters, the batch, and the loss, logits, dL/dimages and
-parameter gradients of a sharded run (/sharded) and of a single-rank run (/reference). This
-script rebuilds the model from the dump's model JSON in PyTorch, in float64 whatever the run's
-dtype, recomputes all of those, and compares them with /sharded (or /reference).
+The dump holds the initial parameters and buffers, the batch, and the loss, logits, dL/dimages,
+parameter gradients and updated batch-norm buffers of a sharded run (/sharded) and of a
+single-rank run (/reference). This script rebuilds the model from the dump's model JSON in
+PyTorch, in float64 whatever the run's dtype, recomputes all of those, and compares them with
+/sharded (or /reference). Dropout's random mask cannot be redrawn here, so a training-mode dump
+carries the mask Tessera used (/masks/<layer>); it is checked to hold only 0 and 1/(1-p).
 
 Relative error = max |dump - torch| / max |torch|, per quantity. Default rtol is 1e-4 for a
 float32 run and 1e-9 for a float64 run.
@@ -19,6 +21,7 @@ Adding a layer type is one function decorated with @layer (see conv2d and relu b
 
 import argparse
 import json
+import math
 import sys
 
 import h5py
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 
 FORMAT = "tessera-gradcheck-1"
 DEFAULT_RTOL = {"float32": 1e-4, "float64": 1e-9}
+MODES = ("train", "eval")
 
 
 class Malformed(Exception):
@@ -35,48 +39,96 @@ class Malformed(Exception):
 
 
 # --------------------------------------------------------------------------------------------
-# Layer types. Each is one function (spec, inputs, param) -> output tensor, where `inputs` is
-# the list of input tensors (the previous layer's output unless the layer names "inputs"), and
-# `param(name)` returns /params/<layer>/<name> as a float64 leaf whose gradient is compared
-# with /<which>/grads/<layer>/<name>. `fields` lists the JSON fields the type accepts, so a
-# field this script does not understand is reported rather than silently ignored.
+# Layer types. Each is one function (spec, inputs, ctx) -> output tensor, where `inputs` is the
+# list of input tensors (the previous layer's output unless the layer names "inputs") and `ctx`
+# (a Context, below) gives the layer its parameters, buffers, dropout mask and the mode.
+# `fields` lists the JSON fields the type accepts, so a field this script does not understand
+# is reported rather than silently ignored; `inputs` is (min, max) inputs, max None = any.
 
 LAYERS = {}
 
 
-def layer(type_name, fields=()):
+def layer(type_name, fields=(), inputs=(1, 1)):
     def register(fn):
-        LAYERS[type_name] = (fn, {"name", "type", "inputs", *fields})
+        LAYERS[type_name] = (fn, {"name", "type", "inputs", *fields}, inputs)
         return fn
     return register
 
 
-def single_input(inputs):
-    if len(inputs) != 1:
-        raise Malformed(f"takes one input, got {len(inputs)}")
-    return inputs[0]
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)  # bool is an int in Python
 
 
 def int_pair(spec, field, default, minimum):
     """An int or [h, w] field, as (h, w)."""
     v = spec.get(field, default)
     pair = v if isinstance(v, list) else [v, v]
-    # bool is an int in Python; `true` is never a valid size.
-    if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum
-                                 for x in pair):
+    if len(pair) != 2 or not all(is_int(x) and x >= minimum for x in pair):
         raise Malformed(f"field '{field}' must be an integer >= {minimum} or [h, w], got {v!r}")
     return tuple(pair)
 
 
-@layer("conv2d", fields=("out_channels", "kernel", "stride", "padding", "dilation", "bias"))
-def conv2d(spec, inputs, param):
-    x = single_input(inputs)
+def integer(spec, field, default, minimum):
+    """An int field; required when default is None."""
+    if field not in spec and default is None:
+        raise Malformed(f"needs field '{field}'")
+    v = spec.get(field, default)
+    if not is_int(v) or v < minimum:
+        raise Malformed(f"field '{field}' must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def number(spec, field, default, low, high, low_open=False):
+    """A finite number in [low, high] ((low, high] when low_open)."""
+    v = spec.get(field, default)
+    if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+            or v > high or v < low or (low_open and v == low)):
+        if math.isinf(low) and math.isinf(high):
+            wanted = "a finite number"
+        elif math.isinf(high):
+            wanted = f"a number {'>' if low_open else '>='} {low:g}"
+        else:
+            wanted = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise Malformed(f"field '{field}' must be {wanted}, got {v!r}")
+    return float(v)
+
+
+def boolean(spec, field, default):
+    v = spec.get(field, default)
+    if not isinstance(v, bool):
+        raise Malformed(f"field '{field}' must be true or false, got {v!r}")
+    return v
+
+
+def spatial(x):
+    """The input of a layer that works on images must be [N, C, H, W]."""
+    if x.dim() != 4:
+        raise Malformed(f"needs an [N, C, H, W] input, got {tuple(x.shape)} (after "
+                        f"global_avgpool or linear there are no pixels left)")
+    return x
+
+
+def window_extent(size, kernel, stride, pad_before, pad_after, dilation, axis):
+    """Output extent of a strided window along one axis; Malformed when the window does not
+    fit, rather than PyTorch's error from inside the call."""
+    span = dilation * (kernel - 1) + 1
+    if size + pad_before + pad_after < span:
+        raise Malformed(f"the {axis} window ({span}) is larger than the padded input "
+                        f"({size} + {pad_before} + {pad_after})")
+    return (size + pad_before + pad_after - span) // stride + 1
+
+
+@layer("conv2d", fields=("out_channels", "kernel", "stride", "padding", "dilation", "groups",
+                         "bias"))
+def conv2d(spec, inputs, ctx):
+    x = spatial(inputs[0])
     if "out_channels" not in spec or "kernel" not in spec:
         raise Malformed("needs fields 'out_channels' and 'kernel'")
-    out_channels = int_pair(spec, "out_channels", None, 1)[0]
+    out_channels = integer(spec, "out_channels", None, 1)
     kernel = int_pair(spec, "kernel", None, 1)
     stride = int_pair(spec, "stride", 1, 1)
     dilation = int_pair(spec, "dilation", 1, 1)
+    groups = integer(spec, "groups", 1, 1)
     padding = spec.get("padding", 0)
     if padding == "valid":
         pad = [(0, 0), (0, 0)]
@@ -92,39 +144,213 @@ def conv2d(spec, inputs, param):
                         f"got {padding!r}")
     else:
         pad = [(p, p) for p in int_pair(spec, "padding", 0, 0)]
-    bias = spec.get("bias", True)
-    if not isinstance(bias, bool):
-        raise Malformed(f"field 'bias' must be true or false, got {bias!r}")
+    bias = boolean(spec, "bias", True)
+    in_channels = x.shape[1]
+    if in_channels % groups or out_channels % groups:
+        raise Malformed(f"groups = {groups} must divide the input channels ({in_channels}) "
+                        f"and out_channels ({out_channels})")
+    for axis, size, k, s, (p0, p1), d in zip(("row", "column"), x.shape[2:], kernel, stride,
+                                              pad, dilation):
+        window_extent(size, k, s, p0, p1, d, axis)
 
     # Check the dump's shapes here so that a mismatch is reported against the layer, rather
     # than as a bare error from inside F.conv2d.
-    w = param("weight", (out_channels, x.shape[1], *kernel))
-    b = param("bias", (out_channels,)) if bias else None
+    w = ctx.param("weight", (out_channels, in_channels // groups, *kernel))
+    b = ctx.param("bias", (out_channels,), sums_output_grad=(0, 2, 3)) if bias else None
     (top, bottom), (left, right) = pad
     x = F.pad(x, (left, right, top, bottom))  # F.pad lists the last axis first
-    return F.conv2d(x, w, b, stride=stride, padding=0, dilation=dilation)
+    return F.conv2d(x, w, b, stride=stride, padding=0, dilation=dilation, groups=groups)
+
+
+@layer("conv_transpose2d", fields=("out_channels", "kernel", "stride", "padding",
+                                   "output_padding", "bias"))
+def conv_transpose2d(spec, inputs, ctx):
+    x = spatial(inputs[0])
+    if "out_channels" not in spec or "kernel" not in spec:
+        raise Malformed("needs fields 'out_channels' and 'kernel'")
+    out_channels = integer(spec, "out_channels", None, 1)
+    kernel = int_pair(spec, "kernel", None, 1)
+    stride = int_pair(spec, "stride", 1, 1)
+    padding = int_pair(spec, "padding", 0, 0)
+    output_padding = int_pair(spec, "output_padding", 0, 0)
+    bias = boolean(spec, "bias", True)
+    for axis, size, k, s, p, op in zip(("row", "column"), x.shape[2:], kernel, stride, padding,
+                                       output_padding):
+        if op >= s:
+            raise Malformed(f"output_padding ({op}) must be smaller than stride ({s})")
+        if (size - 1) * s - 2 * p + k + op < 1:
+            raise Malformed(f"the output would have {(size - 1) * s - 2 * p + k + op} "
+                            f"{axis}s: padding {p} is too large")
+    # PyTorch's ConvTranspose2d layout: [in, out, kh, kw].
+    w = ctx.param("weight", (x.shape[1], out_channels, *kernel))
+    b = ctx.param("bias", (out_channels,), sums_output_grad=(0, 2, 3)) if bias else None
+    return F.conv_transpose2d(x, w, b, stride=stride, padding=padding,
+                              output_padding=output_padding)
+
+
+def pool_geometry(spec, x):
+    if "kernel" not in spec:
+        raise Malformed("needs field 'kernel'")
+    kernel = int_pair(spec, "kernel", None, 1)
+    stride = int_pair(spec, "stride", list(kernel), 1)
+    padding = int_pair(spec, "padding", 0, 0)
+    for axis, size, k, s, p in zip(("row", "column"), x.shape[2:], kernel, stride, padding):
+        if 2 * p > k:  # PyTorch's own limit: a window never lies wholly in the padding
+            raise Malformed(f"padding ({p}) must be at most half the kernel ({k})")
+        window_extent(size, k, s, p, p, 1, axis)
+    return kernel, stride, padding
+
+
+@layer("maxpool2d", fields=("kernel", "stride", "padding"))
+def maxpool2d(spec, inputs, ctx):
+    # Padding counts as -inf (never the max). On ties PyTorch's gradient goes to the first
+    # maximum in row-major window order.
+    x = spatial(inputs[0])
+    kernel, stride, padding = pool_geometry(spec, x)
+    return F.max_pool2d(x, kernel, stride=stride, padding=padding, ceil_mode=False)
+
+
+@layer("avgpool2d", fields=("kernel", "stride", "padding"))
+def avgpool2d(spec, inputs, ctx):
+    # Padding counts as zeros in the average (count_include_pad=True): divisor kh * kw always.
+    x = spatial(inputs[0])
+    kernel, stride, padding = pool_geometry(spec, x)
+    return F.avg_pool2d(x, kernel, stride=stride, padding=padding, ceil_mode=False,
+                        count_include_pad=True)
+
+
+@layer("batchnorm2d", fields=("eps", "momentum"))
+def batchnorm2d(spec, inputs, ctx):
+    x = spatial(inputs[0])
+    eps = number(spec, "eps", 1e-5, 0, math.inf, low_open=True)
+    momentum = number(spec, "momentum", 0.1, 0, 1)
+    c = x.shape[1]
+    if ctx.training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
+        raise Malformed(f"training mode needs more than one value per channel, the input is "
+                        f"{tuple(x.shape)}")
+    weight = ctx.param("weight", (c,))
+    bias = ctx.param("bias", (c,), sums_output_grad=(0, 2, 3))
+    # In training mode F.batch_norm updates these in place: running = (1 - momentum) * running
+    # + momentum * batch statistic, the variance unbiased (n / (n - 1)); they are compared
+    # with /<run>/buffers/<layer>/... after the step.
+    running_mean = ctx.buffer("running_mean", (c,))
+    running_var = ctx.buffer("running_var", (c,))
+    return F.batch_norm(x, running_mean, running_var, weight, bias, training=ctx.training,
+                        momentum=momentum, eps=eps)
 
 
 @layer("relu")
-def relu(spec, inputs, param):
-    return F.relu(single_input(inputs))
+def relu(spec, inputs, ctx):
+    return F.relu(inputs[0])
+
+
+@layer("leaky_relu", fields=("slope",))
+def leaky_relu(spec, inputs, ctx):
+    return F.leaky_relu(inputs[0], number(spec, "slope", 0.01, -math.inf, math.inf))
+
+
+@layer("sigmoid")
+def sigmoid(spec, inputs, ctx):
+    return torch.sigmoid(inputs[0])
+
+
+@layer("dropout", fields=("p",))
+def dropout(spec, inputs, ctx):
+    x = inputs[0]
+    p = number(spec, "p", 0.5, 0, 1)
+    if not ctx.training or p == 0:
+        return x
+    return x * ctx.mask(x.shape, p)
+
+
+@layer("upsample_nearest", fields=("scale",))
+def upsample_nearest(spec, inputs, ctx):
+    x = spatial(inputs[0])
+    scale = integer(spec, "scale", None, 1)
+    return F.interpolate(x, scale_factor=scale, mode="nearest")
+
+
+def same_shapes(inputs, what, skip_dim=None):
+    def key(t):
+        return tuple(n for d, n in enumerate(t.shape) if d != skip_dim)
+    if len({t.dim() for t in inputs}) != 1 or len({key(t) for t in inputs}) != 1:
+        raise Malformed(f"{what}, got {', '.join(str(tuple(t.shape)) for t in inputs)}")
+
+
+@layer("concat", inputs=(2, None))
+def concat(spec, inputs, ctx):
+    same_shapes(inputs, "inputs must agree in every dimension but channels", skip_dim=1)
+    return torch.cat(inputs, dim=1)
+
+
+@layer("add", inputs=(2, None))
+def add(spec, inputs, ctx):
+    same_shapes(inputs, "inputs must have the same shape")
+    out = inputs[0]
+    for t in inputs[1:]:
+        out = out + t
+    return out
+
+
+@layer("global_avgpool")
+def global_avgpool(spec, inputs, ctx):
+    return spatial(inputs[0]).mean(dim=(2, 3))  # [N, C, H, W] -> [N, C]
+
+
+@layer("linear", fields=("out_features", "bias"))
+def linear(spec, inputs, ctx):
+    x = inputs[0]
+    if x.dim() != 2:
+        raise Malformed(f"needs an [N, features] input (global_avgpool or linear), got "
+                        f"{tuple(x.shape)}")
+    out_features = integer(spec, "out_features", None, 1)
+    w = ctx.param("weight", (out_features, x.shape[1]))
+    b = (ctx.param("bias", (out_features,), sums_output_grad=(0,))
+         if boolean(spec, "bias", True) else None)
+    return F.linear(x, w, b)
 
 
 # --------------------------------------------------------------------------------------------
-# Losses: (logits, labels) -> scalar.
+# Losses: (logits, labels) -> scalar. Out-of-range labels would make cross_entropy raise
+# mid-computation; say which file is bad.
+
+def check_labels(labels, c):
+    if labels.numel() and (labels.min() < 0 or labels.max() >= c):
+        raise Malformed(f"/batch/labels holds values outside [0, {c})")
+
 
 def pixel_cross_entropy(logits, labels):
-    # Out-of-range labels would make cross_entropy raise mid-computation; say which file is bad.
+    if logits.dim() != 4:
+        raise Malformed(f"pixel_cross_entropy needs a model output [N, C, H, W], got "
+                        f"{tuple(logits.shape)}")
     n, c, h, w = logits.shape
     if tuple(labels.shape) != (n, h, w):
         raise Malformed(f"/batch/labels has shape {tuple(labels.shape)}, the model output "
                         f"needs {(n, h, w)}")
-    if labels.numel() and (labels.min() < 0 or labels.max() >= c):
-        raise Malformed(f"/batch/labels holds values outside [0, {c})")
+    check_labels(labels, c)
     return F.cross_entropy(logits, labels.long(), reduction="mean")
 
 
-LOSSES = {"pixel_cross_entropy": pixel_cross_entropy}
+def cross_entropy(logits, labels):
+    if logits.dim() not in (2, 4) or squeeze_hw(logits.shape) != tuple(logits.shape[:2]):
+        raise Malformed(f"cross_entropy needs a model output [N, C] (or [N, C, 1, 1]), got "
+                        f"{tuple(logits.shape)}")
+    n, c = logits.shape[:2]
+    if tuple(labels.shape) not in ((n,), (n, 1, 1)):
+        raise Malformed(f"/batch/labels has shape {tuple(labels.shape)}, the model output "
+                        f"needs {(n,)}")
+    check_labels(labels, c)
+    return F.cross_entropy(logits.reshape(n, c), labels.reshape(n).long(), reduction="mean")
+
+
+LOSSES = {"pixel_cross_entropy": pixel_cross_entropy, "cross_entropy": cross_entropy}
+
+
+def squeeze_hw(shape):
+    """[N, C, 1, 1] and [N, C] are the same data: the dump may store an image-level tensor
+    either way."""
+    shape = tuple(shape)
+    return shape[:2] if len(shape) == 4 and shape[2:] == (1, 1) else shape
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,8 +410,94 @@ def parse_model(text):
 # --------------------------------------------------------------------------------------------
 # The PyTorch run.
 
-def run_model(f, model):
-    """Forward and backward in float64. Returns {quantity: torch value} using the dump's names."""
+class Context:
+    """What a layer function may read from the dump, recording what it used so that unused
+    datasets are reported and the used ones compared."""
+
+    def __init__(self, f, layer_name, training, used):
+        self.f, self.name, self.training, self.used = f, layer_name, training, used
+
+    def _read(self, path, shape):
+        value = read(self.f, path)
+        if value.shape != tuple(shape):
+            raise Malformed(f"dataset '{path}' has shape {value.shape}, expected {tuple(shape)}")
+        return torch.from_numpy(value.astype(np.float64))
+
+    def param(self, pname, shape, sums_output_grad=None):
+        """/params/<layer>/<pname> as a float64 leaf; its gradient is compared with
+        /<run>/grads/<layer>/<pname>. sums_output_grad: the dimensions over which the layer's
+        output gradient is summed to give this one (a bias), so that a gradient that is zero in
+        exact arithmetic can be recognised (see ZERO_BY_CANCELLATION)."""
+        t = self._read(f"/params/{self.name}/{pname}", shape).requires_grad_()
+        self.used["params"][f"{self.name}/{pname}"] = t
+        if sums_output_grad is not None:
+            self.used["sums"][f"{self.name}/{pname}"] = (self.name, sums_output_grad)
+        return t
+
+    def buffer(self, bname, shape):
+        """/buffers/<layer>/<bname> (its value before the step) as a float64 tensor the layer
+        may update in place; the value after the step is compared with
+        /<run>/buffers/<layer>/<bname>."""
+        t = self._read(f"/buffers/{self.name}/{bname}", shape)
+        self.used["buffers"][f"{self.name}/{bname}"] = t
+        return t
+
+    def mask(self, shape, p):
+        """The dropout mask Tessera used, /masks/<layer>: 0 or 1/(1-p) per element, shaped like
+        the layer's output ([N, C] may be stored as [N, C, 1, 1]). Returns the mask PyTorch
+        applies: the dump's pattern of kept elements with the exact scale 1/(1-p), so a wrong
+        scale fails the mask's own row (and, where Tessera applied it, everything after)."""
+        path = f"/masks/{self.name}"
+        if path not in self.f:
+            raise Malformed(f"cannot check dropout in training mode: the dump has no '{path}' "
+                            f"(the mask Tessera used)")
+        dumped = read(self.f, path)
+        if squeeze_hw(dumped.shape) != squeeze_hw(shape):
+            raise Malformed(f"dataset '{path}' has shape {dumped.shape}, expected "
+                            f"{tuple(shape)} (the layer's output)")
+        kept = torch.from_numpy(dumped.reshape(tuple(shape)) != 0)
+        scale = 0.0 if p == 1 else 1 / (1 - p)  # p = 1 drops everything
+        expected = kept.to(torch.float64) * scale
+        self.used["masks"][self.name] = expected
+        return expected
+
+
+def layer_inputs(spec, previous, outputs, counts):
+    names = spec.get("inputs", previous)
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise Malformed(f"field 'inputs' must be a layer name or a list of them, got {names!r}")
+    low, high = counts
+    if len(names) < low or (high is not None and len(names) > high):
+        wanted = f"{low}" if low == high else f"{low} or more"
+        raise Malformed(f"takes {wanted} input(s), got {len(names)}")
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise Malformed(f"inputs {missing} are not earlier layers")
+    return [outputs[n] for n in names]
+
+
+class Quantity:
+    """One row of the table. path: in the dump, relative to /<run> unless absolute. flexible:
+    [N, C] and [N, C, 1, 1] match. summands: for a gradient that sums the layer's output
+    gradient, max over channels of sum |dL/d(output)|."""
+
+    def __init__(self, key, path, value, flexible=False, summands=None):
+        self.key, self.path, self.value = key, path, value
+        self.flexible, self.summands = flexible, summands
+
+
+# A bias gradient this much smaller than its summands is zero in exact arithmetic: a conv's
+# bias feeding a training-mode batch norm, which subtracts the per-channel mean. PyTorch and
+# Tessera then both hold rounding noise (~1e-17 of the summands in float64, ~1e-8 in float32),
+# and noise / noise says nothing, so such a row is measured against the summands instead.
+# A real (non-cancelling) bias gradient is never this small next to its own summands.
+ZERO_BY_CANCELLATION = 1e-10
+
+
+def run_model(f, model, training):
+    """Forward and backward in float64. Returns the Quantity rows, named as in the dump."""
     images = torch.from_numpy(read(f, "/batch/images").astype(np.float64)).requires_grad_()
     labels = torch.from_numpy(read(f, "/batch/labels", kind="i").astype(np.int64))
     if images.dim() != 4:
@@ -197,7 +509,8 @@ def run_model(f, model):
     if loss_name not in LOSSES:
         raise Malformed(f"unknown loss '{loss_name}' (known: {', '.join(LOSSES)})")
 
-    params = {}  # 'layer/name' -> leaf tensor, in the order the model uses them
+    # What the layers read, in the order the model uses them: 'layer/name' -> tensor.
+    used = {"params": {}, "buffers": {}, "masks": {}, "sums": {}}
     outputs = {"input": images}
     previous = "input"
     for index, spec in enumerate(model["layers"], start=1):
@@ -209,70 +522,91 @@ def run_model(f, model):
         if kind not in LAYERS:
             raise Malformed(f"{where}: unknown layer type '{kind}' "
                             f"(known: {', '.join(sorted(LAYERS))})")
+        if not isinstance(name, str) or not name:
+            raise Malformed(f"model layer {index}: 'name' must be a non-empty string")
         if name in outputs:
             raise Malformed(f"{where}: the name is used twice")
-        fn, fields = LAYERS[kind]
+        fn, fields, counts = LAYERS[kind]
         unknown = sorted(set(spec) - fields)
-        if unknown:
-            raise Malformed(f"{where}: unknown field(s) {', '.join(unknown)}")
-        input_names = spec.get("inputs", [previous])
-        missing = [n for n in input_names if n not in outputs]
-        if missing:
-            raise Malformed(f"{where}: inputs {missing} are not earlier layers")
-
-        def param(pname, shape, layer_name=name):
-            path = f"/params/{layer_name}/{pname}"
-            value = read(f, path)
-            if value.shape != tuple(shape):
-                raise Malformed(f"dataset '{path}' has shape {value.shape}, expected "
-                                f"{tuple(shape)}")
-            t = torch.from_numpy(value.astype(np.float64)).requires_grad_()
-            params[f"{layer_name}/{pname}"] = t
-            return t
-
         try:
-            outputs[name] = fn(spec, [outputs[n] for n in input_names], param)
+            if unknown:
+                raise Malformed(f"unknown field(s) {', '.join(unknown)}")
+            inputs = layer_inputs(spec, previous, outputs, counts)
+            outputs[name] = fn(spec, inputs, Context(f, name, training, used))
         except Malformed as e:
             raise Malformed(f"{where}: {e}") from None
+        except (RuntimeError, ValueError) as e:  # a case the checks above do not foresee
+            raise Malformed(f"{where}: PyTorch cannot run it: {e}") from None
+        if any(layer_name == name for layer_name, _ in used["sums"].values()):
+            outputs[name].retain_grad()
         previous = name
 
-    logits = outputs[previous]
-    if logits.dim() != 4:
-        raise Malformed(f"the model output must be [N, O, Ho, Wo], got {tuple(logits.shape)}")
-    # A parameter in the file that the model never used means the file and the model disagree
-    # (e.g. a renamed layer): its gradient would otherwise go unchecked.
-    extra = dataset_names(f, "/params") - set(params)
-    if extra:
-        raise Malformed(f"/params holds {sorted(extra)}, which the model does not use")
+    # A dataset in the file that the model never used means the file and the model disagree
+    # (e.g. a renamed layer): it would otherwise go unchecked.
+    for group, names in (("/params", used["params"]), ("/buffers", used["buffers"]),
+                         ("/masks", used["masks"])):
+        extra = dataset_names(f, group) - set(names)
+        if extra:
+            raise Malformed(f"{group} holds {sorted(extra)}, which the model does not use"
+                            + (" (masks are for dropout layers in training mode with p > 0)"
+                               if group == "/masks" else ""))
 
+    logits = outputs[previous]
     loss = LOSSES[loss_name](logits, labels)
     loss.backward()
-    result = {"loss": loss.detach(), "output": logits.detach(), "input_grad": images.grad}
-    for key, t in params.items():
-        result[f"grads/{key}"] = t.grad
+
+    def grad(t):  # None when nothing reaches the loss from t (a dead branch): zero gradient
+        return t.grad if t.grad is not None else torch.zeros_like(t)
+
+    def summands(key):  # max over channels of sum |dL/d(layer output)|, or None
+        if key not in used["sums"]:
+            return None
+        layer_name, dims = used["sums"][key]
+        return float(grad(outputs[layer_name]).abs().sum(dim=dims).max())
+
+    result = [Quantity("loss", "loss", loss.detach()),
+              Quantity("output", "output", logits.detach(), flexible=True),
+              Quantity("input_grad", "input_grad", grad(images))]
+    result += [Quantity(f"grads/{key}", f"grads/{key}", grad(t), summands=summands(key))
+               for key, t in used["params"].items()]
+    result += [Quantity(f"buffers/{key}", f"buffers/{key}", t)
+               for key, t in used["buffers"].items()]
+    result += [Quantity(f"masks/{key}", f"/masks/{key}", t, flexible=True)
+               for key, t in used["masks"].items()]
     return result
 
 
 def compare(f, which, torch_values, rtol):
     """Prints the table; returns True when every quantity is within rtol."""
-    extra = dataset_names(f, f"/{which}/grads") - {k[len("grads/"):] for k in torch_values
-                                                   if k.startswith("grads/")}
-    if extra:
-        raise Malformed(f"/{which}/grads holds {sorted(extra)}, which the model does not use")
-    dumped = {key: read(f, f"/{which}/{key}") for key in torch_values}  # all read before printing
+    for sub in ("grads", "buffers"):
+        extra = dataset_names(f, f"/{which}/{sub}") - {
+            q.key[len(sub) + 1:] for q in torch_values if q.key.startswith(sub + "/")}
+        if extra:
+            raise Malformed(f"/{which}/{sub} holds {sorted(extra)}, which the model does not "
+                            f"use")
+    # All read before printing.
+    dumped = {q.key: read(f, q.path if q.path.startswith("/") else f"/{which}/{q.path}")
+              for q in torch_values}
 
-    rows, ok = [], True
-    for key, value in torch_values.items():
-        want = value.numpy()
+    rows, notes, ok = [], [], True
+    for q in torch_values:
+        key = q.key
+        want = q.value.numpy()
         got = dumped[key].astype(np.float64)
         if got.size == 1 and want.size == 1:
             got = got.reshape(want.shape)  # the loss may be stored as shape () or (1,)
+        if q.flexible and squeeze_hw(got.shape) == squeeze_hw(want.shape):
+            want = want.reshape(got.shape)  # [N, C] stored as [N, C, 1, 1]: the dump's shape
         if got.shape != want.shape:
             rows.append((key, f"{got.shape} vs torch {want.shape}", "-", "shape", "FAIL"))
             ok = False
             continue
         err = float(np.max(np.abs(got - want))) if want.size else 0.0
         scale = float(np.max(np.abs(want))) if want.size else 0.0
+        if q.summands and scale <= ZERO_BY_CANCELLATION * q.summands:
+            scale = q.summands
+            notes.append(f"{key}: zero in exact arithmetic (torch {float(np.max(np.abs(want))):.1e}"
+                         f"), so rel err is against max sum |dL/d output| = {scale:.3e}")
         # An all-zero torch value (e.g. a gradient behind dead ReLUs) must be matched exactly.
         rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
         good = rel <= rtol  # False for NaN, so a NaN in the dump fails
@@ -284,6 +618,8 @@ def compare(f, which, torch_values, rtol):
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     for r in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    for note in notes:
+        print(f"note: {note}")
     return ok
 
 
@@ -312,15 +648,19 @@ def main():
             if dtype not in DEFAULT_RTOL:
                 raise Malformed(f"dtype is '{dtype}', expected float32 or float64")
             model = parse_model(text_attr(f, "model"))
+            mode = text_attr(f, "mode") if "mode" in f.attrs else "train"
+            if mode not in MODES:
+                raise Malformed(f"mode is '{mode}', expected train or eval")
             rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL[dtype]
-            print(f"{args.dump}: model '{model.get('name', '?')}', grid {grid}, {dtype}; "
+            print(f"{args.dump}: model '{model.get('name', '?')}', grid {grid}, {dtype}, "
+                  f"{mode} mode; "
                   f"checking /{args.which} against PyTorch {torch.__version__} (float64), "
                   f"rtol {rtol:g}")
             # Say which group is missing rather than the first dataset looked up in it.
             for group in ("/batch", f"/{args.which}"):
                 if not isinstance(f.get(group), h5py.Group):
                     raise Malformed(f"missing group '{group}'")
-            torch_values = run_model(f, model)
+            torch_values = run_model(f, model, training=(mode == "train"))
             ok = compare(f, args.which, torch_values, rtol)
     except Malformed as e:
         print(f"error: {args.dump}: {e}", file=sys.stderr)

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <iomanip>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "tessera/batch.hpp"
 #include "tessera/collectives.hpp"
@@ -23,20 +25,36 @@ struct Row {
   double rel = 0;
 };
 
-// max |a - b| and that over max |b| (b: the single-rank reference).
 template <typename T>
-Row compare(std::string name, std::string shape, std::span<const T> a, std::span<const T> b) {
-  double diff = 0, scale = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
+double max_abs(std::span<const T> v) {
+  double m = 0;
+  for (T x : v)
+    m = std::max(m, std::abs(double(x)));
+  return m;
+}
+
+// max |a - b| and that over max(max |b|, floor) (b: the single-rank reference). The floor keeps
+// a gradient that is zero in exact arithmetic (a conv bias before a batch norm) from comparing
+// rounding noise with rounding noise.
+template <typename T>
+Row compare(std::string name, std::string shape, std::span<const T> a, std::span<const T> b,
+            double floor = 0) {
+  double diff = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
     diff = std::max(diff, std::abs(double(a[k]) - double(b[k])));
-    scale = std::max(scale, std::abs(double(b[k])));
-  }
   if (a.size() != b.size()) diff = INFINITY;
+  const double scale = std::max(max_abs(b), floor);
   return {std::move(name), std::move(shape), diff, scale > 0 ? diff / scale : diff};
 }
 
-std::string dims_text(const Shape4& s, bool bias) {
-  return bias ? std::to_string(s.n) : s.str();
+// Gradients are compared relative to at least this fraction of the largest gradient anywhere.
+constexpr double kGradientFloor = 1e-3;
+
+std::string dims_text(const std::vector<std::int64_t>& dims) {
+  std::string text;
+  for (std::int64_t d : dims)
+    text += (text.empty() ? "" : "x") + std::to_string(d);
+  return text;
 }
 
 template <typename T>
@@ -48,6 +66,7 @@ void write_result(h5::File& f, const std::string& group, double loss, const Tens
   f.write<T>(group + "/output", output.span(), {o.n, o.c, o.h, o.w});
   f.write<T>(group + "/input_grad", input_grad.span(), {i.n, i.c, i.h, i.w});
   write_params(f, model, group + "/grads", ParamField::grad);
+  write_buffers(f, model, group + "/buffers");
 }
 
 template <typename T>
@@ -64,6 +83,8 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
   agree(world, [&] {
     TESSERA_CHECK(o.dtype == "float32" || o.dtype == "float64",
                   "bad dtype '" + o.dtype + "': expected float32 or float64");
+    TESSERA_CHECK(o.mode == "train" || o.mode == "eval",
+                  "bad mode '" + o.mode + "': expected train or eval");
     // Say so now rather than after the work: the dump's directory must exist.
     if (!o.dump.empty()) {
       const auto dir = std::filesystem::path(o.dump).parent_path();
@@ -104,6 +125,13 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
       read_params(o.init, *model);
     }
   });
+  const RunState state{.mode = o.mode == "eval" ? Mode::eval : Mode::train, .seed = o.seed};
+  model->state() = state;
+  // The step updates the buffers (batch norm's running statistics): keep the values it starts
+  // from, for the reference run and the dump.
+  std::vector<Tensor<T>> initial_buffers;
+  for (auto& b : model->buffers())
+    initial_buffers.push_back(b.buffer->value);
 
   // This rank's tile of the batch.
   DistTensor<T> x(model->input_distribution());
@@ -142,10 +170,15 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
     if (!root) return;
     ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
     Model<T> ref(spec, single, shape);
+    ref.state() = state;
     auto mine = model->params();
     auto theirs = ref.params();
     for (std::size_t k = 0; k < mine.size(); ++k)
       theirs[k].param->value = mine[k].param->value;
+    auto my_buffers = model->buffers();
+    auto their_buffers = ref.buffers();
+    for (std::size_t k = 0; k < their_buffers.size(); ++k)
+      their_buffers[k].buffer->value = initial_buffers[k];
     DistTensor<T> rx(ref.input_distribution());
     std::vector<std::int32_t> rlabels;
     if (input) {
@@ -164,12 +197,21 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
                                    std::span<const double>(&r.loss, 1)));
     rows.push_back(
         compare<T>("output", output.shape().str(), output.span(), r.output.local.span()));
+    double largest = max_abs(std::as_const(r.input_grad.local).span());
+    for (auto& p : theirs)
+      largest = std::max(largest, max_abs(std::as_const(p.param->grad).span()));
+    const double floor = kGradientFloor * largest;
     rows.push_back(compare<T>("input_grad", input_grad.shape().str(), input_grad.span(),
-                              r.input_grad.local.span()));
+                              r.input_grad.local.span(), floor));
     for (std::size_t k = 0; k < mine.size(); ++k)
-      rows.push_back(compare<T>(
-          mine[k].key(), dims_text(mine[k].param->grad.shape(), mine[k].param->name == "bias"),
-          mine[k].param->grad.span(), theirs[k].param->grad.span()));
+      rows.push_back(compare<T>(mine[k].key(), dims_text(torch_param_dims(*model, mine[k])),
+                                std::as_const(mine[k].param->grad).span(),
+                                std::as_const(theirs[k].param->grad).span(), floor));
+    for (std::size_t k = 0; k < my_buffers.size(); ++k)
+      rows.push_back(compare<T>(my_buffers[k].key(),
+                                std::to_string(my_buffers[k].buffer->value.numel()),
+                                std::as_const(my_buffers[k].buffer->value).span(),
+                                std::as_const(their_buffers[k].buffer->value).span()));
     out << "  " << std::left << std::setw(22) << "quantity" << std::setw(16) << "shape"
         << std::setw(14) << "max abs err"
         << "rel err\n";
@@ -188,8 +230,17 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
         f.set_attribute("grid", o.grid.str());
         f.set_attribute("dtype", o.dtype);
         f.set_attribute("model", spec.json);
+        f.set_attribute("mode", o.mode);
         write_params(f, ref, "/params", ParamField::value);
-        write_batch(f, "/batch", rx.local, rlabels, ref.output_distribution().global);
+        for (std::size_t k = 0; k < their_buffers.size(); ++k)
+          f.write<T>("/buffers/" + their_buffers[k].key(), initial_buffers[k].span(),
+                     {initial_buffers[k].numel()});
+        write_batch(f, "/batch", rx.local, rlabels, ref.output_distribution());
+        for (auto& m : ref.masks()) {
+          const Shape4& s = m.buffer->value.shape();
+          f.write<T>("/masks/" + m.layer, std::as_const(m.buffer->value).span(),
+                     {s.n, s.c, s.h, s.w});
+        }
         write_result(f, "/sharded", sharded.loss, output, input_grad, *model);
         write_result(f, "/reference", r.loss, r.output.local, r.input_grad.local, ref);
       });

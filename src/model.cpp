@@ -15,7 +15,8 @@ template <typename T>
 void add_into(Tensor<T>& to, const Tensor<T>& from) {
   T* a = to.data();
   const T* b = from.data();
-  for (std::int64_t k = 0; k < to.numel(); ++k) a[k] += b[k];
+  for (std::int64_t k = 0; k < to.numel(); ++k)
+    a[k] += b[k];
 }
 
 }  // namespace
@@ -58,16 +59,18 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
   const Distribution& out = nodes_.back().out;
   const std::string who = "model '" + spec.name + "'";
   if (spec.loss == LossKind::pixel_cross_entropy)
-    TESSERA_CHECK(!out.replicated, who + ": the loss pixel_cross_entropy needs per-pixel logits, "
-                                         "but the last layer '" +
-                                         spec.layers.back().name +
-                                         "' gives one vector per sample (use cross_entropy)");
+    TESSERA_CHECK(!out.replicated, who +
+                                       ": the loss pixel_cross_entropy needs per-pixel logits, "
+                                       "but the last layer '" +
+                                       spec.layers.back().name +
+                                       "' gives one vector per sample (use cross_entropy)");
   else
-    TESSERA_CHECK(out.replicated, who + ": the loss cross_entropy needs one vector of logits per "
-                                        "sample (after global_avgpool and linear), but the last "
-                                        "layer '" +
-                                        spec.layers.back().name +
-                                        "' gives an image (use pixel_cross_entropy)");
+    TESSERA_CHECK(out.replicated, who +
+                                      ": the loss cross_entropy needs one vector of logits per "
+                                      "sample (after global_avgpool and linear), but the last "
+                                      "layer '" +
+                                      spec.layers.back().name +
+                                      "' gives an image (use pixel_cross_entropy)");
 }
 
 template <typename T>
@@ -75,10 +78,12 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& x) {
   // Outputs are kept until their last consumer has run.
   std::vector<std::optional<DistTensor<T>>> outputs(nodes_.size());
   std::vector<int> pending(nodes_.size());
-  for (std::size_t k = 0; k < nodes_.size(); ++k) pending[k] = nodes_[k].consumers;
+  for (std::size_t k = 0; k < nodes_.size(); ++k)
+    pending[k] = nodes_[k].consumers;
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     std::vector<const DistTensor<T>*> ins;
-    for (int i : nodes_[k].inputs) ins.push_back(i >= 0 ? &*outputs[i] : &x);
+    for (int i : nodes_[k].inputs)
+      ins.push_back(i >= 0 ? &*outputs[i] : &x);
     outputs[k] = nodes_[k].layer->forward(ins, state_);
     for (int i : nodes_[k].inputs)
       if (i >= 0 && --pending[i] == 0 && static_cast<std::size_t>(i) + 1 != nodes_.size())
@@ -115,7 +120,8 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
 
 template <typename T>
 void Model<T>::zero_grad() {
-  for (auto& p : params()) p.param->grad.fill(T(0));
+  for (auto& p : params())
+    p.param->grad.fill(T(0));
 }
 
 template <typename T>
@@ -137,7 +143,8 @@ template <typename T>
 std::vector<NamedParam<T>> Model<T>::params() {
   std::vector<NamedParam<T>> out;
   for (auto& n : nodes_)
-    for (Param<T>* p : n.layer->params()) out.push_back({n.layer->name(), p});
+    for (Param<T>* p : n.layer->params())
+      out.push_back({n.layer->name(), p});
   return out;
 }
 
@@ -145,14 +152,25 @@ template <typename T>
 std::vector<NamedBuffer<T>> Model<T>::buffers() {
   std::vector<NamedBuffer<T>> out;
   for (auto& n : nodes_)
-    for (Buffer<T>* b : n.layer->buffers()) out.push_back({n.layer->name(), b});
+    for (Buffer<T>* b : n.layer->buffers())
+      out.push_back({n.layer->name(), b});
+  return out;
+}
+
+template <typename T>
+std::vector<NamedBuffer<T>> Model<T>::masks() {
+  std::vector<NamedBuffer<T>> out;
+  for (auto& n : nodes_)
+    for (Buffer<T>* b : n.layer->masks())
+      out.push_back({n.layer->name(), b});
   return out;
 }
 
 template <typename T>
 std::int64_t Model<T>::parameter_count() {
   std::int64_t n = 0;
-  for (auto& p : params()) n += p.param->value.numel();
+  for (auto& p : params())
+    n += p.param->value.numel();
   return n;
 }
 

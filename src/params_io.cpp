@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "tessera/error.hpp"
@@ -16,13 +17,83 @@ std::string dims_str(const std::vector<std::int64_t>& dims) {
   return s + "]";
 }
 
-// PyTorch's layout of a parameter: 1-D for biases, OIHW for conv weights.
-std::vector<std::int64_t> torch_dims(const std::string& name, const Shape4& s) {
-  if (name == "bias") return {s.n};
-  return {s.n, s.c, s.h, s.w};
+const std::string& layer_type(const ModelSpec& spec, const std::string& layer) {
+  for (const LayerSpec& l : spec.layers)
+    if (l.name == layer) return l.type;
+  throw Error("model '" + spec.name + "' has no layer '" + layer + "'");
+}
+
+// Reads dataset `name` (a `what`: "parameter" or "buffer") of shape `want`, checked to be
+// floating point and finite.
+template <typename T>
+std::vector<T> read_checked(const h5::File& file, const std::string& name, const std::string& what,
+                            const std::vector<std::int64_t>& want) {
+  const std::string& path = file.path();
+  const h5::DatasetInfo info = file.info(name);
+  TESSERA_CHECK(info.dims == want, "'" + path + "': " + what + " '" + name + "' has shape " +
+                                       dims_str(info.dims) + ", the model needs " + dims_str(want));
+  TESSERA_CHECK(info.kind == h5::Kind::floating, "'" + path + "': " + what + " '" + name +
+                                                     "' holds " + info.type_name() +
+                                                     ", expected float32 or float64");
+  std::vector<T> values = file.read<T>(name);
+  TESSERA_CHECK(std::all_of(values.begin(), values.end(), [](T v) { return std::isfinite(v); }),
+                "'" + path + "': " + what + " '" + name + "' holds NaN or infinity");
+  return values;
+}
+
+template <typename T>
+void read_buffers(const h5::File& file, Model<T>& model) {
+  const std::string& path = file.path();
+  if (!file.has("/buffers")) return;
+  TESSERA_CHECK(file.is_group("/buffers"),
+                "'" + path + "': '/buffers' must be a group (/buffers/<layer>/<name>)");
+  // The model's buffers, by layer.
+  std::map<std::string, std::vector<NamedBuffer<T>>> by_layer;
+  for (auto& b : model.buffers())
+    by_layer[b.layer].push_back(b);
+  for (const std::string& layer : file.children("/buffers")) {
+    const std::string group = "/buffers/" + layer;
+    TESSERA_CHECK(by_layer.count(layer), "'" + path + "' has buffers '" + group +
+                                             "', but the model '" + model.spec().name +
+                                             "' has no layer '" + layer + "' with buffers");
+    TESSERA_CHECK(file.is_group(group), "'" + path + "' has buffer '" + group +
+                                            "', which is not a group (buffers are "
+                                            "/buffers/<layer>/<name>)");
+    std::set<std::string> names;
+    for (const NamedBuffer<T>& b : by_layer[layer])
+      names.insert(b.buffer->name);
+    // PyTorch's state_dict counts batches in num_batches_tracked; with a fixed momentum the
+    // count changes nothing, so files exported from PyTorch load as they are.
+    names.insert("num_batches_tracked");
+    for (const std::string& name : file.children(group))
+      TESSERA_CHECK(names.count(name), "'" + path + "' has buffer '" + group + "/" + name +
+                                           "', which the layer '" + layer + "' of model '" +
+                                           model.spec().name + "' does not have");
+    // A layer's buffers come together: half of them would mix trained and initial statistics.
+    for (const NamedBuffer<T>& b : by_layer[layer]) {
+      const std::string name = group + "/" + b.buffer->name;
+      const std::vector<std::int64_t> want{b.buffer->value.numel()};
+      TESSERA_CHECK(file.has(name), "'" + path + "' has buffers of layer '" + layer +
+                                        "' but not '" + name + "' (shape " + dims_str(want) + ")");
+      const std::vector<T> values = read_checked<T>(file, name, "buffer", want);
+      std::copy(values.begin(), values.end(), b.buffer->value.data());
+    }
+  }
 }
 
 }  // namespace
+
+std::vector<std::int64_t> torch_param_dims(const std::string& layer_type, const std::string& param,
+                                           const Shape4& s) {
+  if (param == "bias" || layer_type == "batchnorm2d") return {s.n};
+  if (layer_type == "linear") return {s.n, s.c};
+  return {s.n, s.c, s.h, s.w};
+}
+
+template <typename T>
+std::vector<std::int64_t> torch_param_dims(const Model<T>& model, const NamedParam<T>& p) {
+  return torch_param_dims(layer_type(model.spec(), p.layer), p.param->name, p.param->value.shape());
+}
 
 template <typename T>
 void read_params(const std::string& path, Model<T>& model) {
@@ -35,19 +106,10 @@ void read_params(const std::string& path, Model<T>& model) {
   for (auto& p : model.params()) {
     const std::string name = "/params/" + p.key();
     expected.insert(p.key());
-    const auto want = torch_dims(p.param->name, p.param->value.shape());
+    const auto want = torch_param_dims(model, p);
     TESSERA_CHECK(file.has(name),
                   "'" + path + "' has no parameter '" + name + "' (shape " + dims_str(want) + ")");
-    const h5::DatasetInfo info = file.info(name);
-    TESSERA_CHECK(info.dims == want, "'" + path + "': parameter '" + name + "' has shape " +
-                                         dims_str(info.dims) + ", the model needs " +
-                                         dims_str(want));
-    TESSERA_CHECK(info.kind == h5::Kind::floating, "'" + path + "': parameter '" + name +
-                                                       "' holds " + info.type_name() +
-                                                       ", expected float32 or float64");
-    const std::vector<T> values = file.read<T>(name);
-    TESSERA_CHECK(std::all_of(values.begin(), values.end(), [](T v) { return std::isfinite(v); }),
-                  "'" + path + "': parameter '" + name + "' holds NaN or infinity");
+    const std::vector<T> values = read_checked<T>(file, name, "parameter", want);
     std::copy(values.begin(), values.end(), p.param->value.data());
   }
   for (const std::string& layer : file.children("/params")) {
@@ -60,13 +122,22 @@ void read_params(const std::string& path, Model<T>& model) {
                     "'" + path + "' has parameter '/params/" + layer + "/" + param +
                         "', which the model '" + model.spec().name + "' does not have");
   }
+  read_buffers(file, model);
 }
 
 template <typename T>
 void write_params(h5::File& file, Model<T>& model, const std::string& group, ParamField what) {
   for (auto& p : model.params()) {
     const Tensor<T>& t = what == ParamField::value ? p.param->value : p.param->grad;
-    file.write<T>(group + "/" + p.key(), t.span(), torch_dims(p.param->name, t.shape()));
+    file.write<T>(group + "/" + p.key(), t.span(), torch_param_dims(model, p));
+  }
+}
+
+template <typename T>
+void write_buffers(h5::File& file, Model<T>& model, const std::string& group) {
+  for (auto& b : model.buffers()) {
+    const Tensor<T>& t = b.buffer->value;
+    file.write<T>(group + "/" + b.key(), t.span(), {t.numel()});
   }
 }
 
@@ -74,5 +145,10 @@ template void read_params(const std::string&, Model<float>&);
 template void read_params(const std::string&, Model<double>&);
 template void write_params(h5::File&, Model<float>&, const std::string&, ParamField);
 template void write_params(h5::File&, Model<double>&, const std::string&, ParamField);
+template void write_buffers(h5::File&, Model<float>&, const std::string&);
+template void write_buffers(h5::File&, Model<double>&, const std::string&);
+template std::vector<std::int64_t> torch_param_dims(const Model<float>&, const NamedParam<float>&);
+template std::vector<std::int64_t> torch_param_dims(const Model<double>&,
+                                                    const NamedParam<double>&);
 
 }  // namespace tessera

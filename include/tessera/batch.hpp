@@ -14,11 +14,12 @@ namespace tessera {
 
 struct BatchFileInfo {
   Shape4 images;                       // /images [N, C, H, W]
-  std::array<std::int64_t, 3> labels;  // /labels [N, H, W]
+  std::array<std::int64_t, 3> labels;  // /labels [N, H, W]; [N] reads as [N, 1, 1]
 };
 
 // Checks that `file` holds /images (float32, float64 or uint8, rank 4) and /labels (integer,
-// rank 3, same N); throws an Error naming the file and the dataset otherwise.
+// rank 3 for per-pixel classes or rank 1 for one class per image, same N); throws an Error
+// naming the file and the dataset otherwise.
 BatchFileInfo inspect_batch_file(const h5::File& file);
 
 // This rank's tile of /images for distribution `d` (its samples, every channel, its rows and
@@ -36,9 +37,10 @@ template <typename T>
 Tensor<T> random_image_tile(const Distribution& d, std::uint64_t seed);
 std::vector<std::int32_t> random_label_tile(const Distribution& d, std::uint64_t seed);
 
-// Writes `group`/images and `group`/labels (whole tensors; "" for the root) into `file`.
+// Writes `group`/images and `group`/labels (whole tensors; "" for the root) into `file`. The
+// labels are [N, H, W] of `logits`' shape, or [N] when the logits are one vector per sample.
 template <typename T>
 void write_batch(h5::File& file, const std::string& group, const Tensor<T>& images,
-                 std::span<const std::int32_t> labels, const Shape4& label_shape);
+                 std::span<const std::int32_t> labels, const Distribution& logits);
 
 }  // namespace tessera

@@ -17,6 +17,7 @@ struct GradcheckOptions {
   std::string model = "convstack-small";  // built-in name or JSON file
   GridShape grid;
   std::string dtype = "float64";  // float32 | float64
+  std::string mode = "train";     // train | eval (batch norm, dropout)
   std::string init;               // params HDF5; empty: seeded random
   std::string input;              // batch HDF5; empty: seeded random batch
   std::string dump;               // write the comparison here (HDF5)

@@ -71,6 +71,9 @@ class Layer {
 
   virtual std::vector<Param<T>*> params() { return {}; }
   virtual std::vector<Buffer<T>*> buffers() { return {}; }
+  // What the last forward drew at random (dropout's mask, scaled), on this rank's tile; for
+  // dumps that let other tools replay the step.
+  virtual std::vector<Buffer<T>*> masks() { return {}; }
   // Halo layers say which inputs each output reads; pointwise layers return nothing.
   virtual std::optional<WindowMap> window() const { return std::nullopt; }
 
@@ -89,8 +92,7 @@ class UnaryLayer : public Layer<T> {
   virtual DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) = 0;
 
   Distribution setup(std::span<const Distribution> inputs) final { return setup(inputs[0]); }
-  DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs,
-                        const RunState& state) final {
+  DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs, const RunState& state) final {
     return forward(*inputs[0], state);
   }
   std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) final {

@@ -51,6 +51,7 @@ class Model {
 
   std::vector<NamedParam<T>> params();
   std::vector<NamedBuffer<T>> buffers();
+  std::vector<NamedBuffer<T>> masks();  // dropout masks of the last forward, this rank's tile
   std::int64_t parameter_count();
 
   // Seeded uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases as PyTorch's default

@@ -24,5 +24,8 @@ bool parse(const std::string& command, const std::string& summary,
 bool is_root(MPI_Comm world);
 
 int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
+// Collective over `world` (errors are agreed): every rank computes the same plan, rank 0 prints
+// it. Needs no mpiexec: one process plans a grid of any size.
+int plan_command(const std::vector<std::string>& args, MPI_Comm world);
 
 }  // namespace tessera::cli

@@ -21,6 +21,8 @@ int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world) {
       "process grid NxHxW: N data-parallel groups of HxW spatial ranks; "
       "default: 1x1xP for P ranks")("dtype", po::value(&o.dtype)->default_value(o.dtype),
                                     "float32 or float64")(
+      "mode", po::value(&o.mode)->default_value(o.mode),
+      "train (batch statistics, dropout) or eval (running statistics, no dropout)")(
       "init", po::value(&o.init),
       "initial parameters (HDF5, /params/<layer>/<param>); default: "
       "seeded random")("input", po::value(&o.input),

@@ -26,6 +26,7 @@ constexpr const char* kUsage =
     "\n"
     "Commands:\n"
     "  gradcheck   compare sharded and single-rank gradients of a model on a grid\n"
+    "  plan        tiles, halo widths, bytes per step and memory per rank (one process)\n"
     "\n"
     "Run 'tessera <command> --help' for a command's options; 'tessera --version' for the build.\n";
 
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
       rc = command.empty() ? 2 : 0;
     } else if (command == "gradcheck") {
       rc = tessera::cli::gradcheck_command(rest, MPI_COMM_WORLD);
+    } else if (command == "plan") {
+      rc = tessera::cli::plan_command(rest, MPI_COMM_WORLD);
     } else {
       if (rank == 0)
         std::cerr << "tessera: error: unknown command '" << command << "'\n\n" << kUsage;

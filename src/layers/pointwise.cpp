@@ -55,7 +55,7 @@ DropoutSpec parse_dropout(const LayerSpec& spec) {
 template <typename T>
 DistTensor<T> Dropout<T>::forward(const DistTensor<T>& x, const RunState& state) {
   if (state.mode == Mode::eval || spec_.p == 0) {
-    scale_ = Tensor<T>();
+    mask_.value = Tensor<T>();
     return x;
   }
   const Shape4& g = x.dist.global;
@@ -63,7 +63,7 @@ DistTensor<T> Dropout<T>::forward(const DistTensor<T>& x, const RunState& state)
   const T keep = spec_.p < 1 ? static_cast<T>(1 / (1 - spec_.p)) : T(0);
   const std::uint64_t stream =
       hash_string(this->name()) ^ splitmix64(static_cast<std::uint64_t>(state.step));
-  scale_ = Tensor<T>(x.local.shape());
+  mask_.value = Tensor<T>(x.local.shape());
   DistTensor<T> y(x.dist);
   for (std::int64_t n = ns.begin; n < ns.end; ++n)
     for (std::int64_t c = 0; c < g.c; ++c)
@@ -72,7 +72,7 @@ DistTensor<T> Dropout<T>::forward(const DistTensor<T>& x, const RunState& state)
           const auto index = static_cast<std::uint64_t>(((n * g.c + c) * g.h + h) * g.w + w);
           const T s = uniform01(state.seed, stream, index) >= spec_.p ? keep : T(0);
           const std::int64_t n0 = n - ns.begin, h0 = h - hs.begin, w0 = w - ws.begin;
-          scale_.at(n0, c, h0, w0) = s;
+          mask_.value.at(n0, c, h0, w0) = s;
           y.local.at(n0, c, h0, w0) = x.local.at(n0, c, h0, w0) * s;
         }
   return y;
@@ -80,10 +80,10 @@ DistTensor<T> Dropout<T>::forward(const DistTensor<T>& x, const RunState& state)
 
 template <typename T>
 DistTensor<T> Dropout<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  if (scale_.numel() == 0) return dy;
+  if (mask_.value.numel() == 0) return dy;
   DistTensor<T> dx(dy.dist);
   for (std::int64_t k = 0; k < dx.local.numel(); ++k)
-    dx.local.data()[k] = dy.local.data()[k] * scale_.data()[k];
+    dx.local.data()[k] = dy.local.data()[k] * mask_.value.data()[k];
   return dx;
 }
 

@@ -631,6 +631,61 @@ def gradcheck_detects_mismatch(env):
     expect_ok(env.tessera(4, "gradcheck", "--grid", "1x2x2", "--dtype", "float32"), "PASS")
 
 
+def plan_cmd(env, *args):
+    """`tessera plan` as one plain process: it needs no mpiexec."""
+    return env.run_cmd([env.exe, "plan", *args])
+
+
+@scenario
+def plan_basic(env):
+    args = ["--model", "convstack-small", "--grid", "1x2x3", "--image", "3x1024x1024",
+            "--batch", "2"]
+    r = plan_cmd(env, *args)
+    expect_ok(r, "model convstack-small", "grid 1x2x3 (6 ranks)", "image 3x1024x1024",
+              "batch 2", "float32", "peak memory per rank", "single device")
+    for layer in ["c1", "r1", "c2", "r2", "c3", "r3", "c4", "r4", "head"]:
+        if not re.search(rf"^  {layer} ", r.output, re.M):
+            fail(f"expected a table row for layer {layer!r}", r)
+    for line in r.output.splitlines():
+        if len(line) > 100:
+            fail(f"expected lines of at most 100 columns, got {len(line)}: {line!r}", r)
+    # float64 doubles every byte count.
+    r64 = plan_cmd(env, *args, "--dtype", "float64")
+    expect_ok(r64, "float64")
+    # Under mpiexec every rank plans the same and rank 0 alone prints.
+    r = env.tessera(2, "plan", *args)
+    expect_ok(r)
+    if r.output.count("tessera plan:") != 1:
+        fail("expected the plan printed once (by rank 0)", r)
+    expect_ok(plan_cmd(env, "--help"), "--grid", "--image", "--batch", "--dtype")
+
+
+@scenario
+def plan_impossible(env):
+    # convstack-small's c2 halves 16 rows to 8: a 16-row grid leaves ranks without rows there.
+    r = plan_cmd(env, "--grid", "1x16x2", "--image", "3x16x16")
+    line = expect_error(r, "'c2'", "no rows", "try --grid")
+    m = re.search(r"try --grid (\d+x\d+x\d+)", line)
+    expect_ok(plan_cmd(env, "--grid", m.group(1), "--image", "3x16x16"), "tessera plan:")
+    if m.group(1) != "1x8x2":
+        fail(f"expected the suggestion 1x8x2 (the largest that fits), got {m.group(1)}", r)
+    # Requests that no grid can fix: a clear reason, no suggestion.
+    r = plan_cmd(env, "--grid", "1x2x2", "--image", "4x64x64")
+    line = expect_error(r, "3 input channels", "4")
+    if "try --grid" in line:
+        fail("expected no grid suggestion for a channel mismatch", r)
+    expect_error(plan_cmd(env, "--grid", "4x1x1", "--image", "3x64x64", "--batch", "2"),
+                 "--batch 2", "4 data-parallel groups")
+    expect_error(plan_cmd(env, "--image", "3x64x64"), "--grid")
+    expect_error(plan_cmd(env, "--grid", "1x2x2", "--image", "3x64"), "CxHxW")
+
+
+@scenario
+def plan_large_grid(env):
+    r = plan_cmd(env, "--grid", "1x32x32", "--image", "3x4096x4096")
+    expect_ok(r, "grid 1x32x32 (1024 ranks)", "128 x 128")
+
+
 def main(argv):
     if len(argv) != 3 or argv[2] not in SCENARIOS:
         print(f"usage: {argv[0]} BUILD_DIR SCENARIO\nscenarios: {', '.join(SCENARIOS)}",

@@ -52,10 +52,14 @@ class Dropout final : public UnaryLayer<T> {
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
+  std::vector<Buffer<T>*> masks() override {
+    if (mask_.value.numel() == 0) return {};
+    return {&mask_};
+  }
 
  private:
   DropoutSpec spec_;
-  Tensor<T> scale_;  // 0 or 1 / (1 - p) per element; empty in evaluation
+  Buffer<T> mask_{"mask", {}};  // 0 or 1 / (1 - p) per element; empty in evaluation
 };
 
 }  // namespace tessera

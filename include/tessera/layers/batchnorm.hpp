@@ -1,0 +1,63 @@
+// Distributed 2-D batch normalisation, exact on every grid: in training the statistics are those
+// of the whole global batch (every sample and every pixel, over all spatial and sample ranks),
+// as on one device, not per tile.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "tessera/layer.hpp"
+#include "tessera/layers/fields.hpp"
+
+namespace tessera {
+
+struct BatchNormSpec {
+  double eps = 1e-5;      // > 0
+  double momentum = 0.1;  // in [0, 1]; PyTorch's momentum=None (cumulative average) is not offered
+};
+
+// Fields: eps=1e-5 (> 0), momentum=0.1 (in [0, 1]). Local; throws an Error naming the layer and
+// the field.
+BatchNormSpec parse_batchnorm(const LayerSpec& spec);
+
+// As torch.nn.BatchNorm2d(C, eps, momentum) with affine=True and track_running_stats=True.
+// Params weight [C] (init 1) and bias [C] (init 0); buffers running_mean [C] (init 0) and
+// running_var [C] (init 1), the same on every rank.
+// Training: normalises with the batch mean and biased variance (two passes: the mean first,
+// then the sum of squared deviations, each one allreduce), and updates
+// running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance.
+// Its backward needs one more allreduce (the sums of dy and dy * xhat). Forward and backward are
+// then collective over the grid's communicator.
+// Evaluation: normalises with the running statistics; pointwise and local.
+template <typename T>
+class BatchNorm2d final : public UnaryLayer<T> {
+ public:
+  BatchNorm2d(std::string name, const BatchNormSpec& spec)
+      : UnaryLayer<T>(std::move(name)), spec_(spec) {}
+
+  // Also refuses a batch with one value per channel (N * H * W = 1), which has no variance to
+  // train with (PyTorch: "Expected more than 1 value per channel when training").
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override;
+  void bind(const ProcessGrid& grid) override { comm_ = grid.comm(); }
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
+  std::vector<Param<T>*> params() override { return {&weight_, &bias_}; }
+  std::vector<Buffer<T>*> buffers() override { return {&running_mean_, &running_var_}; }
+
+ private:
+  BatchNormSpec spec_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::int64_t count_ = 0;  // values per channel in the global batch: N * H * W
+  Param<T> weight_, bias_;
+  Buffer<T> running_mean_, running_var_;
+  // What the forward normalised with, for backward: its input, the statistics, and whether they
+  // were the batch's (training) or the running ones (evaluation).
+  Tensor<T> x_;
+  std::vector<double> mean_, invstd_;
+  Mode mode_ = Mode::train;
+};
+
+}  // namespace tessera

@@ -1,0 +1,73 @@
+// Distributed transposed 2-D convolution (PyTorch's ConvTranspose2d): the same window machinery
+// as conv2d with the transposed index map. Each rank fills the input window its output tile
+// receives from, computes its tile locally, and in the backward pass accumulates the window
+// gradients back into their owners.
+#pragma once
+
+#include <optional>
+
+#include "tessera/halo_exchange.hpp"
+#include "tessera/kernels/reference.hpp"
+#include "tessera/layer.hpp"
+#include "tessera/layers/fields.hpp"
+
+namespace tessera {
+
+// One spatial axis of a transposed convolution (dilation 1): output q receives input i through
+// tap j in [0, kernel) when q = i*stride - padding + j. Local and pure.
+struct ConvTransposeAxis {
+  std::int64_t kernel = 1;
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t output_padding = 0;
+
+  // (in - 1)*stride - 2*padding + (kernel - 1) + output_padding + 1; may be <= 0.
+  std::int64_t output_extent(std::int64_t in) const;
+  // The input rows that output rows `out` = [qb, qe) receive from, not clipped to the image:
+  // [ceil((qb + padding - (kernel - 1)) / stride), floor((qe - 1 + padding) / stride) + 1).
+  // Empty when `out` is empty or no input reaches it (kernel < stride leaves gaps).
+  Range input_window(Range out) const;
+};
+
+struct ConvTranspose2dSpec {
+  std::int64_t out_channels = 0;
+  Pair kernel{1, 1};
+  Pair stride{1, 1};
+  Pair padding{0, 0};
+  Pair output_padding{0, 0};
+  bool bias = true;
+
+  ConvTransposeAxis axis(int a) const;  // 0: rows, 1: columns
+};
+
+// Fields: out_channels, kernel, stride=1, padding=0, output_padding=0 (each an int or [h, w];
+// output_padding < stride, as PyTorch requires), bias=true. Local; throws an Error naming the
+// layer and the field.
+ConvTranspose2dSpec parse_conv_transpose2d(const LayerSpec& spec);
+
+template <typename T>
+class ConvTranspose2d final : public UnaryLayer<T> {
+ public:
+  ConvTranspose2d(std::string name, const ConvTranspose2dSpec& spec, int tag);
+
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override;
+  void bind(const ProcessGrid& grid) override;
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
+  std::vector<Param<T>*> params() override;
+  std::optional<WindowMap> window() const override;
+
+ private:
+  ConvTranspose2dSpec spec_;
+  int tag_;
+  Distribution in_, out_;
+  std::optional<HaloExchange<T>> exchange_;
+  // The kernel's map from the window to the output tile: padding shifted by both origins.
+  reference::ConvGeometry geometry_;
+  Param<T> weight_, bias_;
+  Tensor<T> window_;  // the forward input window, kept for backward-filter
+};
+
+}  // namespace tessera

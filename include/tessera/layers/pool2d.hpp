@@ -1,0 +1,57 @@
+// Distributed 2-D max and average pooling: the window machinery of conv2d (fill the input
+// window, pool locally, accumulate window gradients back into their owners), no parameters.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "tessera/halo_exchange.hpp"
+#include "tessera/kernels/reference_pool.hpp"
+#include "tessera/layer.hpp"
+#include "tessera/layers/fields.hpp"
+#include "tessera/partition.hpp"
+
+namespace tessera {
+
+enum class PoolKind { max, avg };
+
+// PyTorch's MaxPool2d / AvgPool2d with dilation 1, ceil_mode=False and (avg)
+// count_include_pad=True.
+struct Pool2dSpec {
+  PoolKind kind = PoolKind::max;
+  Pair kernel{1, 1};
+  Pair stride{1, 1};
+  Pair padding{0, 0};  // both sides
+
+  WindowAxis axis(int a) const;  // 0: rows, 1: columns
+};
+
+// Types maxpool2d, avgpool2d. Fields: kernel (required), stride=kernel, padding=0, each an int or
+// [h, w]; padding at most kernel / 2 (PyTorch's rule). Local; throws an Error naming the layer
+// and the field.
+Pool2dSpec parse_pool2d(const LayerSpec& spec);
+
+template <typename T>
+class Pool2d final : public UnaryLayer<T> {
+ public:
+  Pool2d(std::string name, const Pool2dSpec& spec, int tag);
+
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override;
+  void bind(const ProcessGrid& grid) override;
+  // forward and backward: neighbour-wise collective over the spatial communicator (halos).
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
+  std::optional<WindowMap> window() const override;
+
+ private:
+  Pool2dSpec spec_;
+  int tag_;
+  Distribution in_, out_;
+  std::optional<HaloExchange<T>> exchange_;
+  reference::PoolGeometry geometry_;  // on the window: no padding, the image part marked
+  std::vector<std::int64_t> argmax_;  // max: per output, its input within the window's plane
+};
+
+}  // namespace tessera

@@ -1,0 +1,50 @@
+// Distributed nearest-neighbour upsampling by an integer factor. Output tiles are partitioned
+// afresh over the output extent, so a rank's outputs may read inputs another rank owns: it is a
+// halo layer (fill the input window, upsample locally, accumulate window gradients back).
+#pragma once
+
+#include <optional>
+
+#include "tessera/halo_exchange.hpp"
+#include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/layer.hpp"
+#include "tessera/layers/fields.hpp"
+
+namespace tessera {
+
+// PyTorch's Upsample(scale_factor=scale, mode="nearest"): output q reads input floor(q / scale).
+struct UpsampleSpec {
+  std::int64_t scale = 1;
+};
+
+// Type upsample_nearest. Field: scale (required, an integer >= 1). Local; throws an Error naming
+// the layer and the field.
+UpsampleSpec parse_upsample(const LayerSpec& spec);
+
+// The input rows [floor(qb / scale), floor((qe - 1) / scale) + 1) that output rows [qb, qe) read,
+// on both axes. Local and pure.
+WindowMap upsample_window(std::int64_t scale);
+
+template <typename T>
+class UpsampleNearest final : public UnaryLayer<T> {
+ public:
+  UpsampleNearest(std::string name, const UpsampleSpec& spec, int tag);
+
+  using UnaryLayer<T>::setup;
+  Distribution setup(const Distribution& in) override;
+  void bind(const ProcessGrid& grid) override;
+  // forward and backward: neighbour-wise collective over the spatial communicator (halos).
+  using UnaryLayer<T>::forward;
+  DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
+  DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
+  std::optional<WindowMap> window() const override { return upsample_window(spec_.scale); }
+
+ private:
+  UpsampleSpec spec_;
+  int tag_;
+  Distribution in_, out_;
+  std::optional<HaloExchange<T>> exchange_;
+  reference::UpsampleGeometry geometry_;
+};
+
+}  // namespace tessera

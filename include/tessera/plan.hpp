@@ -1,0 +1,88 @@
+// `tessera plan`: what a model on a grid will cost, computed without moving any data. Every
+// function here is local and pure: it sets the layers up (shapes only) and intersects windows with
+// tiles for every rank of the grid, so one process plans a grid of any size.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tessera/model_spec.hpp"
+#include "tessera/process_grid.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+struct PlanOptions {
+  GridShape grid;
+  Shape4 input;                   // the global batch, N x C x H x W
+  std::string dtype = "float32";  // float32 | float64: the size of every byte count
+};
+
+// The smallest and largest value of a quantity over the ranks of the grid.
+struct Spread {
+  std::int64_t min = 0;
+  std::int64_t max = 0;
+};
+
+struct LayerPlan {
+  std::string name;
+  std::string type;
+  Shape4 output;                // global
+  Spread tile_rows, tile_cols;  // of the output tile, over spatial ranks
+  // Halo layers only (those with a window): how far each rank's input window reaches beyond the
+  // input tile it owns, per side, counting only rows and columns inside the image (padding is
+  // never exchanged). Negative when the rank owns rows its window does not need.
+  bool halo = false;
+  Spread top, bottom, left, right;
+  // Bytes received + sent per rank in one step, the largest over ranks: the forward fill and the
+  // backward accumulate move the same boxes in opposite directions.
+  std::int64_t forward_bytes = 0;
+  std::int64_t backward_bytes = 0;
+  std::int64_t params = 0;  // elements of the layer's parameters
+};
+
+// The estimated peak memory of one rank, in bytes. The model (not a measurement): the input tile,
+// every layer's output tile and every halo layer's input window are kept for the backward pass;
+// the backward pass holds one layer's gradients at a time (dy, the window gradient, dx); the
+// parameters and their gradients are replicated on every rank.
+struct MemoryEstimate {
+  std::int64_t activations = 0;  // input and layer outputs
+  std::int64_t windows = 0;
+  std::int64_t gradients = 0;
+  std::int64_t params = 0;  // values and gradients
+  std::int64_t total() const { return activations + windows + gradients + params; }
+};
+
+struct Plan {
+  std::string model;
+  PlanOptions options;
+  std::int64_t dtype_bytes = 4;
+  Spread samples;                 // samples per rank, over the data-parallel groups
+  Spread input_rows, input_cols;  // of the input tile, over spatial ranks
+  std::vector<LayerPlan> layers;
+  // Over all layers, the largest over ranks of the halo bytes received + sent in one step.
+  std::int64_t step_bytes = 0;
+  std::int64_t params = 0;  // elements, all layers
+  MemoryEstimate memory;    // the busiest rank
+  GridCoords busiest;       // that rank's coordinates
+  MemoryEstimate single;    // the same model and batch on one device
+};
+
+// Plans `spec` for `options`. Throws an Error naming the layer when the grid is impossible (a tile
+// without rows or columns), the batch has fewer samples than the grid has groups, or the image's
+// channels are not the model's.
+Plan make_plan(const ModelSpec& spec, const PlanOptions& options);
+
+// When make_plan refuses options.grid because of its spatial extent: the grid with the same n and
+// the largest h' <= h, w' <= w (most ranks; then most rows) on which the model plans. Nothing when
+// no spatial grid helps (the model does not fit the image even on one rank, or the batch is too
+// small).
+std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& options);
+
+// The plan as a table of at most 100 columns.
+void print_plan(const Plan& plan, std::ostream& out);
+
+}  // namespace tessera

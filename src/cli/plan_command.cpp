@@ -1,0 +1,85 @@
+#include <charconv>
+#include <iostream>
+
+#include "command.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/model_spec.hpp"
+#include "tessera/plan.hpp"
+
+namespace tessera::cli {
+namespace {
+
+// "CxHxW": three positive integers.
+Shape4 parse_image(const std::string& text) {
+  const std::string help = "bad image '" + text +
+                           "': expected CxHxW, three positive integers (channels x height x "
+                           "width), e.g. 3x1024x1024";
+  std::int64_t v[3] = {0, 0, 0};
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  for (int k = 0; k < 3; ++k) {
+    auto [next, ec] = std::from_chars(p, end, v[k]);
+    TESSERA_CHECK(ec == std::errc() && next != p && v[k] > 0, help);
+    p = next;
+    if (k < 2) {
+      TESSERA_CHECK(p != end && (*p == 'x' || *p == 'X'), help);
+      ++p;
+    }
+  }
+  TESSERA_CHECK(p == end, help);
+  return {0, v[0], v[1], v[2]};
+}
+
+}  // namespace
+
+int plan_command(const std::vector<std::string>& args, MPI_Comm world) {
+  std::string model = "convstack-small", grid, image, dtype = "float32";
+  std::int64_t batch = 1;
+  std::string models;
+  for (const auto& n : builtin_model_names())
+    models += (models.empty() ? "" : ", ") + n;
+  po::options_description d("Plan options");
+  d.add_options()("model", po::value(&model)->default_value(model),
+                  ("model JSON file or built-in name (" + models + ")").c_str())(
+      "grid", po::value(&grid),
+      "process grid NxHxW to plan for (required): N data-parallel groups of HxW spatial ranks")(
+      "image", po::value(&image), "image size CxHxW (required); C is the model's input channels")(
+      "batch", po::value(&batch)->default_value(batch),
+      "samples per step, split over the N groups (at least N)")(
+      "dtype", po::value(&dtype)->default_value(dtype), "float32 or float64: sizes in bytes");
+  po::variables_map vm;
+  if (!parse("plan",
+             "Plans a model on a grid without moving any data: per layer, the tiles, the halo "
+             "widths\nand the bytes each rank exchanges per step; the estimated peak memory per "
+             "rank against\na single device. Runs as one process for a grid of any size (no "
+             "mpiexec needed).\nAn impossible grid is refused with the reason and a grid that "
+             "works.",
+             d, args, vm, world))
+    return 0;
+  Plan plan;
+  agree(world, [&] {
+    TESSERA_CHECK(!grid.empty(), "--grid NxHxW is required (see tessera plan --help)");
+    TESSERA_CHECK(!image.empty(), "--image CxHxW is required (see tessera plan --help)");
+    PlanOptions o{.grid = parse_grid(grid), .input = parse_image(image), .dtype = dtype};
+    TESSERA_CHECK(dtype == "float32" || dtype == "float64",
+                  "bad dtype '" + dtype + "': expected float32 or float64");
+    TESSERA_CHECK(batch >= o.grid.n,
+                  "--batch " + std::to_string(batch) + " is smaller than the grid's " +
+                      std::to_string(o.grid.n) +
+                      " data-parallel groups: every group needs at least one sample");
+    o.input.n = batch;
+    const ModelSpec spec = load_model(model);
+    try {
+      plan = make_plan(spec, o);
+    } catch (const Error& e) {
+      const std::optional<GridShape> better = suggest_grid(spec, o);
+      if (!better || *better == o.grid) throw;
+      throw Error(std::string(e.what()) + "; for the whole model, try --grid " + better->str());
+    }
+  });
+  if (is_root(world)) print_plan(plan, std::cout);
+  return 0;
+}
+
+}  // namespace tessera::cli

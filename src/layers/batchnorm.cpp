@@ -1,0 +1,120 @@
+#include "tessera/layers/batchnorm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/kernels/reference_batchnorm.hpp"
+#include "tessera/layers/window.hpp"
+
+namespace tessera {
+
+BatchNormSpec parse_batchnorm(const LayerSpec& spec) {
+  Fields f(spec);
+  BatchNormSpec s;
+  if (const nlohmann::json* eps = f.raw("eps"); eps != nullptr) {
+    if (!eps->is_number() || !(eps->get<double>() > 0))
+      f.fail("field 'eps' must be a number > 0, got " + eps->dump());
+    s.eps = eps->get<double>();
+  }
+  s.momentum = f.number("momentum", 0.1, 0, 1);
+  f.finish();
+  return s;
+}
+
+template <typename T>
+Distribution BatchNorm2d<T>::setup(const Distribution& in) {
+  const std::string who = "layer '" + this->name() + "' (batchnorm2d)";
+  require_spatial(who, in);
+  const Shape4& s = in.global;
+  count_ = s.n * s.h * s.w;
+  // Known from the global shape, so every rank refuses it here, before any collective work.
+  TESSERA_CHECK(count_ > 1,
+                who + ": expected more than 1 value per channel when training, but its input " +
+                    s.str() + " has N * H * W = 1 (a batch variance needs two values)");
+  const Shape4 c{s.c, 1, 1, 1};
+  weight_ = {"weight", Tensor<T>(c, T(1)), Tensor<T>(c)};
+  bias_ = {"bias", Tensor<T>(c), Tensor<T>(c)};
+  running_mean_ = {"running_mean", Tensor<T>(c)};
+  running_var_ = {"running_var", Tensor<T>(c, T(1))};
+  return in;
+}
+
+template <typename T>
+DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& state) {
+  const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
+  mode_ = state.mode;
+  x_ = x.local;
+  mean_.assign(channels, 0.0);
+  invstd_.assign(channels, 0.0);
+  T* running_mean = running_mean_.value.data();
+  T* running_var = running_var_.value.data();
+  if (mode_ == Mode::train) {
+    TESSERA_CHECK(comm_ != MPI_COMM_NULL,
+                  "layer '" + this->name() + "' (batchnorm2d): forward before bind");
+    const double count = static_cast<double>(count_);
+    // Two passes, so that a mean large next to the spread costs no precision.
+    reference::batchnorm_sum(x.local, std::span<double>(mean_));
+    allreduce_sum(std::span<double>(mean_), comm_);
+    for (double& v : mean_)
+      v /= count;
+    std::vector<double> square_sum(channels);
+    reference::batchnorm_centered_square_sum(x.local, std::span<const double>(mean_),
+                                             std::span<double>(square_sum));
+    allreduce_sum(std::span<double>(square_sum), comm_);
+    const double m = spec_.momentum;
+    for (std::size_t c = 0; c < channels; ++c) {
+      const double var = square_sum[c] / count;  // biased: what the batch is normalised with
+      invstd_[c] = 1 / std::sqrt(var + spec_.eps);
+      running_mean[c] = static_cast<T>((1 - m) * double(running_mean[c]) + m * mean_[c]);
+      running_var[c] =
+          static_cast<T>((1 - m) * double(running_var[c]) + m * var * count / (count - 1));
+    }
+  } else {
+    for (std::size_t c = 0; c < channels; ++c) {
+      mean_[c] = double(running_mean[c]);
+      invstd_[c] = 1 / std::sqrt(double(running_var[c]) + spec_.eps);
+    }
+  }
+  DistTensor<T> y(x.dist);
+  reference::batchnorm_forward(x.local, {mean_, invstd_}, std::as_const(weight_.value).span(),
+                               std::as_const(bias_.value).span(), y.local);
+  return y;
+}
+
+template <typename T>
+DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  const std::size_t channels = mean_.size();
+  const reference::BatchNormStats stats{mean_, invstd_};
+  // [sum of dy | sum of dy * xhat] over this rank's tile, then over the grid: one message.
+  std::vector<double> sums(2 * channels);
+  const std::span<double> sum_dy(sums.data(), channels),
+      sum_dy_xhat(sums.data() + channels, channels);
+  reference::batchnorm_backward_sums(x_, dy.local, stats, sum_dy, sum_dy_xhat);
+  // The parameter gradients take this rank's share; Model::reduce_gradients adds the others.
+  for (std::size_t c = 0; c < channels; ++c) {
+    bias_.grad.data()[c] += static_cast<T>(sum_dy[c]);
+    weight_.grad.data()[c] += static_cast<T>(sum_dy_xhat[c]);
+  }
+  // From here on `sums` holds what the input gradient subtracts: the batch means of dy and of
+  // dy * xhat in training, nothing in evaluation.
+  if (mode_ == Mode::train) {
+    allreduce_sum(std::span<double>(sums), comm_);
+    for (double& v : sums)
+      v /= static_cast<double>(count_);
+  } else {
+    std::fill(sums.begin(), sums.end(), 0.0);  // the running statistics do not depend on x
+  }
+  DistTensor<T> dx(dy.dist);
+  reference::batchnorm_backward_data(x_, dy.local, stats, std::as_const(weight_.value).span(),
+                                     std::span<const double>(sum_dy),
+                                     std::span<const double>(sum_dy_xhat), dx.local);
+  return dx;
+}
+
+template class BatchNorm2d<float>;
+template class BatchNorm2d<double>;
+
+}  // namespace tessera

@@ -1,0 +1,144 @@
+#include "tessera/layers/conv_transpose2d.hpp"
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/reference_conv_transpose.hpp"
+#include "tessera/layers/window.hpp"
+
+namespace tessera {
+namespace {
+
+// Rounds towards minus infinity (b > 0): windows start left of the image when padding is small.
+std::int64_t floor_div(std::int64_t a, std::int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+std::string pair_str(const Pair& p) {
+  return "[" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + "]";
+}
+
+}  // namespace
+
+std::int64_t ConvTransposeAxis::output_extent(std::int64_t in) const {
+  return (in - 1) * stride - 2 * padding + (kernel - 1) + output_padding + 1;
+}
+
+Range ConvTransposeAxis::input_window(Range out) const {
+  if (out.empty()) return {0, 0};
+  // i reaches q through some tap j in [0, kernel) iff q + padding - (kernel - 1) <= i*stride <=
+  // q + padding; ceil(a / s) = -floor(-a / s). Every i in between reaches some q of `out`, and
+  // end >= begin: a stride larger than the kernel gives an empty window, never a negative one.
+  return {-floor_div(-(out.begin + padding - (kernel - 1)), stride),
+          floor_div(out.end - 1 + padding, stride) + 1};
+}
+
+ConvTransposeAxis ConvTranspose2dSpec::axis(int a) const {
+  return {.kernel = kernel[a],
+          .stride = stride[a],
+          .padding = padding[a],
+          .output_padding = output_padding[a]};
+}
+
+ConvTranspose2dSpec parse_conv_transpose2d(const LayerSpec& spec) {
+  Fields f(spec);
+  ConvTranspose2dSpec s;
+  s.out_channels = f.integer("out_channels", std::nullopt, 1);
+  s.kernel = f.pair("kernel", std::nullopt, 1);
+  s.stride = f.pair("stride", Pair{1, 1}, 1);
+  s.padding = f.pair("padding", Pair{0, 0}, 0);
+  s.output_padding = f.pair("output_padding", Pair{0, 0}, 0);
+  s.bias = f.boolean("bias", true);
+  f.finish();
+  for (int a = 0; a < 2; ++a)
+    if (s.output_padding[a] >= s.stride[a])
+      f.fail("field 'output_padding' " + pair_str(s.output_padding) +
+             " must be smaller than 'stride' " + pair_str(s.stride) + " (as in PyTorch)");
+  return s;
+}
+
+template <typename T>
+ConvTranspose2d<T>::ConvTranspose2d(std::string name, const ConvTranspose2dSpec& spec, int tag)
+    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+
+template <typename T>
+std::optional<WindowMap> ConvTranspose2d<T>::window() const {
+  const ConvTransposeAxis rows = spec_.axis(0), cols = spec_.axis(1);
+  return WindowMap{[rows](Range r) { return rows.input_window(r); },
+                   [cols](Range r) { return cols.input_window(r); }};
+}
+
+template <typename T>
+Distribution ConvTranspose2d<T>::setup(const Distribution& in) {
+  const std::string who = "layer '" + this->name() + "' (conv_transpose2d)";
+  require_spatial(who, in);
+  const Shape4& s = in.global;
+  const std::int64_t oh = spec_.axis(0).output_extent(s.h);
+  const std::int64_t ow = spec_.axis(1).output_extent(s.w);
+  TESSERA_CHECK(oh > 0 && ow > 0,
+                who + ": its " + std::to_string(s.h) + "x" + std::to_string(s.w) +
+                    " input gives a " + std::to_string(oh) + "x" + std::to_string(ow) +
+                    " output ((in - 1)*stride - 2*padding + kernel + output_padding): "
+                    "'padding' " +
+                    pair_str(spec_.padding) + " is too large");
+  in_ = in;
+  out_ = in.with_shape({s.n, spec_.out_channels, oh, ow});
+  require_tiles(who, out_);
+  // PyTorch's layout [in, out, kh, kw]: the weight of the convolution this is the adjoint of.
+  const Shape4 wshape{s.c, spec_.out_channels, spec_.kernel[0], spec_.kernel[1]};
+  weight_ = {"weight", Tensor<T>(wshape), Tensor<T>(wshape)};
+  if (spec_.bias) {
+    const Shape4 bshape{spec_.out_channels, 1, 1, 1};
+    bias_ = {"bias", Tensor<T>(bshape), Tensor<T>(bshape)};
+  }
+  return out_;
+}
+
+template <typename T>
+void ConvTranspose2d<T>::bind(const ProcessGrid& grid) {
+  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+  // With the window starting at input row ib and the tile at output row qb, local output
+  // r = q - qb receives local input l = i - ib through tap j when r = l*S + j - (qb + P - ib*S):
+  // the global map with the padding shifted, possibly negative.
+  const Box& win = exchange_->plan().window;
+  const Box tile = out_.tile();
+  geometry_ = {.stride_h = spec_.stride[0],
+               .stride_w = spec_.stride[1],
+               .dilation_h = 1,
+               .dilation_w = 1,
+               .pad_top = tile.h.begin + spec_.padding[0] - win.h.begin * spec_.stride[0],
+               .pad_left = tile.w.begin + spec_.padding[1] - win.w.begin * spec_.stride[1],
+               .groups = 1};
+}
+
+template <typename T>
+DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState&) {
+  window_ = Tensor<T>(window_shape(in_, exchange_->plan()));
+  exchange_->fill(x.local, window_);
+  DistTensor<T> y(out_);
+  reference::conv_transpose2d_forward(window_, weight_.value,
+                                      std::span<const T>(bias_.value.span()), y.local, geometry_);
+  return y;
+}
+
+template <typename T>
+DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  Tensor<T> window_grad(window_.shape());
+  reference::conv_transpose2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
+  DistTensor<T> dx(in_);
+  auto request = exchange_->start_accumulate(window_grad, dx.local);
+  // The filter gradient needs no halo: it overlaps the exchange.
+  reference::conv_transpose2d_backward_filter(window_, dy.local, weight_.grad, bias_.grad.span(),
+                                              geometry_);
+  exchange_->finish(request);
+  return dx;
+}
+
+template <typename T>
+std::vector<Param<T>*> ConvTranspose2d<T>::params() {
+  if (spec_.bias) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+template class ConvTranspose2d<float>;
+template class ConvTranspose2d<double>;
+
+}  // namespace tessera

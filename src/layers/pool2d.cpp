@@ -1,0 +1,114 @@
+#include "tessera/layers/pool2d.hpp"
+
+#include "tessera/error.hpp"
+#include "tessera/layers/window.hpp"
+
+namespace tessera {
+namespace {
+
+std::string pair_text(const Pair& p) {
+  return "[" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + "]";
+}
+
+}  // namespace
+
+WindowAxis Pool2dSpec::axis(int a) const {
+  return {.kernel = kernel[a],
+          .stride = stride[a],
+          .pad_begin = padding[a],
+          .pad_end = padding[a],
+          .dilation = 1};
+}
+
+Pool2dSpec parse_pool2d(const LayerSpec& spec) {
+  Fields f(spec);
+  Pool2dSpec s;
+  s.kind = spec.type == "avgpool2d" ? PoolKind::avg : PoolKind::max;
+  s.kernel = f.pair("kernel", std::nullopt, 1);
+  s.stride = f.pair("stride", s.kernel, 1);
+  s.padding = f.pair("padding", Pair{0, 0}, 0);
+  f.finish();
+  // PyTorch refuses more: a window could then lie wholly in the padding.
+  if (s.padding[0] > s.kernel[0] / 2 || s.padding[1] > s.kernel[1] / 2)
+    f.fail("field 'padding' (" + pair_text(s.padding) + ") must be at most half the kernel (" +
+           pair_text(s.kernel) + ") on each axis, as in PyTorch");
+  return s;
+}
+
+template <typename T>
+Pool2d<T>::Pool2d(std::string name, const Pool2dSpec& spec, int tag)
+    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+
+template <typename T>
+std::optional<WindowMap> Pool2d<T>::window() const {
+  return conv_window(spec_.axis(0), spec_.axis(1));
+}
+
+template <typename T>
+Distribution Pool2d<T>::setup(const Distribution& in) {
+  const std::string who = "layer '" + this->name() + "' (" +
+                          (spec_.kind == PoolKind::max ? "maxpool2d" : "avgpool2d") + ")";
+  require_spatial(who, in);
+  const Shape4& s = in.global;
+  const WindowAxis ah = spec_.axis(0), aw = spec_.axis(1);
+  const std::int64_t oh = window_output_extent(s.h, ah);
+  const std::int64_t ow = window_output_extent(s.w, aw);
+  TESSERA_CHECK(oh > 0 && ow > 0,
+                who + ": its " + std::to_string(s.h) + "x" + std::to_string(s.w) +
+                    " input, padded to " + std::to_string(s.h + 2 * ah.pad_begin) + "x" +
+                    std::to_string(s.w + 2 * aw.pad_begin) + ", is smaller than the " +
+                    std::to_string(ah.kernel) + "x" + std::to_string(aw.kernel) + " kernel");
+  in_ = in;
+  out_ = in.with_shape({s.n, s.c, oh, ow});
+  require_tiles(who, out_);
+  return out_;
+}
+
+template <typename T>
+void Pool2d<T>::bind(const ProcessGrid& grid) {
+  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+  // The window holds zeros where it leaves the image; max pooling must tell them from real
+  // zeros, so the kernel gets the image's part of the window in window coordinates.
+  const Box w = exchange_->plan().window;
+  const Box image = intersect(w, Box{{0, in_.global.h}, {0, in_.global.w}});
+  geometry_ = {.kernel_h = spec_.kernel[0],
+               .kernel_w = spec_.kernel[1],
+               .stride_h = spec_.stride[0],
+               .stride_w = spec_.stride[1],
+               .pad_top = 0,
+               .pad_left = 0,
+               .image = {{image.h.begin - w.h.begin, image.h.end - w.h.begin},
+                         {image.w.begin - w.w.begin, image.w.end - w.w.begin}}};
+}
+
+template <typename T>
+DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
+  Tensor<T> window(window_shape(in_, exchange_->plan()));
+  exchange_->fill(x.local, window);
+  DistTensor<T> y(out_);
+  if (spec_.kind == PoolKind::max) {
+    argmax_.assign(static_cast<std::size_t>(y.local.numel()), 0);
+    reference::maxpool2d_forward(window, y.local, std::span<std::int64_t>(argmax_), geometry_);
+  } else {
+    reference::avgpool2d_forward(window, y.local, geometry_);
+  }
+  return y;
+}
+
+template <typename T>
+DistTensor<T> Pool2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  Tensor<T> window_grad(window_shape(in_, exchange_->plan()));
+  if (spec_.kind == PoolKind::max) {
+    reference::maxpool2d_backward(dy.local, std::span<const std::int64_t>(argmax_), window_grad);
+  } else {
+    reference::avgpool2d_backward(dy.local, window_grad, geometry_);
+  }
+  DistTensor<T> dx(in_);
+  exchange_->accumulate(window_grad, dx.local);
+  return dx;
+}
+
+template class Pool2d<float>;
+template class Pool2d<double>;
+
+}  // namespace tessera

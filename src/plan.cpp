@@ -1,0 +1,370 @@
+#include "tessera/plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "tessera/error.hpp"
+#include "tessera/layers/registry.hpp"
+#include "tessera/partition.hpp"
+
+namespace tessera {
+namespace {
+
+struct Node {
+  std::unique_ptr<Layer<double>> layer;
+  std::vector<Distribution> inputs;
+  Distribution out;
+};
+
+std::int64_t dtype_size(const std::string& dtype) {
+  TESSERA_CHECK(dtype == "float32" || dtype == "float64",
+                "bad dtype '" + dtype + "': expected float32 or float64");
+  return dtype == "float32" ? 4 : 8;
+}
+
+// The input distribution as rank (0, 0, 0) sees it: global shapes, which are all that setup
+// reads, do not depend on the rank.
+Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
+  const Shape4& in = o.input;
+  const GridShape& g = o.grid;
+  TESSERA_CHECK(in.c == spec.input_channels,
+                "model '" + spec.name + "' takes " + std::to_string(spec.input_channels) +
+                    " input channels, the image has " + std::to_string(in.c) + " (--image " +
+                    std::to_string(spec.input_channels) + "x" + std::to_string(in.h) + "x" +
+                    std::to_string(in.w) + ")");
+  TESSERA_CHECK(in.n >= g.n, "the batch has " + std::to_string(in.n) +
+                                 " samples, fewer than the grid's " + std::to_string(g.n) +
+                                 " data-parallel groups: every group needs at least one sample");
+  TESSERA_CHECK(
+      in.h >= g.h && in.w >= g.w,
+      "the " + std::to_string(in.h) + "x" + std::to_string(in.w) + " image cannot be split over " +
+          std::to_string(g.h) + "x" + std::to_string(g.w) + " spatial ranks: a tile would have " +
+          (in.h < g.h ? (in.w < g.w ? "no rows and no columns" : "no rows") : "no columns"));
+  // The plan keeps a few numbers per spatial rank and layer: bound them to what one process holds.
+  constexpr std::int64_t max_ranks = std::int64_t{1} << 22;
+  TESSERA_CHECK(static_cast<std::int64_t>(g.h) * g.w <= max_ranks,
+                "grid " + std::to_string(g.n) + "x" + std::to_string(g.h) + "x" +
+                    std::to_string(g.w) + " has " +
+                    std::to_string(static_cast<std::int64_t>(g.h) * g.w) +
+                    " spatial ranks; tessera plan handles up to " + std::to_string(max_ranks));
+  return {in, g, GridCoords{}};
+}
+
+// Builds and sets up every layer as Model does, without binding any to a grid: shapes only.
+std::vector<Node> set_up(const ModelSpec& spec, const PlanOptions& o) {
+  const Distribution input = input_distribution(spec, o);
+  std::vector<Node> nodes;
+  int tag = 0;
+  for (const LayerSpec& l : spec.layers) {
+    Node node;
+    node.layer = make_layer<double>(l, ++tag);
+    for (const std::string& name : l.inputs) {
+      auto it = std::find_if(nodes.begin(), nodes.end(),
+                             [&](const Node& n) { return n.layer->name() == name; });
+      node.inputs.push_back(it != nodes.end() ? it->out : input);
+    }
+    node.out = node.layer->setup(node.inputs);
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+// One spatial rank's part in a halo layer's exchange.
+struct RankHalo {
+  Box owned;               // its input tile
+  Box window;              // the input box it reads, not clipped to the image
+  std::int64_t moved = 0;  // elements per channel plane received + sent in fill
+};
+
+// The boxes window_plan gives every rank (same owned tiles, same windows from the same map, same
+// intersections), but each window is intersected only with the tiles it can reach (the owners of
+// its ends), and a rank's sends are counted as its peers' receives. A layer costs O(ranks x
+// neighbours) instead of window_plan's O(ranks) per rank, so a 1024-rank grid plans at once;
+// tests/unit/test_plan.cpp checks the two agree.
+std::vector<RankHalo> halo_of_every_rank(const Distribution& in, const Distribution& out,
+                                         const WindowMap& map) {
+  const GridShape& g = in.grid;
+  std::vector<RankHalo> ranks(static_cast<std::size_t>(g.h) * g.w);
+  for (int i = 0; i < g.h; ++i)
+    for (int j = 0; j < g.w; ++j) {
+      const Box t = out.tile_of(i, j);
+      ranks[i * g.w + j] = {in.tile_of(i, j), {map.rows(t.h), map.cols(t.w)}};
+    }
+  // The parts [first, last] of one axis whose tiles meet `want` (all of them when every tile is
+  // the whole image); last < first when `want` lies in the padding.
+  auto reach = [&](Range want, std::int64_t extent, int parts) -> std::pair<int, int> {
+    const Range c = intersect(want, {0, extent});
+    if (c.empty()) return {0, -1};
+    if (in.replicated) return {0, parts - 1};
+    return {block_owner(extent, parts, c.begin), block_owner(extent, parts, c.end - 1)};
+  };
+  for (int k = 0; k < g.h * g.w; ++k) {
+    const Box& window = ranks[k].window;
+    if (window.empty()) continue;
+    const auto [a0, a1] = reach(window.h, in.global.h, g.h);
+    const auto [b0, b1] = reach(window.w, in.global.w, g.w);
+    for (int a = a0; a <= a1; ++a)
+      for (int b = b0; b <= b1; ++b) {
+        const int peer = a * g.w + b;
+        if (peer == k) continue;
+        const std::int64_t n = intersect(ranks[peer].owned, window).size();
+        ranks[k].moved += n;     // k receives it in fill
+        ranks[peer].moved += n;  // and the peer sends it
+      }
+  }
+  return ranks;
+}
+
+void widen(Spread& s, std::int64_t v, bool first) {
+  if (first) {
+    s = {v, v};
+  } else {
+    s.min = std::min(s.min, v);
+    s.max = std::max(s.max, v);
+  }
+}
+
+// Per-sample element counts of one spatial rank, summed over the model.
+struct RankTotals {
+  std::int64_t activations = 0;
+  std::int64_t windows = 0;
+  std::int64_t gradients = 0;  // the largest single layer's
+  std::int64_t halo = 0;       // forward + backward
+};
+
+MemoryEstimate to_bytes(const RankTotals& t, std::int64_t samples, std::int64_t params,
+                        std::int64_t bytes) {
+  return {.activations = t.activations * samples * bytes,
+          .windows = t.windows * samples * bytes,
+          .gradients = t.gradients * samples * bytes,
+          .params = 2 * params * bytes};
+}
+
+Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
+  Plan plan;
+  plan.model = spec.name;
+  plan.options = o;
+  plan.dtype_bytes = dtype_size(o.dtype);
+  const std::vector<Node> nodes = set_up(spec, o);
+  const Distribution input = input_distribution(spec, o);
+  const GridShape& g = o.grid;
+  for (int n = 0; n < g.n; ++n)
+    widen(plan.samples, input.samples_of(n).size(), n == 0);
+  const std::int64_t bytes = plan.dtype_bytes;
+  // Group 0 holds the most samples (block partition), so per-sample counts times its samples
+  // bound every rank.
+  const std::int64_t samples = plan.samples.max;
+
+  std::vector<RankTotals> ranks(static_cast<std::size_t>(g.h) * g.w);
+  for (int i = 0; i < g.h; ++i)
+    for (int j = 0; j < g.w; ++j) {
+      const Box tile = input.tile_of(i, j);
+      widen(plan.input_rows, tile.h.size(), i == 0 && j == 0);
+      widen(plan.input_cols, tile.w.size(), i == 0 && j == 0);
+      ranks[i * g.w + j].activations = tile.size() * input.global.c;
+    }
+
+  for (const Node& node : nodes) {
+    LayerPlan lp;
+    lp.name = node.layer->name();
+    lp.type = spec.layers[plan.layers.size()].type;
+    lp.output = node.out.global;
+    for (const Param<double>* p : node.layer->params())
+      lp.params += p->value.numel();
+    plan.params += lp.params;
+    const std::optional<WindowMap> map = node.layer->window();
+    lp.halo = map.has_value();
+    const Distribution& from = node.inputs.front();
+    const std::vector<RankHalo> halos =
+        map ? halo_of_every_rank(from, node.out, *map) : std::vector<RankHalo>{};
+    std::int64_t halo_max = 0;
+    for (int i = 0; i < g.h; ++i)
+      for (int j = 0; j < g.w; ++j) {
+        const bool first = i == 0 && j == 0;
+        RankTotals& r = ranks[i * g.w + j];
+        const Box tile = node.out.tile_of(i, j);
+        widen(lp.tile_rows, tile.h.size(), first);
+        widen(lp.tile_cols, tile.w.size(), first);
+        const std::int64_t out = tile.size() * node.out.global.c;
+        std::int64_t in = 0;
+        for (const Distribution& d : node.inputs)
+          in += d.tile_of(i, j).size() * d.global.c;
+        std::int64_t window = 0;
+        if (map) {
+          const RankHalo& h = halos[i * g.w + j];
+          window = h.window.size() * from.global.c;
+          const std::int64_t moved = h.moved * from.global.c;
+          halo_max = std::max(halo_max, moved);
+          r.halo += 2 * moved;  // fill, then accumulate
+          // Only the part inside the image is exchanged: clip the window to it. A window wholly
+          // in the padding clips to an empty range, its sides then sum to minus the owned tile.
+          auto clip = [](Range w, std::int64_t extent) {
+            const std::int64_t b = std::clamp<std::int64_t>(w.begin, 0, extent);
+            return Range{b, std::clamp<std::int64_t>(w.end, b, extent)};
+          };
+          const Range rows = clip(h.window.h, from.global.h);
+          const Range cols = clip(h.window.w, from.global.w);
+          widen(lp.top, h.owned.h.begin - rows.begin, first);
+          widen(lp.bottom, rows.end - h.owned.h.end, first);
+          widen(lp.left, h.owned.w.begin - cols.begin, first);
+          widen(lp.right, cols.end - h.owned.w.end, first);
+        }
+        r.activations += out;
+        r.windows += window;
+        r.gradients = std::max(r.gradients, out + window + in);
+      }
+    lp.forward_bytes = lp.backward_bytes = halo_max * samples * bytes;
+    plan.layers.push_back(std::move(lp));
+  }
+
+  std::int64_t step_max = 0;
+  for (int i = 0; i < g.h; ++i)
+    for (int j = 0; j < g.w; ++j) {
+      const RankTotals& r = ranks[i * g.w + j];
+      step_max = std::max(step_max, r.halo);
+      const MemoryEstimate m = to_bytes(r, samples, plan.params, bytes);
+      if ((i == 0 && j == 0) || m.total() > plan.memory.total()) {
+        plan.memory = m;
+        plan.busiest = {0, i, j};
+      }
+    }
+  plan.step_bytes = step_max * samples * bytes;
+  return plan;
+}
+
+bool plans(const ModelSpec& spec, const PlanOptions& o) {
+  try {
+    set_up(spec, o);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string spread(const Spread& s) {
+  return s.min == s.max ? std::to_string(s.min)
+                        : std::to_string(s.min) + ".." + std::to_string(s.max);
+}
+
+// Three significant digits, binary units: "512 B", "12.0 KiB", "1.31 GiB".
+std::string human(std::int64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text,
+                v < 10    ? "%.2f %s"
+                : v < 100 ? "%.1f %s"
+                          : "%.0f %s",
+                v, units[u]);
+  return text;
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
+  std::vector<std::size_t> width;
+  for (const auto& row : rows)
+    for (std::size_t k = 0; k < row.size(); ++k) {
+      if (width.size() <= k) width.push_back(0);
+      width[k] = std::max(width[k], row[k].size());
+    }
+  for (const auto& row : rows) {
+    std::string line = " ";
+    for (std::size_t k = 0; k < row.size(); ++k) {
+      // Names left-aligned, numbers right-aligned.
+      const std::string pad(width[k] - row[k].size(), ' ');
+      line += " " + (k < 3 ? row[k] + pad : pad + row[k]);
+    }
+    while (!line.empty() && line.back() == ' ')
+      line.pop_back();
+    out << line << "\n";
+  }
+}
+
+}  // namespace
+
+Plan make_plan(const ModelSpec& spec, const PlanOptions& options) {
+  Plan plan = analyse(spec, options);
+  plan.single =
+      analyse(spec, {.grid = GridShape{1, 1, 1}, .input = options.input, .dtype = options.dtype})
+          .memory;
+  return plan;
+}
+
+std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& options) {
+  auto fits = [&](int h, int w) {
+    PlanOptions o = options;
+    o.grid = {options.grid.n, h, w};
+    return plans(spec, o);
+  };
+  if (!fits(1, 1)) return std::nullopt;
+  // No grid splits the input image into more parts than it has rows or columns.
+  const int max_w = static_cast<int>(std::min<std::int64_t>(options.grid.w, options.input.w));
+  int best_h = 1, best_w = 1;
+  for (int h = static_cast<int>(std::min<std::int64_t>(options.grid.h, options.input.h)); h >= 1;
+       --h) {
+    if (static_cast<std::int64_t>(h) * max_w <= static_cast<std::int64_t>(best_h) * best_w) break;
+    if (!fits(h, 1)) continue;
+    // Fewer columns give every tile more of them, so a fitting width stays fitting below it:
+    // bisect for the largest.
+    int lo = 1, hi = max_w;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo + 1) / 2;
+      if (fits(h, mid)) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    if (static_cast<std::int64_t>(h) * lo > static_cast<std::int64_t>(best_h) * best_w) {
+      best_h = h;
+      best_w = lo;
+    }
+  }
+  return GridShape{options.grid.n, best_h, best_w};
+}
+
+void print_plan(const Plan& p, std::ostream& out) {
+  const PlanOptions& o = p.options;
+  out << "tessera plan: model " << p.model << ", grid " << o.grid.str() << " ("
+      << static_cast<std::int64_t>(o.grid.n) * o.grid.h * o.grid.w << " ranks), image " << o.input.c
+      << "x" << o.input.h << "x" << o.input.w << ", batch " << o.input.n << ", " << o.dtype << "\n";
+  out << "  samples per rank " << spread(p.samples) << "; " << p.params
+      << " parameters; tiles and halos: min..max over ranks\n\n";
+  std::vector<std::vector<std::string>> rows = {{"layer", "type", "output", "tile rows x cols",
+                                                 "top", "bottom", "left", "right", "fwd", "bwd"}};
+  rows.push_back({"input", "", o.input.str(), spread(p.input_rows) + " x " + spread(p.input_cols),
+                  "-", "-", "-", "-", "-", "-"});
+  for (const LayerPlan& l : p.layers) {
+    const bool h = l.halo;
+    rows.push_back({l.name, l.type, l.output.str(),
+                    spread(l.tile_rows) + " x " + spread(l.tile_cols), h ? spread(l.top) : "-",
+                    h ? spread(l.bottom) : "-", h ? spread(l.left) : "-", h ? spread(l.right) : "-",
+                    h ? human(l.forward_bytes) : "-", h ? human(l.backward_bytes) : "-"});
+  }
+  print_table(rows, out);
+  out << "  top/bottom/left/right: input rows (columns) a rank's window reaches beyond its tile, "
+         "inside\n    the image; fwd/bwd: halo bytes received + sent by the busiest rank\n\n";
+  out << "  per step and rank: halo " << human(p.step_bytes)
+      << " (received + sent, forward and backward)\n"
+      << "                     gradient allreduce " << human(p.params * p.dtype_bytes) << "\n";
+  const MemoryEstimate& m = p.memory;
+  out << "  peak memory per rank (estimate): " << human(m.total()) << ", on rank (n, i, j) = ("
+      << p.busiest.n << ", " << p.busiest.i << ", " << p.busiest.j << ")\n    activations "
+      << human(m.activations) << " + windows " << human(m.windows) << " + grads "
+      << human(m.gradients) << " + params x2 " << human(m.params) << "\n";
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f",
+                static_cast<double>(p.single.total()) / static_cast<double>(m.total()));
+  out << "  single device (estimate): " << human(p.single.total()) << ", " << ratio
+      << "x the per-rank peak\n";
+  out << "  memory model: input + outputs + windows (kept for backward) + one layer's grads + "
+         "params x2\n";
+}
+
+}  // namespace tessera

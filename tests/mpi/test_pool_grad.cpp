@@ -1,0 +1,250 @@
+// Max and average pooling and nearest upsampling, sharded against the single-rank run: odd
+// images (a 17-pixel side pooled by 2), uneven tiles after pooling, tiles that pooling shrinks to
+// one row, output tiles of an upsample that read inputs their rank does not own.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "check_model.hpp"
+#include "mpi_test.hpp"
+#include "tessera/error.hpp"
+#include "tessera/kernels/reference_pool.hpp"
+#include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/layers/pool2d.hpp"
+#include "tessera/layers/upsample.hpp"
+#include "tessera/model.hpp"
+
+namespace tessera {
+namespace {
+
+struct PoolCase {
+  std::string type;  // maxpool2d or avgpool2d
+  std::int64_t kernel, stride, padding;
+  std::int64_t upsample;  // 0: none
+  std::int64_t height, width;
+
+  std::string str() const {
+    std::ostringstream s;
+    s << type << " kernel " << kernel << " stride " << stride << " padding " << padding;
+    if (upsample > 0) s << " then upsample " << upsample;
+    s << " image " << height << "x" << width;
+    return s.str();
+  }
+  // conv (so that the input gradient flows through a halo layer) -> pool -> [upsample] -> 1x1
+  // conv head to 3 classes.
+  std::string model() const {
+    std::ostringstream s;
+    s << R"({"name": "case", "input_channels": 2, "layers": [)"
+      << R"({"name": "c", "type": "conv2d", "out_channels": 3, "kernel": 3, "padding": 1},)"
+      << R"({"name": "p", "type": ")" << type << R"(", "kernel": )" << kernel
+      << ", \"stride\": " << stride << ", \"padding\": " << padding << "},";
+    if (upsample > 0)
+      s << R"({"name": "u", "type": "upsample_nearest", "scale": )" << upsample << "},";
+    s << R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
+    return s.str();
+  }
+};
+
+// Kernels 1 to 4, strides 1 to 3, every padding PyTorch allows, on 17x15 and 10x9.
+std::vector<PoolCase> pool_cases() {
+  std::vector<PoolCase> out;
+  for (const char* type : {"maxpool2d", "avgpool2d"})
+    for (auto [h, w] : {std::pair{17, 15}, std::pair{10, 9}})
+      for (std::int64_t k : {1, 2, 3, 4})
+        for (std::int64_t s : {1, 2, 3})
+          for (std::int64_t p = 0; p <= k / 2; ++p)
+            out.push_back({type, k, s, p, 0, h, w});
+  return out;
+}
+
+// Pooling then upsampling by 1, 2, 3: the upsample's output tiles are cut afresh over its own
+// extent, so they need not line up with its input's.
+std::vector<PoolCase> pool_upsample_cases() {
+  std::vector<PoolCase> out;
+  for (const char* type : {"maxpool2d", "avgpool2d"})
+    for (auto [h, w] : {std::pair{17, 15}, std::pair{10, 9}})
+      for (auto [k, s, p] :
+           {std::tuple{2, 2, 0}, std::tuple{3, 2, 1}, std::tuple{3, 3, 0}, std::tuple{1, 1, 0}})
+        for (std::int64_t u : {1, 2, 3})
+          out.push_back({type, k, s, p, u, h, w});
+  return out;
+}
+
+TEST(PoolGrad, MatrixFloat64) {
+  for (const PoolCase& c : pool_cases())
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+}
+
+TEST(PoolGrad, MatrixFloat32) {
+  for (const PoolCase& c : pool_cases())
+    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+}
+
+TEST(PoolGrad, PoolThenUpsampleFloat64) {
+  for (const PoolCase& c : pool_upsample_cases())
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+}
+
+TEST(PoolGrad, PoolThenUpsampleFloat32) {
+  for (const PoolCase& c : pool_upsample_cases())
+    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+}
+
+// Non-square kernels, strides and paddings, and an upsample straight after the input conv.
+TEST(PoolGrad, NonSquareWindowsAndUpsampleFirst) {
+  const ModelSpec spec = parse_model(R"({"input_channels": 2, "layers": [
+    {"type": "conv2d", "out_channels": 3, "kernel": 3, "padding": 1},
+    {"type": "upsample_nearest", "scale": 3},
+    {"type": "maxpool2d", "kernel": [3, 2], "stride": [2, 3], "padding": [1, 0]},
+    {"type": "avgpool2d", "kernel": [2, 4], "stride": [1, 2], "padding": [1, 2]},
+    {"type": "conv2d", "out_channels": 2, "kernel": 1}]})");
+  test::check_model<double>(spec, {2, 2, 11, 7}, "non-square float64");
+  test::check_model<float>(spec, {2, 2, 11, 7}, "non-square float32");
+}
+
+// A small encoder-decoder: conv -> maxpool(2) -> conv -> upsample(2) -> conv head, 16x16.
+TEST(PoolGrad, ConvPoolConvUpsampleConv) {
+  const ModelSpec spec = parse_model(R"({"input_channels": 3, "layers": [
+    {"name": "c1", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+    {"name": "r1", "type": "relu"},
+    {"name": "p1", "type": "maxpool2d", "kernel": 2},
+    {"name": "c2", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+    {"name": "r2", "type": "relu"},
+    {"name": "u1", "type": "upsample_nearest", "scale": 2},
+    {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1}]})");
+  test::check_model<double>(spec, {3, 3, 16, 16}, "encoder-decoder float64");
+  test::check_model<float>(spec, {3, 3, 16, 16}, "encoder-decoder float32");
+}
+
+// Runs `layer` on the test grid with an input of small integers and the output gradient
+// dy_all (a function of the output's global shape), and expects every rank's output and input
+// gradient tiles to equal, bit for bit, `whole(x_all, dy_all, y_all, dx_all)` computed by the
+// reference kernels on the whole image. Integer data keep every sum exact, so any difference is
+// a wrong element, not rounding. Unlike check_model, which compares the layer with itself on one
+// rank, this checks the layer's window geometry against the kernels' definition.
+template <typename Whole>
+void expect_layer_matches_whole(UnaryLayer<double>& layer, Shape4 shape, double dy_unit,
+                                Whole&& whole, const std::string& what) {
+  const ProcessGrid& grid = test::world_grid();
+  // {-2, -1, 0}: many equal maxima, and all-negative windows at the border, which must not pick
+  // the zero padding.
+  auto value = [](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+    return double((h * 7 + w * 3 + n + c) % 3 - 2);
+  };
+  const Distribution in{shape, grid.shape(), grid.coords()};
+  Distribution out;
+  try {
+    out = layer.setup(in);
+  } catch (const Error& e) {
+    // Only a grid that leaves a rank without output rows or columns may refuse.
+    EXPECT_TRUE(std::string(e.what()).find("no rows") != std::string::npos ||
+                std::string(e.what()).find("no columns") != std::string::npos)
+        << what << ": " << e.what();
+    return;
+  }
+  layer.bind(grid);
+
+  Tensor<double> x_all(shape);
+  for (std::int64_t n = 0; n < shape.n; ++n)
+    for (std::int64_t c = 0; c < shape.c; ++c)
+      for (std::int64_t h = 0; h < shape.h; ++h)
+        for (std::int64_t w = 0; w < shape.w; ++w)
+          x_all.at(n, c, h, w) = value(n, c, h, w);
+  Tensor<double> y_all(out.global), dy_all(out.global), dx_all(shape);
+  for (std::int64_t q = 0; q < dy_all.numel(); ++q)
+    dy_all.data()[q] = dy_unit * double(q % 5 + 1);
+  whole(x_all, dy_all, y_all, dx_all);
+
+  DistTensor<double> x(in), dy(out);
+  const Range ns = in.samples(), hs = in.rows(), ws = in.cols();
+  const Range oh = out.rows(), ow = out.cols();
+  for (std::int64_t n = ns.begin; n < ns.end; ++n)
+    for (std::int64_t c = 0; c < shape.c; ++c) {
+      for (std::int64_t h = hs.begin; h < hs.end; ++h)
+        for (std::int64_t w = ws.begin; w < ws.end; ++w)
+          x.local.at(n - ns.begin, c, h - hs.begin, w - ws.begin) = x_all.at(n, c, h, w);
+      for (std::int64_t h = oh.begin; h < oh.end; ++h)
+        for (std::int64_t w = ow.begin; w < ow.end; ++w)
+          dy.local.at(n - ns.begin, c, h - oh.begin, w - ow.begin) = dy_all.at(n, c, h, w);
+    }
+  const DistTensor<double> y = layer.forward(x, RunState{});
+  const DistTensor<double> dx = layer.backward_one(dy, RunState{});
+
+  int wrong_y = 0, wrong_dx = 0;
+  for (std::int64_t n = ns.begin; n < ns.end; ++n)
+    for (std::int64_t c = 0; c < shape.c; ++c) {
+      for (std::int64_t h = oh.begin; h < oh.end; ++h)
+        for (std::int64_t w = ow.begin; w < ow.end; ++w)
+          wrong_y +=
+              y.local.at(n - ns.begin, c, h - oh.begin, w - ow.begin) != y_all.at(n, c, h, w);
+      for (std::int64_t h = hs.begin; h < hs.end; ++h)
+        for (std::int64_t w = ws.begin; w < ws.end; ++w)
+          wrong_dx +=
+              dx.local.at(n - ns.begin, c, h - hs.begin, w - ws.begin) != dx_all.at(n, c, h, w);
+    }
+  EXPECT_EQ(wrong_y, 0) << what << ": output elements that differ";
+  EXPECT_EQ(wrong_dx, 0) << what << ": input-gradient elements that differ";
+}
+
+LayerSpec layer_spec(const std::string& type, nlohmann::json fields) {
+  LayerSpec ls;
+  ls.name = "l";
+  ls.type = type;
+  ls.fields = std::move(fields);
+  ls.where = "layer 'l' (" + type + ")";
+  return ls;
+}
+
+// Ties: most windows hold several maxima, some of them in other tiles. The first maximum in the
+// window's global row-major order wins whatever tile holds it, so every grid routes each
+// gradient to the same input as one rank does.
+TEST(PoolGrad, LayersMatchTheKernelsOnTheWholeImageTiesIncluded) {
+  const Shape4 shape{3, 2, 17, 15};
+  for (std::int64_t k : {2, 3, 4})
+    for (std::int64_t s : {1, 2, 3})
+      for (std::int64_t p = 0; p <= k / 2; ++p) {
+        const std::string what = "kernel " + std::to_string(k) + " stride " + std::to_string(s) +
+                                 " padding " + std::to_string(p);
+        const nlohmann::json fields = {{"kernel", k}, {"stride", s}, {"padding", p}};
+        const reference::PoolGeometry g = reference::pool_geometry(shape, k, k, s, s, p, p);
+        Pool2d<double> max_layer("l", parse_pool2d(layer_spec("maxpool2d", fields)), 1);
+        expect_layer_matches_whole(
+            max_layer, shape, 1.0,
+            [&](const Tensor<double>& x, const Tensor<double>& dy, Tensor<double>& y,
+                Tensor<double>& dx) {
+              std::vector<std::int64_t> argmax(static_cast<std::size_t>(y.numel()));
+              reference::maxpool2d_forward(x, y, std::span<std::int64_t>(argmax), g);
+              reference::maxpool2d_backward(dy, std::span<const std::int64_t>(argmax), dx);
+            },
+            "maxpool2d " + what);
+        // Gradients in multiples of the kernel area: every share dy / area is an integer.
+        Pool2d<double> avg_layer("l", parse_pool2d(layer_spec("avgpool2d", fields)), 2);
+        expect_layer_matches_whole(
+            avg_layer, shape, double(k * k),
+            [&](const Tensor<double>& x, const Tensor<double>& dy, Tensor<double>& y,
+                Tensor<double>& dx) {
+              reference::avgpool2d_forward(x, y, g);
+              reference::avgpool2d_backward(dy, dx, g);
+            },
+            "avgpool2d " + what);
+      }
+  for (std::int64_t s : {1, 2, 3, 4}) {
+    UpsampleNearest<double> layer(
+        "l", parse_upsample(layer_spec("upsample_nearest", {{"scale", s}})), 3);
+    expect_layer_matches_whole(
+        layer, {3, 2, 7, 5}, 1.0,
+        [&](const Tensor<double>& x, const Tensor<double>& dy, Tensor<double>& y,
+            Tensor<double>& dx) {
+          const reference::UpsampleGeometry g{.scale_h = s, .scale_w = s};
+          reference::upsample_nearest_forward(x, y, g);
+          reference::upsample_nearest_backward(dy, dx, g);
+        },
+        "upsample_nearest scale " + std::to_string(s));
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,309 @@
+// The batch-norm reference kernels against the definition (forward) and against central finite
+// differences of the whole batch-norm function in float64, statistics included (backward).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/reference_batchnorm.hpp"
+#include "tessera/random.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+namespace {
+
+using reference::BatchNormStats;
+
+constexpr std::uint64_t kSeed = 20240612;
+
+// Uniform in [lo, hi), rounded to float so that float and double runs see the same data.
+template <typename T>
+Tensor<T> random_tensor(Shape4 s, std::uint64_t stream, double lo = -1, double hi = 1) {
+  Tensor<T> t(s);
+  for (std::int64_t k = 0; k < t.numel(); ++k)
+    t.data()[k] = static_cast<T>(
+        static_cast<float>(lo + (hi - lo) * uniform01(kSeed, stream, std::uint64_t(k))));
+  return t;
+}
+
+template <typename T>
+std::vector<T> random_vector(std::int64_t n, std::uint64_t stream, double lo, double hi) {
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (std::size_t k = 0; k < v.size(); ++k)
+    v[k] = static_cast<T>(static_cast<float>(lo + (hi - lo) * uniform01(kSeed, stream, k)));
+  return v;
+}
+
+// max |a - b| / max |b|.
+template <typename A, typename B>
+double rel_error(std::span<const A> a, std::span<const B> b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    diff = std::max(diff, std::abs(double(a[k]) - double(b[k])));
+    scale = std::max(scale, std::abs(double(b[k])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// The training statistics of x composed from the kernels on one tile: the whole batch.
+struct Stats {
+  std::vector<double> mean, var, invstd;
+  BatchNormStats view() const { return {mean, invstd}; }
+};
+
+template <typename T>
+Stats batch_stats(const Tensor<T>& x, double eps) {
+  const Shape4& s = x.shape();
+  const auto channels = static_cast<std::size_t>(s.c);
+  const double count = double(s.n * s.h * s.w);
+  Stats st{std::vector<double>(channels), std::vector<double>(channels),
+           std::vector<double>(channels)};
+  reference::batchnorm_sum(x, std::span<double>(st.mean));
+  for (double& m : st.mean)
+    m /= count;
+  reference::batchnorm_centered_square_sum(x, std::span<const double>(st.mean),
+                                           std::span<double>(st.var));
+  for (std::size_t c = 0; c < channels; ++c) {
+    st.var[c] /= count;
+    st.invstd[c] = 1 / std::sqrt(st.var[c] + eps);
+  }
+  return st;
+}
+
+// Training-mode batch norm of x through the kernels.
+template <typename T>
+Tensor<T> train_forward(const Tensor<T>& x, const std::vector<T>& weight,
+                        const std::vector<T>& bias, double eps) {
+  const Stats st = batch_stats(x, eps);
+  Tensor<T> y(x.shape());
+  reference::batchnorm_forward(x, st.view(), std::span<const T>(weight), std::span<const T>(bias),
+                               y);
+  return y;
+}
+
+// The gradients of sum(g * y) with respect to x, weight and bias, through the kernels.
+template <typename T>
+struct Grads {
+  Tensor<T> dx;
+  std::vector<double> dweight, dbias;
+};
+
+template <typename T>
+Grads<T> train_backward(const Tensor<T>& x, const Tensor<T>& g, const std::vector<T>& weight,
+                        double eps) {
+  const Stats st = batch_stats(x, eps);
+  const auto channels = static_cast<std::size_t>(x.shape().c);
+  const double count = double(x.shape().n * x.shape().h * x.shape().w);
+  Grads<T> r{Tensor<T>(x.shape()), std::vector<double>(channels), std::vector<double>(channels)};
+  reference::batchnorm_backward_sums(x, g, st.view(), std::span<double>(r.dbias),
+                                     std::span<double>(r.dweight));
+  std::vector<double> mean_dy(channels), mean_dy_xhat(channels);
+  for (std::size_t c = 0; c < channels; ++c) {
+    mean_dy[c] = r.dbias[c] / count;
+    mean_dy_xhat[c] = r.dweight[c] / count;
+  }
+  reference::batchnorm_backward_data(x, g, st.view(), std::span<const T>(weight),
+                                     std::span<const double>(mean_dy),
+                                     std::span<const double>(mean_dy_xhat), r.dx);
+  return r;
+}
+
+double dot(const Tensor<double>& a, const Tensor<double>& b) {
+  double s = 0;
+  for (std::int64_t k = 0; k < a.numel(); ++k)
+    s += a.data()[k] * b.data()[k];
+  return s;
+}
+
+// Central difference of f at `value` (perturbed in place and restored).
+double central_difference(double& value, const std::function<double()>& f) {
+  const double h = 1e-5, saved = value;
+  value = saved + h;
+  const double up = f();
+  value = saved - h;
+  const double down = f();
+  value = saved;
+  return (up - down) / (2 * h);
+}
+
+const Shape4 kShapes[] = {{2, 3, 4, 5}, {1, 2, 3, 1}, {3, 1, 1, 2}, {1, 4, 1, 2}};
+
+template <typename T>
+void check_train_forward_against_definition(double tolerance) {
+  for (const Shape4& s : kShapes) {
+    const Tensor<T> x = random_tensor<T>(s, 1, -2, 3);
+    const auto weight = random_vector<T>(s.c, 2, 0.5, 2), bias = random_vector<T>(s.c, 3, -1, 1);
+    const double eps = 1e-3;
+    const Tensor<T> y = train_forward(x, weight, bias, eps);
+    std::vector<double> want(static_cast<std::size_t>(x.numel()));
+    for (std::int64_t c = 0; c < s.c; ++c) {
+      // The definition: the biased variance over n, h, w, in long double.
+      long double sum = 0, square = 0;
+      const long double count = s.n * s.h * s.w;
+      for (std::int64_t n = 0; n < s.n; ++n)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w)
+            sum += x.at(n, c, h, w);
+      const long double mean = sum / count;
+      for (std::int64_t n = 0; n < s.n; ++n)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w)
+            square += (x.at(n, c, h, w) - mean) * (x.at(n, c, h, w) - mean);
+      const long double var = square / count;
+      for (std::int64_t n = 0; n < s.n; ++n)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w)
+            want[static_cast<std::size_t>(x.offset(n, c, h, w))] =
+                double((x.at(n, c, h, w) - mean) / std::sqrt(var + eps) * weight[std::size_t(c)] +
+                       bias[std::size_t(c)]);
+    }
+    EXPECT_LE(rel_error(y.span(), std::span<const double>(want)), tolerance) << s.str();
+  }
+}
+
+TEST(ReferenceBatchNorm, TrainForwardMatchesDefinitionFloat64) {
+  check_train_forward_against_definition<double>(1e-14);
+}
+
+TEST(ReferenceBatchNorm, TrainForwardMatchesDefinitionFloat32) {
+  check_train_forward_against_definition<float>(1e-6);
+}
+
+TEST(ReferenceBatchNorm, TwoPassVarianceIgnoresALargeMean) {
+  // 1e6 + k/16 is exact in float32 (its spacing there is 1/16), so the variance is that of
+  // k/16 exactly; E[x^2] - E[x]^2 would lose it to cancellation even in double (x^2 ~ 1e12).
+  const Shape4 s{3, 2, 17, 15};
+  Tensor<float> x(s);
+  Tensor<double> centred(s);
+  for (std::int64_t k = 0; k < x.numel(); ++k) {
+    const double step = std::floor(33 * uniform01(kSeed, 7, std::uint64_t(k))) - 16;
+    x.data()[k] = static_cast<float>(1e6 + step / 16);
+    centred.data()[k] = step / 16;
+  }
+  const Stats big = batch_stats(x, 1e-5), small = batch_stats(centred, 1e-5);
+  for (std::size_t c = 0; c < 2; ++c) {
+    EXPECT_NEAR(big.mean[c], 1e6 + small.mean[c], 1e-9);
+    EXPECT_NEAR(big.var[c], small.var[c], 1e-12 * small.var[c]);
+  }
+}
+
+TEST(ReferenceBatchNorm, TrainBackwardMatchesFiniteDifferences) {
+  for (const Shape4& s : kShapes) {
+    if (s.n * s.h * s.w < 2) continue;
+    Tensor<double> x = random_tensor<double>(s, 4, -2, 3);
+    const Tensor<double> g = random_tensor<double>(s, 5);
+    auto weight = random_vector<double>(s.c, 6, 0.5, 2),
+         bias = random_vector<double>(s.c, 7, -1, 1);
+    const double eps = 1e-2;
+    const Grads<double> got = train_backward(x, g, weight, eps);
+    auto loss = [&] { return dot(train_forward(x, weight, bias, eps), g); };
+    std::vector<double> dx(static_cast<std::size_t>(x.numel())), dw(weight.size()), db(bias.size());
+    for (std::int64_t k = 0; k < x.numel(); ++k)
+      dx[std::size_t(k)] = central_difference(x.data()[k], loss);
+    for (std::size_t c = 0; c < weight.size(); ++c) {
+      dw[c] = central_difference(weight[c], loss);
+      db[c] = central_difference(bias[c], loss);
+    }
+    EXPECT_LE(rel_error(std::as_const(got.dx).span(), std::span<const double>(dx)), 1e-7)
+        << s.str();
+    EXPECT_LE(rel_error(std::span<const double>(got.dweight), std::span<const double>(dw)), 1e-7)
+        << s.str();
+    EXPECT_LE(rel_error(std::span<const double>(got.dbias), std::span<const double>(db)), 1e-7)
+        << s.str();
+    // The statistics remove the mean and the xhat-direction of dy: dx is orthogonal to both.
+    for (std::int64_t c = 0; c < s.c; ++c) {
+      double along_one = 0;
+      for (std::int64_t n = 0; n < s.n; ++n)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w)
+            along_one += got.dx.at(n, c, h, w);
+      EXPECT_NEAR(along_one, 0, 1e-12) << s.str();
+    }
+  }
+}
+
+TEST(ReferenceBatchNorm, TrainBackwardFloat32MatchesFloat64) {
+  const Shape4 s{3, 4, 7, 5};
+  const auto x64 = random_tensor<double>(s, 8, -1, 2), g64 = random_tensor<double>(s, 9);
+  const auto x32 = random_tensor<float>(s, 8, -1, 2), g32 = random_tensor<float>(s, 9);
+  const auto w64 = random_vector<double>(s.c, 10, 0.5, 2);
+  const auto w32 = random_vector<float>(s.c, 10, 0.5, 2);
+  const Grads<double> want = train_backward(x64, g64, w64, 1e-5);
+  const Grads<float> got = train_backward(x32, g32, w32, 1e-5);
+  EXPECT_LE(rel_error(std::as_const(got.dx).span(), std::as_const(want.dx).span()), 1e-5);
+  EXPECT_LE(rel_error(std::span<const double>(got.dweight), std::span<const double>(want.dweight)),
+            1e-5);
+  EXPECT_LE(rel_error(std::span<const double>(got.dbias), std::span<const double>(want.dbias)),
+            1e-5);
+}
+
+TEST(ReferenceBatchNorm, EvalUsesTheGivenStatisticsAndTheirConstantGradient) {
+  const Shape4 s{2, 3, 4, 3};
+  Tensor<double> x = random_tensor<double>(s, 11, -2, 3);
+  const Tensor<double> g = random_tensor<double>(s, 12);
+  auto weight = random_vector<double>(s.c, 13, 0.5, 2),
+       bias = random_vector<double>(s.c, 14, -1, 1);
+  const auto running_mean = random_vector<double>(s.c, 15, -1, 1);
+  const auto running_var = random_vector<double>(s.c, 16, 0.2, 3);
+  const double eps = 1e-3;
+  std::vector<double> invstd(weight.size());
+  for (std::size_t c = 0; c < invstd.size(); ++c)
+    invstd[c] = 1 / std::sqrt(running_var[c] + eps);
+  const BatchNormStats stats{running_mean, invstd};
+  auto forward = [&] {
+    Tensor<double> y(s);
+    reference::batchnorm_forward(x, stats, std::span<const double>(weight),
+                                 std::span<const double>(bias), y);
+    return y;
+  };
+  const Tensor<double> y = forward();
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w) {
+          const auto k = std::size_t(c);
+          const double want =
+              (x.at(n, c, h, w) - running_mean[k]) / std::sqrt(running_var[k] + eps) * weight[k] +
+              bias[k];
+          EXPECT_NEAR(y.at(n, c, h, w), want, 1e-14 * (1 + std::abs(want)));
+        }
+
+  std::vector<double> dweight(weight.size()), dbias(weight.size()), zeros(weight.size(), 0.0);
+  reference::batchnorm_backward_sums(x, g, stats, std::span<double>(dbias),
+                                     std::span<double>(dweight));
+  Tensor<double> dx(s);
+  reference::batchnorm_backward_data(x, g, stats, std::span<const double>(weight),
+                                     std::span<const double>(zeros), std::span<const double>(zeros),
+                                     dx);
+  auto loss = [&] { return dot(forward(), g); };
+  std::vector<double> fdx(static_cast<std::size_t>(x.numel())), fdw(weight.size()),
+      fdb(weight.size());
+  for (std::int64_t k = 0; k < x.numel(); ++k)
+    fdx[std::size_t(k)] = central_difference(x.data()[k], loss);
+  for (std::size_t c = 0; c < weight.size(); ++c) {
+    fdw[c] = central_difference(weight[c], loss);
+    fdb[c] = central_difference(bias[c], loss);
+  }
+  EXPECT_LE(rel_error(std::as_const(dx).span(), std::span<const double>(fdx)), 1e-8);
+  EXPECT_LE(rel_error(std::span<const double>(dweight), std::span<const double>(fdw)), 1e-8);
+  EXPECT_LE(rel_error(std::span<const double>(dbias), std::span<const double>(fdb)), 1e-8);
+}
+
+TEST(ReferenceBatchNorm, MismatchedSizesAreErrors) {
+  const Tensor<double> x(Shape4{1, 3, 2, 2});
+  std::vector<double> two(2);
+  EXPECT_THROW(reference::batchnorm_sum(x, std::span<double>(two)), Error);
+  std::vector<double> three(3, 1.0);
+  Tensor<double> y(Shape4{1, 3, 2, 1});
+  EXPECT_THROW(reference::batchnorm_forward(x, {three, three}, std::span<const double>(three),
+                                            std::span<const double>(three), y),
+               Error);
+}
+
+}  // namespace
+}  // namespace tessera
