@@ -30,8 +30,67 @@ constexpr const char* kConvstackSmall = R"({
     {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}],
   "loss": "pixel_cross_entropy" })";
 
+// Three levels (full, 1/2 and 1/4 resolution) with batch norm, max pooling down, a transposed
+// convolution and a nearest upsampling up, and concat skip connections. Image sides must be
+// multiples of 4 so that the skips line up.
+constexpr const char* kUnetSmall = R"({
+  "name": "unet-small", "input_channels": 3,
+  "layers": [
+    {"name": "e1a", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "e1a_bn", "type": "batchnorm2d"},
+    {"name": "e1a_relu", "type": "relu"},
+    {"name": "e1b", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "e1b_bn", "type": "batchnorm2d"},
+    {"name": "e1", "type": "relu"},
+    {"name": "pool1", "type": "maxpool2d", "kernel": 2},
+    {"name": "e2a", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "e2a_bn", "type": "batchnorm2d"},
+    {"name": "e2a_relu", "type": "relu"},
+    {"name": "e2b", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "e2b_bn", "type": "batchnorm2d"},
+    {"name": "e2", "type": "relu"},
+    {"name": "pool2", "type": "maxpool2d", "kernel": 2},
+    {"name": "m1", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "m1_bn", "type": "batchnorm2d"},
+    {"name": "m1_relu", "type": "relu"},
+    {"name": "m2", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "m2_bn", "type": "batchnorm2d"},
+    {"name": "m", "type": "relu"},
+    {"name": "up2", "type": "conv_transpose2d", "out_channels": 16, "kernel": 2, "stride": 2},
+    {"name": "cat2", "type": "concat", "inputs": ["up2", "e2"]},
+    {"name": "d2", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "d2_bn", "type": "batchnorm2d"},
+    {"name": "d2_relu", "type": "relu"},
+    {"name": "up1", "type": "upsample_nearest", "scale": 2},
+    {"name": "cat1", "type": "concat", "inputs": ["up1", "e1"]},
+    {"name": "d1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "d1_bn", "type": "batchnorm2d"},
+    {"name": "d1_relu", "type": "relu"},
+    {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}],
+  "loss": "pixel_cross_entropy" })";
+
+// Strided convolutions with batch norm, global average pooling and a linear head over ten
+// classes.
+constexpr const char* kConvnetSmall = R"({
+  "name": "convnet-small", "input_channels": 3,
+  "layers": [
+    {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "bn1", "type": "batchnorm2d"},
+    {"name": "r1", "type": "relu"},
+    {"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "stride": 2, "padding": 1, "bias": false},
+    {"name": "bn2", "type": "batchnorm2d"},
+    {"name": "r2", "type": "relu"},
+    {"name": "c3", "type": "conv2d", "out_channels": 64, "kernel": 3, "stride": 2, "padding": 1, "bias": false},
+    {"name": "bn3", "type": "batchnorm2d"},
+    {"name": "r3", "type": "relu"},
+    {"name": "gap", "type": "global_avgpool"},
+    {"name": "fc", "type": "linear", "out_features": 10}],
+  "loss": "cross_entropy" })";
+
 const std::map<std::string, const char*>& builtins() {
-  static const std::map<std::string, const char*> models = {{"convstack-small", kConvstackSmall}};
+  static const std::map<std::string, const char*> models = {{"convstack-small", kConvstackSmall},
+                                                            {"unet-small", kUnetSmall},
+                                                            {"convnet-small", kConvnetSmall}};
   return models;
 }
 
@@ -109,7 +168,8 @@ ModelSpec parse_model(const std::string& json_text, const std::string& source) {
     LayerSpec l;
     l.where = source + ": layer " + std::to_string(index);
     if (!layer.is_object()) fail(l.where, "must be a JSON object");
-    if (!layer.contains("type") || !layer["type"].is_string()) fail(l.where, "missing field 'type'");
+    if (!layer.contains("type") || !layer["type"].is_string())
+      fail(l.where, "missing field 'type'");
     l.type = layer["type"].get<std::string>();
     l.name = l.type + std::to_string(index);
     if (layer.contains("name")) {
@@ -119,8 +179,8 @@ ModelSpec parse_model(const std::string& json_text, const std::string& source) {
     }
     l.where = source + ": layer '" + l.name + "' (" + l.type + ")";
     if (defined.count(l.name))
-      fail(l.where, l.name == "input" ? "the name 'input' is the model's input"
-                                      : "the name is used twice");
+      fail(l.where,
+           l.name == "input" ? "the name 'input' is the model's input" : "the name is used twice");
     const LayerKind* kind = find_layer_kind(l.type);
     if (kind == nullptr)
       fail(l.where, "unknown layer type '" + l.type + "' (available: " + layer_type_list() + ")");
@@ -154,10 +214,11 @@ ModelSpec load_model(const std::string& name_or_path) {
   if (auto it = builtins().find(name_or_path); it != builtins().end())
     return parse_model(it->second, name_or_path);
   std::string names;
-  for (const auto& n : builtin_model_names()) names += (names.empty() ? "" : ", ") + n;
-  TESSERA_CHECK(std::filesystem::exists(name_or_path),
-                "model '" + name_or_path + "' is neither a file nor a built-in model (" + names +
-                    ")");
+  for (const auto& n : builtin_model_names())
+    names += (names.empty() ? "" : ", ") + n;
+  TESSERA_CHECK(
+      std::filesystem::exists(name_or_path),
+      "model '" + name_or_path + "' is neither a file nor a built-in model (" + names + ")");
   std::ifstream in(name_or_path);
   TESSERA_CHECK(in.good(), "cannot read model file '" + name_or_path + "'");
   std::stringstream text;
@@ -167,7 +228,8 @@ ModelSpec load_model(const std::string& name_or_path) {
 
 std::vector<std::string> builtin_model_names() {
   std::vector<std::string> names;
-  for (const auto& [name, text] : builtins()) names.push_back(name);
+  for (const auto& [name, text] : builtins())
+    names.push_back(name);
   return names;
 }
 

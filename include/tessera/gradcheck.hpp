@@ -22,8 +22,8 @@ struct GradcheckOptions {
   std::string input;              // batch HDF5; empty: seeded random batch
   std::string dump;               // write the comparison here (HDF5)
   double rtol = 0;                // 0: 1e-10 for float64, 1e-4 for float32
-  std::int64_t batch = 2, channels = 0, height = 33,
-               width = 31;  // random batch; channels 0: the model's
+  std::int64_t batch = 2, channels = 0, height = 36,
+               width = 44;  // random batch; channels 0: the model's
   std::uint64_t seed = 1;
 };
 

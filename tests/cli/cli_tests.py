@@ -617,6 +617,96 @@ def roundtrip_pytorch(env):
     roundtrip(env, "float32", "2x1x2", uint8_images=True, label_dtype=np.int32, seed=12)
 
 
+# Every layer type and both kinds of branch in one model: the issue's acceptance model.
+ALL_LAYERS_MODEL = {
+    "name": "all-layers", "input_channels": 3,
+    "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
+        {"name": "bn1", "type": "batchnorm2d", "momentum": 0.3},
+        {"name": "a1", "type": "leaky_relu", "slope": 0.1},
+        {"name": "dw", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": "same",
+         "dilation": 2, "groups": 6},
+        {"name": "s1", "type": "sigmoid"},
+        {"name": "mp", "type": "maxpool2d", "kernel": 3, "stride": 2, "padding": 1},
+        {"name": "c2", "type": "conv2d", "out_channels": 8, "kernel": [3, 2], "padding": "same",
+         "bias": False},
+        {"name": "bn2", "type": "batchnorm2d"},
+        {"name": "r2", "type": "relu"},
+        {"name": "drop", "type": "dropout", "p": 0.25},
+        {"name": "ap", "type": "avgpool2d", "kernel": 3, "stride": 1, "padding": 1},
+        {"name": "ct", "type": "conv_transpose2d", "out_channels": 6, "kernel": 3, "stride": 2,
+         "padding": 1},
+        {"name": "c3", "type": "conv2d", "out_channels": 6, "kernel": 1, "inputs": "a1"},
+        {"name": "up", "type": "upsample_nearest", "scale": 1, "inputs": "c3"},
+        {"name": "sum", "type": "add", "inputs": ["ct", "up"]},
+        {"name": "cat", "type": "concat", "inputs": ["sum", "input", "a1"]},
+        {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 3, "padding": 1}],
+    "loss": "pixel_cross_entropy"}
+
+# A classifier with every head layer.
+ALL_HEAD_MODEL = {
+    "name": "all-head", "input_channels": 3,
+    "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 8, "kernel": 3, "stride": 2},
+        {"name": "bn1", "type": "batchnorm2d"},
+        {"name": "r1", "type": "relu"},
+        {"name": "up", "type": "upsample_nearest", "scale": 2},
+        {"name": "gap", "type": "global_avgpool"},
+        {"name": "fc1", "type": "linear", "out_features": 6},
+        {"name": "d1", "type": "dropout", "p": 0.5},
+        {"name": "fc2", "type": "linear", "out_features": 4, "bias": False}],
+    "loss": "cross_entropy"}
+
+
+def gradcheck_against_pytorch(env, model, grid, dtype, mode, height, width, batch="3"):
+    """gradcheck passes on `grid`, and PyTorch agrees with its dump."""
+    ranks = np.prod([int(x) for x in grid.split("x")])
+    dump = env.path(f"g_{grid}_{dtype}_{mode}.h5")
+    r = env.tessera(ranks, "gradcheck", "--model", model, "--grid", grid, "--dtype", dtype,
+                    "--mode", mode, "--batch", batch, "--height", str(height), "--width",
+                    str(width), "--dump", dump)
+    expect_ok(r, "PASS", f"grid {grid}")
+    rtol = "1e-9" if dtype == "float64" else "1e-4"
+    r = env.run_cmd([sys.executable, CHECK_WITH_PYTORCH, dump, "--rtol", rtol])
+    if r.rc != 0:
+        fail(f"expected check_with_pytorch.py to agree within {rtol} on {grid} {dtype} {mode}", r)
+
+
+def needs_torch():
+    if importlib.util.find_spec("torch") is None:
+        print("SKIP: no torch")
+        sys.exit(SKIP)
+
+
+@scenario
+def all_layers_pytorch(env):
+    needs_torch()
+    write_json(env.path("all.json"), ALL_LAYERS_MODEL)
+    for grid in ["1x2x2", "1x1x3", "2x1x2", "1x2x3"]:
+        for dtype in ["float64", "float32"]:
+            for mode in ["train", "eval"]:
+                gradcheck_against_pytorch(env, "all.json", grid, dtype, mode, 19, 23)
+
+
+@scenario
+def classifier_pytorch(env):
+    needs_torch()
+    write_json(env.path("head.json"), ALL_HEAD_MODEL)
+    for grid in ["1x2x2", "1x1x3", "2x1x2", "1x2x3"]:
+        for dtype in ["float64", "float32"]:
+            gradcheck_against_pytorch(env, "head.json", grid, dtype, "train", 21, 18, batch="4")
+    gradcheck_against_pytorch(env, "head.json", "1x2x3", "float64", "eval", 21, 18)
+
+
+@scenario
+def builtin_models_pytorch(env):
+    needs_torch()
+    for model in ["unet-small", "convnet-small", "convstack-small"]:
+        for grid in ["1x2x2", "1x1x3", "2x1x2", "1x2x3"]:
+            gradcheck_against_pytorch(env, model, grid, "float64", "train", 36, 44)
+        gradcheck_against_pytorch(env, model, "1x2x3", "float32", "eval", 36, 44)
+
+
 @scenario
 def gradcheck_detects_mismatch(env):
     r = env.tessera(4, "gradcheck", "--grid", "1x2x2", "--dtype", "float32", "--rtol", "1e-300")

@@ -78,6 +78,10 @@ void check_model(const ModelSpec& spec, Shape4 input, const std::string& what,
   StepResult<T> r = forward_backward(*reference, rx, rlabels, single);
 
   EXPECT_NEAR(s.loss, r.loss, tol * std::abs(r.loss)) << what;
+  if (!options.zero_input_grad) {
+    EXPECT_GT(max_abs<T>(std::as_const(r.input_grad.local).span()), 0.0)
+        << what << ": the reference input gradient is zero";
+  }
   EXPECT_LE(tile_error(s.output, r.output.local), tol) << what << ": output";
   EXPECT_LE(tile_error(s.input_grad, r.input_grad.local), tol) << what << ": input gradient";
   auto ps = sharded->params(), pr = reference->params();

@@ -13,6 +13,10 @@ struct CheckOptions {
   std::uint64_t seed = 7;  // parameters, batch and dropout
   // Tolerances; 0: 1e-10 for double, 1e-4 for float.
   double tolerance = 0;
+  // A model whose input gradient is zero in exact arithmetic (dropout with p = 1) says so;
+  // otherwise a zero reference input gradient fails the check, since comparing zeros with
+  // zeros would hide a layer that drops its gradients on every grid alike.
+  bool zero_input_grad = false;
 };
 
 // Runs one forward/backward of `spec` on a seeded batch of shape `input` over test::world_grid()
