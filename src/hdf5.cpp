@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera::h5 {
@@ -27,6 +28,10 @@ hid_t native<std::int32_t>() {
 template <>
 hid_t native<std::int64_t>() {
   return H5T_NATIVE_INT64;
+}
+template <>
+hid_t native<std::uint8_t>() {
+  return H5T_NATIVE_UINT8;
 }
 
 // Closes an HDF5 identifier with the right function when it goes out of scope.
@@ -76,6 +81,26 @@ File File::open_read(const std::string& path) {
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   TESSERA_CHECK(id >= 0, "cannot open '" + path + "' as HDF5: the file is damaged or truncated");
   return File(id, path);
+}
+
+File File::open_read_parallel(const std::string& path, MPI_Comm comm) {
+  // The local checks are agreed first, so that no rank enters the collective calls alone
+  // (H5Pset_fapl_mpio duplicates `comm`; H5Fopen opens the file on every rank).
+  agree(comm, [&] {
+    TESSERA_CHECK(std::filesystem::exists(path), "file '" + path + "' does not exist");
+    TESSERA_CHECK(H5Fis_hdf5(path.c_str()) > 0, "'" + path + "' is not an HDF5 file");
+  });
+  Id fapl(TESSERA_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  TESSERA_CHECK_HDF5(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+#endif
+  File file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), path);
+  agree(comm, [&] {
+    if (file.id_ < 0) H5Eclear2(H5E_DEFAULT);
+    TESSERA_CHECK(file.id_ >= 0,
+                  "cannot open '" + path + "' as HDF5: the file is damaged or truncated");
+  });
+  return file;
 }
 
 File File::create(const std::string& path) {
@@ -190,6 +215,84 @@ std::vector<T> File::read(const std::string& dataset, std::span<const std::int64
 }
 
 template <typename T>
+void File::read_entries(const std::string& dataset, std::span<const std::int64_t> entries,
+                        std::span<const std::int64_t> offset, std::span<const std::int64_t> count,
+                        std::span<T> out) const {
+  const DatasetInfo di = info(dataset);
+  TESSERA_CHECK(di.kind != Kind::other,
+                "'" + path_ + "': '" + dataset + "' holds " + di.type_name() + ", not numbers");
+  TESSERA_CHECK(offset.size() == count.size() && count.size() + 1 == di.dims.size(),
+                "'" + path_ + "': '" + dataset + "' has " + std::to_string(di.dims.size()) +
+                    " dimensions, not " + std::to_string(count.size() + 1));
+  std::int64_t per_entry = 1;
+  for (std::size_t k = 0; k < count.size(); ++k) {
+    const std::int64_t extent = di.dims[k + 1];
+    TESSERA_CHECK(offset[k] >= 0 && count[k] >= 0 && offset[k] + count[k] <= extent,
+                  "'" + path_ + "': the box [" + std::to_string(offset[k]) + ", " +
+                      std::to_string(offset[k] + count[k]) + ") lies outside dimension " +
+                      std::to_string(k + 1) + " of '" + dataset + "' (extent " +
+                      std::to_string(extent) + ")");
+    per_entry *= count[k];
+  }
+  TESSERA_CHECK(out.size() == entries.size() * static_cast<std::size_t>(per_entry),
+                "'" + path_ + "': reading '" + dataset + "' into a buffer of the wrong size");
+  for (std::int64_t i : entries)
+    TESSERA_CHECK(i >= 0 && i < di.dims[0], "'" + path_ + "': '" + dataset + "' has no entry " +
+                                                std::to_string(i) + " (it has " +
+                                                std::to_string(di.dims[0]) + ")");
+  if (out.empty()) return;
+
+  // HDF5 delivers a union of boxes in file order, once per element: read the distinct entries in
+  // increasing order, then place them as asked.
+  std::vector<std::int64_t> sorted(entries.begin(), entries.end());
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  Id d(TESSERA_CHECK_HDF5(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  Id file_space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+  std::vector<hsize_t> start(di.dims.size()), extent(di.dims.size());
+  for (std::size_t k = 0; k < count.size(); ++k) {
+    start[k + 1] = static_cast<hsize_t>(offset[k]);
+    extent[k + 1] = static_cast<hsize_t>(count[k]);
+  }
+  // Runs of consecutive entries become one hyperslab each.
+  for (std::size_t a = 0; a < sorted.size();) {
+    std::size_t b = a + 1;
+    while (b < sorted.size() && sorted[b] == sorted[b - 1] + 1)
+      ++b;
+    start[0] = static_cast<hsize_t>(sorted[a]);
+    extent[0] = static_cast<hsize_t>(b - a);
+    TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, a == 0 ? H5S_SELECT_SET : H5S_SELECT_OR,
+                                           start.data(), nullptr, extent.data(), nullptr));
+    a = b;
+  }
+  extent[0] = sorted.size();
+  Id mem_space(
+      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
+      H5Sclose);
+  Id transfer(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  // Independent, so that ranks reading different numbers of entries never wait on each other.
+  TESSERA_CHECK_HDF5(H5Pset_dxpl_mpio(transfer, H5FD_MPIO_INDEPENDENT));
+#endif
+  const bool in_place = std::equal(entries.begin(), entries.end(), sorted.begin(), sorted.end());
+  std::vector<T> scratch(in_place ? 0 : sorted.size() * static_cast<std::size_t>(per_entry));
+  T* const target = in_place ? out.data() : scratch.data();
+  if (H5Dread(d, native<T>(), mem_space, file_space, transfer, target) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    throw Error("cannot read '" + dataset + "' from '" + path_ +
+                "': the file is truncated or damaged");
+  }
+  if (in_place) return;
+  const auto per = static_cast<std::size_t>(per_entry);
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    const auto at = static_cast<std::size_t>(
+        std::lower_bound(sorted.begin(), sorted.end(), entries[k]) - sorted.begin());
+    std::copy_n(scratch.begin() + static_cast<std::ptrdiff_t>(at * per), per,
+                out.begin() + static_cast<std::ptrdiff_t>(k * per));
+  }
+}
+
+template <typename T>
 void File::write(const std::string& dataset, std::span<const T> data,
                  const std::vector<std::int64_t>& dims) {
   const auto extent = to_hsize(dims);
@@ -202,6 +305,57 @@ void File::write(const std::string& dataset, std::span<const T> data,
            H5Dcreate2(id_, dataset.c_str(), native<T>(), space, lcpl, H5P_DEFAULT, H5P_DEFAULT)),
        H5Dclose);
   TESSERA_CHECK_HDF5(H5Dwrite(d, native<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()));
+}
+
+template <typename T>
+void File::create_chunked(const std::string& dataset, const std::vector<std::int64_t>& dims,
+                          const std::vector<std::int64_t>& chunk) {
+  TESSERA_CHECK(!dims.empty() && chunk.size() == dims.size(),
+                "'" + path_ + "': chunks of '" + dataset + "' must have one extent per dimension");
+  for (std::size_t k = 0; k < dims.size(); ++k)
+    TESSERA_CHECK(1 <= chunk[k] && chunk[k] <= dims[k],
+                  "'" + path_ + "': chunk extent " + std::to_string(chunk[k]) + " of '" + dataset +
+                      "' is outside [1, " + std::to_string(dims[k]) + "]");
+  const auto extent = to_hsize(dims), chunk_extent = to_hsize(chunk);
+  Id space(
+      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
+      H5Sclose);
+  Id dcpl(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+  TESSERA_CHECK_HDF5(
+      H5Pset_chunk(dcpl, static_cast<int>(chunk_extent.size()), chunk_extent.data()));
+  // Every chunk is written whole once: filling it first would write it twice.
+  TESSERA_CHECK_HDF5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+  Id lcpl(link_creation_with_parents(), H5Pclose);
+  const hid_t d = H5Dcreate2(id_, dataset.c_str(), native<T>(), space, lcpl, dcpl, H5P_DEFAULT);
+  TESSERA_CHECK(d >= 0, "cannot create '" + dataset + "' in '" + path_ +
+                            "' (chunks over 4 GiB are refused by HDF5)");
+  H5Dclose(d);
+}
+
+template <typename T>
+void File::write_box(const std::string& dataset, std::span<const T> data,
+                     std::span<const std::int64_t> offset, std::span<const std::int64_t> count) {
+  Id d(TESSERA_CHECK_HDF5(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  Id file_space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+  std::int64_t elements = 1;
+  for (auto n : count)
+    elements *= n;
+  TESSERA_CHECK(static_cast<std::int64_t>(data.size()) == elements &&
+                    static_cast<int>(count.size()) == H5Sget_simple_extent_ndims(file_space) &&
+                    offset.size() == count.size(),
+                "'" + path_ + "': a box of " + std::to_string(data.size()) +
+                    " values does not match its extent in '" + dataset + "'");
+  if (elements == 0) return;
+  const auto start = to_hsize(offset), extent = to_hsize(count);
+  TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr,
+                                         extent.data(), nullptr));
+  Id mem_space(
+      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
+      H5Sclose);
+  if (H5Dwrite(d, native<T>(), mem_space, file_space, H5P_DEFAULT, data.data()) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    throw Error("cannot write '" + dataset + "' to '" + path_ + "' (is the disk full?)");
+  }
 }
 
 void File::set_attribute(const std::string& name, const std::string& value) {
@@ -276,11 +430,40 @@ template std::vector<std::int32_t> File::read(const std::string&, std::span<cons
                                               std::span<const std::int64_t>) const;
 template std::vector<std::int64_t> File::read(const std::string&, std::span<const std::int64_t>,
                                               std::span<const std::int64_t>) const;
+template void File::read_entries(const std::string&, std::span<const std::int64_t>,
+                                 std::span<const std::int64_t>, std::span<const std::int64_t>,
+                                 std::span<float>) const;
+template void File::read_entries(const std::string&, std::span<const std::int64_t>,
+                                 std::span<const std::int64_t>, std::span<const std::int64_t>,
+                                 std::span<double>) const;
+template void File::read_entries(const std::string&, std::span<const std::int64_t>,
+                                 std::span<const std::int64_t>, std::span<const std::int64_t>,
+                                 std::span<std::int64_t>) const;
 template void File::write(const std::string&, std::span<const float>,
                           const std::vector<std::int64_t>&);
 template void File::write(const std::string&, std::span<const double>,
                           const std::vector<std::int64_t>&);
 template void File::write(const std::string&, std::span<const std::int32_t>,
                           const std::vector<std::int64_t>&);
+template void File::write(const std::string&, std::span<const std::int64_t>,
+                          const std::vector<std::int64_t>&);
+template void File::create_chunked<float>(const std::string&, const std::vector<std::int64_t>&,
+                                          const std::vector<std::int64_t>&);
+template void File::write_box(const std::string&, std::span<const float>,
+                              std::span<const std::int64_t>, std::span<const std::int64_t>);
+template void File::create_chunked<double>(const std::string&, const std::vector<std::int64_t>&,
+                                           const std::vector<std::int64_t>&);
+template void File::write_box(const std::string&, std::span<const double>,
+                              std::span<const std::int64_t>, std::span<const std::int64_t>);
+template void File::create_chunked<std::int32_t>(const std::string&,
+                                                 const std::vector<std::int64_t>&,
+                                                 const std::vector<std::int64_t>&);
+template void File::write_box(const std::string&, std::span<const std::int32_t>,
+                              std::span<const std::int64_t>, std::span<const std::int64_t>);
+template void File::create_chunked<std::uint8_t>(const std::string&,
+                                                 const std::vector<std::int64_t>&,
+                                                 const std::vector<std::int64_t>&);
+template void File::write_box(const std::string&, std::span<const std::uint8_t>,
+                              std::span<const std::int64_t>, std::span<const std::int64_t>);
 
 }  // namespace tessera::h5

@@ -102,6 +102,12 @@ void read_params(const std::string& path, Model<T>& model) {
                 "'" + path +
                     "' is not a Tessera parameter file: its root attribute 'format' must be '" +
                     kParamsFormat + "' (in h5py: f.attrs['format'] = '" + kParamsFormat + "')");
+  read_params(file, model);
+}
+
+template <typename T>
+void read_params(const h5::File& file, Model<T>& model) {
+  const std::string& path = file.path();
   std::set<std::string> expected;
   for (auto& p : model.params()) {
     const std::string name = "/params/" + p.key();
@@ -143,6 +149,8 @@ void write_buffers(h5::File& file, Model<T>& model, const std::string& group) {
 
 template void read_params(const std::string&, Model<float>&);
 template void read_params(const std::string&, Model<double>&);
+template void read_params(const h5::File&, Model<float>&);
+template void read_params(const h5::File&, Model<double>&);
 template void write_params(h5::File&, Model<float>&, const std::string&, ParamField);
 template void write_params(h5::File&, Model<double>&, const std::string&, ParamField);
 template void write_buffers(h5::File&, Model<float>&, const std::string&);

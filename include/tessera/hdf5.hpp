@@ -1,8 +1,9 @@
-// A thin RAII layer over HDF5 for Tessera's files (DESIGN.md section 4). Every call is local:
-// each rank opens files on its own (parallel HDF5 arrives with the training data reader).
+// A thin RAII layer over HDF5 for Tessera's files (DESIGN.md section 4). Every call is local,
+// except on a file opened with open_read_parallel, whose opening and closing are collective.
 #pragma once
 
 #include <hdf5.h>
+#include <mpi.h>
 
 #include <cstdint>
 #include <functional>
@@ -30,6 +31,9 @@ class File {
   // Opens an existing file read-only; a missing path or a file that is not HDF5 (or is damaged)
   // is an Error naming the path.
   static File open_read(const std::string& path);
+  // The same with MPI-IO over `comm` (parallel HDF5). Collective over `comm`: every rank gets the
+  // file, or every rank throws one agreed Error. The file's destructor is collective over `comm`.
+  static File open_read_parallel(const std::string& path, MPI_Comm comm);
   // Creates (truncates) a file for writing.
   static File create(const std::string& path);
 
@@ -52,10 +56,32 @@ class File {
   std::vector<T> read(const std::string& dataset, std::span<const std::int64_t> offset = {},
                       std::span<const std::int64_t> count = {}) const;
 
+  // For each i of `entries` (any order, repeats allowed), the box [offset, offset + count) of the
+  // dataset's entry i along its first dimension (offset and count cover the other dimensions),
+  // into `out` [entries.size(), count...] in the order of `entries`. One H5Dread of the union of
+  // the boxes, an independent transfer on a parallel file: local.
+  template <typename T>
+  void read_entries(const std::string& dataset, std::span<const std::int64_t> entries,
+                    std::span<const std::int64_t> offset, std::span<const std::int64_t> count,
+                    std::span<T> out) const;
+
   // Writes a whole dataset (intermediate groups are created). A scalar has no dims.
   template <typename T>
   void write(const std::string& dataset, std::span<const T> data,
              const std::vector<std::int64_t>& dims);
+
+  // Creates a dataset of `dims` elements of T (float, double, std::int32_t, std::uint8_t) stored
+  // in chunks of `chunk` (same rank, 1 <= chunk[k] <= dims[k]), to be filled box by box with
+  // write_box, so that a dataset larger than memory can be written. Chunks are allocated as they
+  // are written and never pre-filled; a chunk never written reads as zeros.
+  template <typename T>
+  void create_chunked(const std::string& dataset, const std::vector<std::int64_t>& dims,
+                      const std::vector<std::int64_t>& chunk);
+  // Writes `data` (row-major, count[0] x count[1] x ...) into the box [offset, offset + count)
+  // of an existing dataset of T. A box that covers whole chunks is written without reading back.
+  template <typename T>
+  void write_box(const std::string& dataset, std::span<const T> data,
+                 std::span<const std::int64_t> offset, std::span<const std::int64_t> count);
 
   void set_attribute(const std::string& name, const std::string& value);  // on the root group
   bool has_attribute(const std::string& name) const;

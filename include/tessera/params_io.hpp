@@ -21,6 +21,9 @@ inline constexpr const char* kParamsFormat = "tessera-params-1";
 // another format are Errors naming the dataset.
 template <typename T>
 void read_params(const std::string& path, Model<T>& model);
+// The same from an open file of any format that holds /params (and /buffers): checkpoints.
+template <typename T>
+void read_params(const h5::File& file, Model<T>& model);
 
 // Writes values (`what` = values) or gradients under `group`: `group`/<layer>/<param>.
 enum class ParamField { value, grad };

@@ -27,5 +27,10 @@ int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
 // Collective over `world` (errors are agreed): every rank computes the same plan, rank 0 prints
 // it. Needs no mpiexec: one process plans a grid of any size.
 int plan_command(const std::vector<std::string>& args, MPI_Comm world);
+// Collective over `world`: trains; rank 0 prints progress.
+int train_command(const std::vector<std::string>& args, MPI_Comm world);
+// Collective over `world` (errors are agreed): rank 0 writes the synthetic dataset file, the
+// other ranks wait for its outcome.
+int datagen_command(const std::vector<std::string>& args, MPI_Comm world);
 
 }  // namespace tessera::cli

@@ -25,8 +25,10 @@ constexpr const char* kUsage =
     "Trains convolutional networks on images tiled over a grid of MPI ranks, exactly.\n"
     "\n"
     "Commands:\n"
+    "  train       train a model with its images tiled over the grid\n"
     "  gradcheck   compare sharded and single-rank gradients of a model on a grid\n"
     "  plan        tiles, halo widths, bytes per step and memory per rank (one process)\n"
+    "  datagen     write a synthetic segmentation or classification dataset (HDF5)\n"
     "\n"
     "Run 'tessera <command> --help' for a command's options; 'tessera --version' for the build.\n";
 
@@ -81,8 +83,12 @@ int main(int argc, char** argv) {
       rc = command.empty() ? 2 : 0;
     } else if (command == "gradcheck") {
       rc = tessera::cli::gradcheck_command(rest, MPI_COMM_WORLD);
+    } else if (command == "train") {
+      rc = tessera::cli::train_command(rest, MPI_COMM_WORLD);
     } else if (command == "plan") {
       rc = tessera::cli::plan_command(rest, MPI_COMM_WORLD);
+    } else if (command == "datagen") {
+      rc = tessera::cli::datagen_command(rest, MPI_COMM_WORLD);
     } else {
       if (rank == 0)
         std::cerr << "tessera: error: unknown command '" << command << "'\n\n" << kUsage;

@@ -47,7 +47,7 @@ Conv2dSpec parse_conv2d(const LayerSpec& spec) {
 
 template <typename T>
 Conv2d<T>::Conv2d(std::string name, const Conv2dSpec& spec, int tag)
-    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+    : WindowLayer<T>(std::move(name), tag), spec_(spec) {}
 
 template <typename T>
 std::optional<WindowMap> Conv2d<T>::window() const {
@@ -71,9 +71,7 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
                     std::to_string(s.w + aw.pad_begin + aw.pad_end) +
                     ", is smaller than the kernel's reach of " + std::to_string(ah.span()) + "x" +
                     std::to_string(aw.span()) + " (dilation * (kernel - 1) + 1)");
-  in_ = in;
-  out_ = in.with_shape({s.n, spec_.out_channels, oh, ow});
-  require_tiles(who, out_);
+  const Distribution& out = this->set_distributions(who, in, {s.n, spec_.out_channels, oh, ow});
   // The window materialises the padding, so the kernel itself pads nothing.
   geometry_ = {.stride_h = ah.stride,
                .stride_w = aw.stride,
@@ -88,34 +86,27 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
     const Shape4 bshape{spec_.out_channels, 1, 1, 1};
     bias_ = {"bias", Tensor<T>(bshape), Tensor<T>(bshape)};
   }
-  return out_;
-}
-
-template <typename T>
-void Conv2d<T>::bind(const ProcessGrid& grid) {
-  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+  return out;
 }
 
 template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
-  window_ = Tensor<T>(window_shape(in_, exchange_->plan()));
-  exchange_->fill(x.local, window_);
-  DistTensor<T> y(out_);
-  reference::conv2d_forward(window_, weight_.value, std::span<const T>(bias_.value.span()), y.local,
+  const Tensor<T>& window = this->fill_window(x);
+  DistTensor<T> y(this->out_dist());
+  reference::conv2d_forward(window, weight_.value, std::span<const T>(bias_.value.span()), y.local,
                             geometry_);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad(window_.shape());
+  Tensor<T> window_grad = this->window_grad_zeros();
   reference::conv2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
-  DistTensor<T> dx(in_);
-  auto request = exchange_->start_accumulate(window_grad, dx.local);
   // The filter gradient needs no halo: it overlaps the exchange.
-  reference::conv2d_backward_filter(window_, dy.local, weight_.grad, bias_.grad.span(), geometry_);
-  exchange_->finish(request);
-  return dx;
+  return this->accumulate_window(window_grad, [&] {
+    reference::conv2d_backward_filter(this->kept_window(), dy.local, weight_.grad,
+                                      bias_.grad.span(), geometry_);
+  });
 }
 
 template <typename T>

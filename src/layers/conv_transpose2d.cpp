@@ -57,7 +57,7 @@ ConvTranspose2dSpec parse_conv_transpose2d(const LayerSpec& spec) {
 
 template <typename T>
 ConvTranspose2d<T>::ConvTranspose2d(std::string name, const ConvTranspose2dSpec& spec, int tag)
-    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+    : WindowLayer<T>(std::move(name), tag), spec_(spec) {}
 
 template <typename T>
 std::optional<WindowMap> ConvTranspose2d<T>::window() const {
@@ -79,9 +79,7 @@ Distribution ConvTranspose2d<T>::setup(const Distribution& in) {
                     " output ((in - 1)*stride - 2*padding + kernel + output_padding): "
                     "'padding' " +
                     pair_str(spec_.padding) + " is too large");
-  in_ = in;
-  out_ = in.with_shape({s.n, spec_.out_channels, oh, ow});
-  require_tiles(who, out_);
+  const Distribution& out = this->set_distributions(who, in, {s.n, spec_.out_channels, oh, ow});
   // PyTorch's layout [in, out, kh, kw]: the weight of the convolution this is the adjoint of.
   const Shape4 wshape{s.c, spec_.out_channels, spec_.kernel[0], spec_.kernel[1]};
   weight_ = {"weight", Tensor<T>(wshape), Tensor<T>(wshape)};
@@ -89,17 +87,15 @@ Distribution ConvTranspose2d<T>::setup(const Distribution& in) {
     const Shape4 bshape{spec_.out_channels, 1, 1, 1};
     bias_ = {"bias", Tensor<T>(bshape), Tensor<T>(bshape)};
   }
-  return out_;
+  return out;
 }
 
 template <typename T>
-void ConvTranspose2d<T>::bind(const ProcessGrid& grid) {
-  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+void ConvTranspose2d<T>::bind_kernel(const Box& win) {
   // With the window starting at input row ib and the tile at output row qb, local output
   // r = q - qb receives local input l = i - ib through tap j when r = l*S + j - (qb + P - ib*S):
   // the global map with the padding shifted, possibly negative.
-  const Box& win = exchange_->plan().window;
-  const Box tile = out_.tile();
+  const Box tile = this->out_dist().tile();
   geometry_ = {.stride_h = spec_.stride[0],
                .stride_w = spec_.stride[1],
                .dilation_h = 1,
@@ -111,25 +107,22 @@ void ConvTranspose2d<T>::bind(const ProcessGrid& grid) {
 
 template <typename T>
 DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState&) {
-  window_ = Tensor<T>(window_shape(in_, exchange_->plan()));
-  exchange_->fill(x.local, window_);
-  DistTensor<T> y(out_);
-  reference::conv_transpose2d_forward(window_, weight_.value,
-                                      std::span<const T>(bias_.value.span()), y.local, geometry_);
+  const Tensor<T>& window = this->fill_window(x);
+  DistTensor<T> y(this->out_dist());
+  reference::conv_transpose2d_forward(window, weight_.value, std::span<const T>(bias_.value.span()),
+                                      y.local, geometry_);
   return y;
 }
 
 template <typename T>
 DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad(window_.shape());
+  Tensor<T> window_grad = this->window_grad_zeros();
   reference::conv_transpose2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
-  DistTensor<T> dx(in_);
-  auto request = exchange_->start_accumulate(window_grad, dx.local);
   // The filter gradient needs no halo: it overlaps the exchange.
-  reference::conv_transpose2d_backward_filter(window_, dy.local, weight_.grad, bias_.grad.span(),
-                                              geometry_);
-  exchange_->finish(request);
-  return dx;
+  return this->accumulate_window(window_grad, [&] {
+    reference::conv_transpose2d_backward_filter(this->kept_window(), dy.local, weight_.grad,
+                                                bias_.grad.span(), geometry_);
+  });
 }
 
 template <typename T>

@@ -37,7 +37,7 @@ Pool2dSpec parse_pool2d(const LayerSpec& spec) {
 
 template <typename T>
 Pool2d<T>::Pool2d(std::string name, const Pool2dSpec& spec, int tag)
-    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+    : WindowLayer<T>(std::move(name), tag), spec_(spec) {}
 
 template <typename T>
 std::optional<WindowMap> Pool2d<T>::window() const {
@@ -58,19 +58,15 @@ Distribution Pool2d<T>::setup(const Distribution& in) {
                     " input, padded to " + std::to_string(s.h + 2 * ah.pad_begin) + "x" +
                     std::to_string(s.w + 2 * aw.pad_begin) + ", is smaller than the " +
                     std::to_string(ah.kernel) + "x" + std::to_string(aw.kernel) + " kernel");
-  in_ = in;
-  out_ = in.with_shape({s.n, s.c, oh, ow});
-  require_tiles(who, out_);
-  return out_;
+  return this->set_distributions(who, in, {s.n, s.c, oh, ow});
 }
 
 template <typename T>
-void Pool2d<T>::bind(const ProcessGrid& grid) {
-  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+void Pool2d<T>::bind_kernel(const Box& w) {
   // The window holds zeros where it leaves the image; max pooling must tell them from real
   // zeros, so the kernel gets the image's part of the window in window coordinates.
-  const Box w = exchange_->plan().window;
-  const Box image = intersect(w, Box{{0, in_.global.h}, {0, in_.global.w}});
+  const Shape4& s = this->in_dist().global;
+  const Box image = intersect(w, Box{{0, s.h}, {0, s.w}});
   geometry_ = {.kernel_h = spec_.kernel[0],
                .kernel_w = spec_.kernel[1],
                .stride_h = spec_.stride[0],
@@ -83,9 +79,8 @@ void Pool2d<T>::bind(const ProcessGrid& grid) {
 
 template <typename T>
 DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
-  Tensor<T> window(window_shape(in_, exchange_->plan()));
-  exchange_->fill(x.local, window);
-  DistTensor<T> y(out_);
+  const Tensor<T>& window = this->fill_window(x);
+  DistTensor<T> y(this->out_dist());
   if (spec_.kind == PoolKind::max) {
     argmax_.assign(static_cast<std::size_t>(y.local.numel()), 0);
     reference::maxpool2d_forward(window, y.local, std::span<std::int64_t>(argmax_), geometry_);
@@ -97,15 +92,13 @@ DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
 
 template <typename T>
 DistTensor<T> Pool2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad(window_shape(in_, exchange_->plan()));
+  Tensor<T> window_grad = this->window_grad_zeros();
   if (spec_.kind == PoolKind::max) {
     reference::maxpool2d_backward(dy.local, std::span<const std::int64_t>(argmax_), window_grad);
   } else {
     reference::avgpool2d_backward(dy.local, window_grad, geometry_);
   }
-  DistTensor<T> dx(in_);
-  exchange_->accumulate(window_grad, dx.local);
-  return dx;
+  return this->accumulate_window(window_grad);
 }
 
 template class Pool2d<float>;

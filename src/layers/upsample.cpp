@@ -23,45 +23,36 @@ WindowMap upsample_window(std::int64_t scale) {
 
 template <typename T>
 UpsampleNearest<T>::UpsampleNearest(std::string name, const UpsampleSpec& spec, int tag)
-    : UnaryLayer<T>(std::move(name)), spec_(spec), tag_(tag) {}
+    : WindowLayer<T>(std::move(name), tag), spec_(spec) {}
 
 template <typename T>
 Distribution UpsampleNearest<T>::setup(const Distribution& in) {
   const std::string who = "layer '" + this->name() + "' (upsample_nearest)";
   require_spatial(who, in);
   const Shape4& s = in.global;
-  in_ = in;
-  out_ = in.with_shape({s.n, s.c, s.h * spec_.scale, s.w * spec_.scale});
-  require_tiles(who, out_);
-  return out_;
-}
-
-template <typename T>
-void UpsampleNearest<T>::bind(const ProcessGrid& grid) {
-  exchange_.emplace(window_exchange<T>(in_, out_, *window(), grid, tag_));
+  const Distribution& out =
+      this->set_distributions(who, in, {s.n, s.c, s.h * spec_.scale, s.w * spec_.scale});
   // The window starts at input floor(qb / scale), so output qb sits qb mod scale into its block.
   geometry_ = {.scale_h = spec_.scale,
                .scale_w = spec_.scale,
-               .phase_h = out_.rows().begin % spec_.scale,
-               .phase_w = out_.cols().begin % spec_.scale};
+               .phase_h = out.rows().begin % spec_.scale,
+               .phase_w = out.cols().begin % spec_.scale};
+  return out;
 }
 
 template <typename T>
 DistTensor<T> UpsampleNearest<T>::forward(const DistTensor<T>& x, const RunState&) {
-  Tensor<T> window(window_shape(in_, exchange_->plan()));
-  exchange_->fill(x.local, window);
-  DistTensor<T> y(out_);
+  const Tensor<T>& window = this->fill_window(x);
+  DistTensor<T> y(this->out_dist());
   reference::upsample_nearest_forward(window, y.local, geometry_);
   return y;
 }
 
 template <typename T>
 DistTensor<T> UpsampleNearest<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad(window_shape(in_, exchange_->plan()));
+  Tensor<T> window_grad = this->window_grad_zeros();
   reference::upsample_nearest_backward(dy.local, window_grad, geometry_);
-  DistTensor<T> dx(in_);
-  exchange_->accumulate(window_grad, dx.local);
-  return dx;
+  return this->accumulate_window(window_grad);
 }
 
 template class UpsampleNearest<float>;

@@ -1,5 +1,7 @@
 #include "tessera/layers/window.hpp"
 
+#include <utility>
+
 #include "tessera/error.hpp"
 
 namespace tessera {
@@ -51,9 +53,53 @@ void require_tiles(const std::string& who, const Distribution& out) {
                     std::to_string(std::min<std::int64_t>(w, gw)) + ")");
 }
 
+template <typename T>
+WindowLayer<T>::WindowLayer(std::string name, int tag)
+    : UnaryLayer<T>(std::move(name)), tag_(tag) {}
+
+template <typename T>
+const Distribution& WindowLayer<T>::set_distributions(const std::string& who,
+                                                      const Distribution& in, const Shape4& out) {
+  Distribution d = in.with_shape(out);
+  require_tiles(who, d);
+  in_ = in;
+  out_ = std::move(d);
+  return out_;
+}
+
+template <typename T>
+void WindowLayer<T>::bind(const ProcessGrid& grid) {
+  exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), grid, tag_));
+  bind_kernel(exchange_->plan().window);
+}
+
+template <typename T>
+const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
+  window_ = Tensor<T>(window_shape(in_, exchange_->plan()));
+  exchange_->fill(x.local, window_);
+  return window_;
+}
+
+template <typename T>
+Tensor<T> WindowLayer<T>::window_grad_zeros() const {
+  return Tensor<T>(window_shape(in_, exchange_->plan()));
+}
+
+template <typename T>
+DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
+                                                const std::function<void()>& overlap) {
+  DistTensor<T> dx(in_);
+  auto request = exchange_->start_accumulate(grad, dx.local);
+  if (overlap) overlap();
+  exchange_->finish(request);
+  return dx;
+}
+
 template HaloExchange<float> window_exchange(const Distribution&, const Distribution&,
                                              const WindowMap&, const ProcessGrid&, int);
 template HaloExchange<double> window_exchange(const Distribution&, const Distribution&,
                                               const WindowMap&, const ProcessGrid&, int);
+template class WindowLayer<float>;
+template class WindowLayer<double>;
 
 }  // namespace tessera

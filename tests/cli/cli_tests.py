@@ -776,6 +776,246 @@ def plan_large_grid(env):
     expect_ok(r, "grid 1x32x32 (1024 ranks)", "128 x 128")
 
 
+# ------------------------------------------------------------------------------------------
+# tessera datagen
+
+# One 3x3 'same' convolution: its output is the image's size, so a segmentation file's labels
+# fit it as they are.
+SAME_CONV_MODEL = {
+    "name": "same3", "input_channels": 3,
+    "layers": [{"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3,
+                "padding": "same"}],
+    "loss": "pixel_cross_entropy"}
+
+
+def attr(f, name):
+    v = f.attrs[name]
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def datagen_file(env, name, *args, ranks=2):
+    r = env.tessera(ranks, "datagen", "--output", name, *args)
+    expect_ok(r, f"wrote {name}")
+    if r.output.count("tessera datagen:") != 1:
+        fail("expected the header printed once (by rank 0)", r)
+    with h5py.File(env.path(name), "r") as f:
+        images, labels = f["images"], f["labels"]
+        out = {"images": images[()], "labels": labels[()], "image_chunks": images.chunks,
+               "label_chunks": labels.chunks, "attrs": {k: attr(f, k) for k in f.attrs}}
+    return r, out
+
+
+def expect_only_files(env, names, r=None):
+    left = sorted(p.name for p in env.tmp.iterdir())
+    if left != sorted(names):
+        fail(f"expected the directory to hold {sorted(names)}, it holds {left}", r)
+
+
+def gradcheck_reads(env, model, data, expected_images, expected_labels, dtype="float32"):
+    """gradcheck --input reads exactly the generated batch."""
+    dump = f"g_{data}"
+    r = env.tessera(2, "gradcheck", "--model", model, "--input", data, "--dtype", dtype,
+                    "--dump", dump)
+    n, c, h, w = expected_images.shape
+    expect_ok(r, "PASS", f"batch {n}x{c}x{h}x{w}")
+    with h5py.File(env.path(dump), "r") as g:
+        gi, gl = g["batch/images"][()], g["batch/labels"][()]
+    if gi.dtype != np.dtype(dtype) or not np.array_equal(gi, expected_images):
+        fail(f"gradcheck's /batch/images differs from {data}'s /images", r)
+    if not np.array_equal(gl, expected_labels):
+        fail(f"gradcheck's /batch/labels differs from {data}'s /labels", r)
+    env.path(dump).unlink()
+
+
+@scenario
+def datagen_segmentation(env):
+    shape = ["--samples", "3", "--height", "45", "--width", "37", "--seed", "5"]
+    r, a = datagen_file(env, "seg.h5", *shape, "--chunk", "16x12")
+    expect_ok(r, "segmentation", "3 samples of 3x45x37", "2 classes", "float32")
+    im, lb = a["images"], a["labels"]
+    if im.shape != (3, 3, 45, 37) or im.dtype != np.float32:
+        fail(f"expected /images float32 (3, 3, 45, 37), got {im.dtype} {im.shape}", r)
+    if lb.shape != (3, 45, 37) or lb.dtype != np.int32:
+        fail(f"expected /labels int32 (3, 45, 37), got {lb.dtype} {lb.shape}", r)
+    if a["image_chunks"] != (1, 3, 16, 12) or a["label_chunks"] != (1, 16, 12):
+        fail(f"expected chunks (1, 3, 16, 12) and (1, 16, 12), got {a['image_chunks']} and "
+             f"{a['label_chunks']}", r)
+    if im.min() < 0 or im.max() > 1 or not np.isfinite(im).all():
+        fail(f"expected images in [0, 1], got [{im.min()}, {im.max()}]", r)
+    fg = (lb == 1).mean()
+    if set(np.unique(lb)) != {0, 1} or not 0.05 < fg < 0.6:
+        fail(f"expected labels 0 and 1 with 5-60% foreground, got {np.unique(lb)}, {fg:.3f}", r)
+    # Shapes are brighter than the background in every channel.
+    if not (im.min(axis=1)[lb == 1].min() > im.max(axis=1)[lb == 0].max()):
+        fail("expected every shape pixel brighter than every background pixel", r)
+    want = {"generator": "tessera-synthetic-1", "task": "segmentation", "seed": "5",
+            "classes": "2"}
+    if any(a["attrs"].get(k) != v for k, v in want.items()):
+        fail(f"expected the root attributes {want}, got {a['attrs']}", r)
+    expect_only_files(env, ["seg.h5"], r)
+
+    # The same data whatever the chunks (the default, 256x256, clipped to the image) and ranks.
+    r, b = datagen_file(env, "seg_default.h5", *shape, ranks=3)
+    if b["image_chunks"] != (1, 3, 45, 37) or b["label_chunks"] != (1, 45, 37):
+        fail(f"expected the default chunks clipped to (1, 3, 45, 37), got {b['image_chunks']}", r)
+    if not (np.array_equal(b["images"], im) and np.array_equal(b["labels"], lb)):
+        fail("expected the same data with other chunks on other ranks", r)
+    _, c = datagen_file(env, "seg_seed6.h5", *shape[:-1], "6")
+    if np.array_equal(c["labels"], lb) or np.array_equal(c["images"], im):
+        fail("expected another seed to give other data")
+
+    # uint8: round(255 x) of the same values.
+    r, u = datagen_file(env, "seg8.h5", *shape, "--dtype", "uint8", "--chunk", "7x40")
+    expect_ok(r, "uint8")
+    if u["images"].dtype != np.uint8 or u["image_chunks"] != (1, 3, 7, 37):
+        fail(f"expected uint8 images in chunks (1, 3, 7, 37), got {u['images'].dtype} "
+             f"{u['image_chunks']}", r)
+    if not np.array_equal(u["images"], np.floor(im.astype(np.float64) * 255 + 0.5)):
+        fail("expected the uint8 images to be round(255 x) of the float32 ones", r)
+    if not np.array_equal(u["labels"], lb):
+        fail("expected the uint8 file's labels to equal the float32 file's", r)
+
+    # More classes: the shape kinds.
+    r, k = datagen_file(env, "seg4.h5", *shape, "--classes", "4")
+    if set(np.unique(k["labels"])) != {0, 1, 2, 3} or k["attrs"]["classes"] != "4":
+        fail(f"expected labels 0-3 with --classes 4, got {np.unique(k['labels'])}", r)
+    if not np.array_equal(k["labels"] > 0, lb > 0):
+        fail("expected --classes 4 to label the same shapes as --classes 2", r)
+
+    # What gradcheck reads is exactly what was written.
+    write_json(env.path("m.json"), SAME_CONV_MODEL)
+    gradcheck_reads(env, "m.json", "seg.h5", im, lb)
+    gradcheck_reads(env, "m.json", "seg8.h5", u["images"].astype(np.float32) / np.float32(255), lb)
+
+
+@scenario
+def datagen_classification(env):
+    r, a = datagen_file(env, "cls.h5", "--task", "classification", "--samples", "200",
+                        "--height", "24", "--width", "20", "--chunk", "10x10")
+    expect_ok(r, "classification", "10 classes")
+    im, lb = a["images"], a["labels"]
+    if im.shape != (200, 3, 24, 20) or im.dtype != np.float32 or a["image_chunks"] != (1, 3, 10, 10):
+        fail(f"expected /images float32 (200, 3, 24, 20) in chunks (1, 3, 10, 10), got "
+             f"{im.dtype} {im.shape} {a['image_chunks']}", r)
+    if lb.shape != (200,) or lb.dtype != np.int32:
+        fail(f"expected /labels int32 (200,), got {lb.dtype} {lb.shape}", r)
+    if set(np.unique(lb)) != set(range(10)):
+        fail(f"expected all 10 classes among 200 samples, got {np.unique(lb)}", r)
+    if a["attrs"].get("task") != "classification" or a["attrs"].get("classes") != "10":
+        fail(f"unexpected root attributes {a['attrs']}", r)
+    # The class is the colour of the image's shapes: the brightest pixels of two images of one
+    # class have the same colour, of two classes not.
+    def colour(s):
+        x = im[s].reshape(3, -1)
+        top = x[:, x.sum(axis=0) >= np.quantile(x.sum(axis=0), 0.97)]
+        return np.round(np.median(top, axis=1), 1)
+    by_class = {}
+    for s in range(200):
+        by_class.setdefault(int(lb[s]), set()).add(tuple(colour(s)))
+    if any(len(v) != 1 for v in by_class.values()) or len(set().union(*by_class.values())) != 10:
+        fail(f"expected one shape colour per class, got {by_class}", r)
+
+    r, b = datagen_file(env, "cls3.h5", "--task", "classification", "--samples", "40",
+                        "--height", "24", "--width", "20", "--classes", "3", "--dtype", "uint8")
+    if b["labels"].shape != (40,) or set(np.unique(b["labels"])) != {0, 1, 2}:
+        fail(f"expected labels 0-2 with --classes 3, got {np.unique(b['labels'])}", r)
+    if b["images"].dtype != np.uint8:
+        fail(f"expected uint8 images, got {b['images'].dtype}", r)
+
+    # A classifier's gradcheck reads the labels as one class per image.
+    r, c = datagen_file(env, "cls_small.h5", "--task", "classification", "--samples", "4",
+                        "--height", "24", "--width", "20")
+    gradcheck_reads(env, "convnet-small", "cls_small.h5", c["images"], c["labels"])
+
+
+@scenario
+def datagen_errors(env):
+    env.path("keep.txt").write_text("not a directory\n")
+    r = env.tessera(2, "datagen", "--samples", "2")
+    expect_error(r, "--output")
+    r = env.tessera(2, "datagen", "--output", "x.h5", "--task", "detection")
+    expect_error(r, "'detection'", "segmentation or classification")
+    r = env.tessera(2, "datagen", "--output", "x.h5", "--dtype", "float64")
+    expect_error(r, "--dtype", "float64", "float32 or uint8")
+    for chunk in ["0x8", "8", "8x8x8", "axb"]:
+        r = env.tessera(2, "datagen", "--output", "x.h5", "--chunk", chunk)
+        expect_error(r, "--chunk", f"'{chunk}'", "HxW")
+    r = env.tessera(2, "datagen", "--output", "x.h5", "--classes", "7")
+    expect_error(r, "segmentation", "2 to 4 classes", "7")
+    r = env.tessera(2, "datagen", "--output", "x.h5", "--height", "0")
+    expect_error(r, "height")
+    r = env.tessera(3, "datagen", "--output", "missing_dir/x.h5")
+    expect_error(r, "missing_dir", "does not exist")
+    r = env.tessera(2, "datagen", "--output", "keep.txt/x.h5")
+    expect_error(r, "keep.txt", "does not exist")
+    env.path("out.h5").mkdir()
+    r = env.tessera(2, "datagen", "--output", "out.h5")
+    expect_error(r, "out.h5", "is a directory")
+    # A dataset the disk cannot hold is refused before the first byte.
+    r = env.tessera(2, "datagen", "--output", "x.h5", "--samples", "1000000", "--height",
+                    "8192", "--width", "8192")
+    expect_error(r, "x.h5", "needs", "free")
+    expect_only_files(env, ["keep.txt", "out.h5"], r)
+    if list(env.path("out.h5").iterdir()):
+        fail("expected nothing written into the directory out.h5", r)
+    # A file that exists is replaced whole only on success.
+    env.path("old.h5").write_bytes(b"previous contents")
+    r = env.tessera(2, "datagen", "--output", "old.h5", "--classes", "9")
+    expect_error(r, "2 to 4 classes")
+    if env.path("old.h5").read_bytes() != b"previous contents":
+        fail("expected a failed datagen to leave the previous file untouched", r)
+    expect_ok(env.tessera(2, "datagen", "--output", "old.h5", "--samples", "2", "--height", "8",
+                          "--width", "8"), "wrote old.h5")
+    expect_only_files(env, ["keep.txt", "old.h5", "out.h5"])
+
+
+# Measures the peak RSS of one child process (the largest of its descendants): the command runs
+# as a grandchild of the test, so nothing else the test ran is counted.
+MEASURE_RSS = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
+               "print('max RSS of the command: %d kB' % "
+               "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)")
+
+
+@scenario
+def datagen_streaming(env):
+    # 2 x 3 x 4096 x 4096 float32 images (403 MB) and int32 labels (134 MB).
+    image_bytes, label_bytes = 2 * 3 * 4096 * 4096 * 4, 2 * 4096 * 4096 * 4
+    free = shutil.disk_usage(env.tmp).free
+    if free < 2 * (image_bytes + label_bytes):
+        print(f"SKIP: {free / 1e6:.0f} MB free in {env.tmp}, the test needs "
+              f"{2 * (image_bytes + label_bytes) / 1e6:.0f} MB")
+        sys.exit(SKIP)
+    # One process, no mpiexec: the singleton is the whole job.
+    r = env.run_cmd([sys.executable, "-c", MEASURE_RSS, env.exe, "datagen", "--output", "big.h5",
+                     "--samples", "2", "--height", "4096", "--width", "4096"])
+    expect_ok(r, "wrote big.h5", "2 samples")
+    m = re.search(r"max RSS of the command: (\d+) kB", r.output)
+    rss_mb = int(m.group(1)) / 1024
+    rate = re.search(r"\(([\d.]+ [kMG]?B)/s\)", r.output)
+    print(f"datagen of {(image_bytes + label_bytes) / 1e6:.0f} MB: peak RSS {rss_mb:.1f} MiB, "
+          f"{rate.group(1) if rate else '?'}/s")
+    if rss_mb > 150:
+        fail(f"expected a peak RSS far below the {image_bytes / 2**20:.0f} MiB of images "
+             f"(at most 150 MiB), got {rss_mb:.1f} MiB", r)
+    size = env.path("big.h5").stat().st_size
+    if size < image_bytes + label_bytes:
+        fail(f"expected a file of at least {image_bytes + label_bytes} bytes, got {size}", r)
+    with h5py.File(env.path("big.h5"), "r") as f:
+        images, labels = f["images"], f["labels"]
+        if images.shape != (2, 3, 4096, 4096) or images.chunks != (1, 3, 256, 256):
+            fail(f"unexpected /images {images.shape} in chunks {images.chunks}", r)
+        if labels.shape != (2, 4096, 4096) or labels.chunks != (1, 256, 256):
+            fail(f"unexpected /labels {labels.shape} in chunks {labels.chunks}", r)
+        # Every chunk was written: the last tile of the last sample holds noise (never a run of
+        # equal values, as an unwritten chunk's zeros would be) and every band some shape.
+        corner = images[1, :, -256:, -256:]
+        if corner.min() < 0 or corner.max() > 1 or len(np.unique(corner)) < 1000:
+            fail("expected noisy values in [0, 1] in the last chunk of the last sample", r)
+        if not 0.05 < labels[1].mean() < 0.6 or not 0.05 < labels[0].mean() < 0.6:
+            fail(f"expected 5-60% foreground, got {labels[0].mean()}, {labels[1].mean()}", r)
+    expect_only_files(env, ["big.h5"], r)
+
+
 def main(argv):
     if len(argv) != 3 or argv[2] not in SCENARIOS:
         print(f"usage: {argv[0]} BUILD_DIR SCENARIO\nscenarios: {', '.join(SCENARIOS)}",

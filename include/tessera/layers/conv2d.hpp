@@ -4,10 +4,9 @@
 
 #include <optional>
 
-#include "tessera/halo_exchange.hpp"
 #include "tessera/kernels/reference.hpp"
-#include "tessera/layer.hpp"
 #include "tessera/layers/fields.hpp"
+#include "tessera/layers/window.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
@@ -30,14 +29,13 @@ struct Conv2dSpec {
 Conv2dSpec parse_conv2d(const LayerSpec& spec);
 
 template <typename T>
-class Conv2d final : public UnaryLayer<T> {
+class Conv2d final : public WindowLayer<T> {
  public:
   Conv2d(std::string name, const Conv2dSpec& spec, int tag);
 
-  using UnaryLayer<T>::setup;
+  using WindowLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const ProcessGrid& grid) override;
-  using UnaryLayer<T>::forward;
+  using WindowLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
@@ -45,12 +43,8 @@ class Conv2d final : public UnaryLayer<T> {
 
  private:
   Conv2dSpec spec_;
-  int tag_;
-  Distribution in_, out_;
-  std::optional<HaloExchange<T>> exchange_;
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
-  Tensor<T> window_;  // the forward input window, kept for backward-filter
 };
 
 }  // namespace tessera

@@ -6,10 +6,9 @@
 
 #include <optional>
 
-#include "tessera/halo_exchange.hpp"
 #include "tessera/kernels/reference.hpp"
-#include "tessera/layer.hpp"
 #include "tessera/layers/fields.hpp"
+#include "tessera/layers/window.hpp"
 
 namespace tessera {
 
@@ -46,28 +45,25 @@ struct ConvTranspose2dSpec {
 ConvTranspose2dSpec parse_conv_transpose2d(const LayerSpec& spec);
 
 template <typename T>
-class ConvTranspose2d final : public UnaryLayer<T> {
+class ConvTranspose2d final : public WindowLayer<T> {
  public:
   ConvTranspose2d(std::string name, const ConvTranspose2dSpec& spec, int tag);
 
-  using UnaryLayer<T>::setup;
+  using WindowLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const ProcessGrid& grid) override;
-  using UnaryLayer<T>::forward;
+  using WindowLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
   std::optional<WindowMap> window() const override;
 
  private:
+  void bind_kernel(const Box& window) override;
+
   ConvTranspose2dSpec spec_;
-  int tag_;
-  Distribution in_, out_;
-  std::optional<HaloExchange<T>> exchange_;
   // The kernel's map from the window to the output tile: padding shifted by both origins.
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
-  Tensor<T> window_;  // the forward input window, kept for backward-filter
 };
 
 }  // namespace tessera

@@ -5,10 +5,9 @@
 #include <optional>
 #include <vector>
 
-#include "tessera/halo_exchange.hpp"
 #include "tessera/kernels/reference_pool.hpp"
-#include "tessera/layer.hpp"
 #include "tessera/layers/fields.hpp"
+#include "tessera/layers/window.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
@@ -32,24 +31,22 @@ struct Pool2dSpec {
 Pool2dSpec parse_pool2d(const LayerSpec& spec);
 
 template <typename T>
-class Pool2d final : public UnaryLayer<T> {
+class Pool2d final : public WindowLayer<T> {
  public:
   Pool2d(std::string name, const Pool2dSpec& spec, int tag);
 
-  using UnaryLayer<T>::setup;
+  using WindowLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const ProcessGrid& grid) override;
   // forward and backward: neighbour-wise collective over the spatial communicator (halos).
-  using UnaryLayer<T>::forward;
+  using WindowLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override;
 
  private:
+  void bind_kernel(const Box& window) override;
+
   Pool2dSpec spec_;
-  int tag_;
-  Distribution in_, out_;
-  std::optional<HaloExchange<T>> exchange_;
   reference::PoolGeometry geometry_;  // on the window: no padding, the image part marked
   std::vector<std::int64_t> argmax_;  // max: per output, its input within the window's plane
 };

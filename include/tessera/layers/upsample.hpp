@@ -5,10 +5,9 @@
 
 #include <optional>
 
-#include "tessera/halo_exchange.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
-#include "tessera/layer.hpp"
 #include "tessera/layers/fields.hpp"
+#include "tessera/layers/window.hpp"
 
 namespace tessera {
 
@@ -26,24 +25,20 @@ UpsampleSpec parse_upsample(const LayerSpec& spec);
 WindowMap upsample_window(std::int64_t scale);
 
 template <typename T>
-class UpsampleNearest final : public UnaryLayer<T> {
+class UpsampleNearest final : public WindowLayer<T> {
  public:
   UpsampleNearest(std::string name, const UpsampleSpec& spec, int tag);
 
-  using UnaryLayer<T>::setup;
+  using WindowLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const ProcessGrid& grid) override;
   // forward and backward: neighbour-wise collective over the spatial communicator (halos).
-  using UnaryLayer<T>::forward;
+  using WindowLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override { return upsample_window(spec_.scale); }
 
  private:
   UpsampleSpec spec_;
-  int tag_;
-  Distribution in_, out_;
-  std::optional<HaloExchange<T>> exchange_;
   reference::UpsampleGeometry geometry_;
 };
 

@@ -2,6 +2,8 @@
 // from a map "output range -> input range" to the halo plan of each rank.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "tessera/dist_tensor.hpp"
@@ -32,5 +34,54 @@ Shape4 window_shape(const Distribution& in, const HaloPlan& plan);
 void require_spatial(const std::string& who, const Distribution& in);
 // ... and the output must leave every spatial rank at least one row and one column.
 void require_tiles(const std::string& who, const Distribution& out);
+
+// A halo layer with one input. It owns what every such layer repeats: the distributions setup()
+// records, the exchange bind() builds from window(), and the forward window kept for backward.
+// A derived layer keeps its spec, kernel geometry and parameters; its setup() records the
+// distributions through set_distributions, its forward and backward wrap their kernels in
+// fill_window and accumulate_window.
+template <typename T>
+class WindowLayer : public UnaryLayer<T> {
+ public:
+  // Builds this rank's exchange from window() and the distributions of the last setup(), then
+  // hands the window box to bind_kernel. Local.
+  void bind(const ProcessGrid& grid) final;
+  // Pure in the spec: `tessera plan` asks for it after setup() alone, with no grid bound.
+  std::optional<WindowMap> window() const override = 0;
+
+ protected:
+  // `tag` keeps this layer's halo messages apart from other exchanges in flight.
+  WindowLayer(std::string name, int tag);
+
+  // For setup(): records `in` and the distribution of shape `out` over the same grid, once
+  // require_tiles(who, ...) has accepted it; returns the latter. Local; throws an Error.
+  const Distribution& set_distributions(const std::string& who, const Distribution& in,
+                                        const Shape4& out);
+  const Distribution& in_dist() const { return in_; }
+  const Distribution& out_dist() const { return out_; }
+
+  // For layers whose kernel geometry depends on where this rank's window lies (global input
+  // coordinates, not clipped to the image). Local.
+  virtual void bind_kernel(const Box& /*window*/) {}
+
+  // Allocates the window, fills it from x's tiles (zeros outside the image) and keeps it until
+  // the next forward. Neighbour-wise collective over the spatial communicator.
+  const Tensor<T>& fill_window(const DistTensor<T>& x);
+  // The window the last fill_window filled (backward-filter reads it). Local.
+  const Tensor<T>& kept_window() const { return window_; }
+
+  // A zero gradient shaped like the window, for backward-data to add into. Local.
+  Tensor<T> window_grad_zeros() const;
+  // Returns dL/dx: `grad` (shaped like the window) added into the tiles that own it. `overlap`
+  // is local work needing no halo (backward-filter): it runs while the exchange is in flight.
+  // Neighbour-wise collective over the spatial communicator.
+  DistTensor<T> accumulate_window(const Tensor<T>& grad, const std::function<void()>& overlap = {});
+
+ private:
+  int tag_;
+  Distribution in_, out_;
+  std::optional<HaloExchange<T>> exchange_;
+  Tensor<T> window_;
+};
 
 }  // namespace tessera

@@ -1,0 +1,44 @@
+// Checkpoints (DESIGN.md section 4): parameters and buffers in the params layout, the optimizer's
+// state under /optimizer, and /state (step, epoch, seed, model JSON, grid, dtype). Written by one
+// rank to a temporary file in the same directory, flushed and renamed, so a crash mid-write never
+// destroys the last good checkpoint. Every function is local.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/model.hpp"
+#include "tessera/optimizer.hpp"
+
+namespace tessera {
+
+inline constexpr const char* kCheckpointFormat = "tessera-checkpoint-1";
+
+struct CheckpointState {
+  std::int64_t step = 0;   // optimizer steps taken; the data cursor and the dropout step follow
+  std::int64_t epoch = 0;  // the epoch the next step belongs to
+  std::uint64_t seed = 0;  // every random draw is a function of (seed, step, index)
+  std::string model;       // the model's canonical JSON
+  std::string grid;        // informational: a checkpoint resumes on any grid
+  std::string dtype;
+  std::string optimizer;  // "sgd" | "adam"
+};
+
+// `dir`/checkpoint-<step>.h5.
+std::string checkpoint_path(const std::string& dir, std::int64_t step);
+
+// The checkpoint with the highest step in `dir`, or "" when there is none.
+std::string latest_checkpoint(const std::string& dir);
+
+template <typename T>
+void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
+                      const CheckpointState& state);
+
+// Loads a checkpoint into `model` and `optimizer` after checking that it was written for the
+// same model, dtype and optimizer as `expect` (its step, epoch and grid are not compared); a
+// mismatch or a file that is not a checkpoint is an Error saying why.
+template <typename T>
+CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
+                                const CheckpointState& expect);
+
+}  // namespace tessera

@@ -1,0 +1,115 @@
+#include "tessera/checkpoint.hpp"
+
+#include <filesystem>
+#include <regex>
+
+#include "tessera/error.hpp"
+#include "tessera/hdf5.hpp"
+#include "tessera/params_io.hpp"
+
+namespace tessera {
+namespace {
+
+std::int64_t read_int(const h5::File& f, const std::string& name) {
+  TESSERA_CHECK(f.has(name), "'" + f.path() + "' is not a complete checkpoint: no " + name);
+  return f.read<std::int64_t>(name).at(0);
+}
+
+void write_int(h5::File& f, const std::string& name, std::int64_t v) {
+  f.write<std::int64_t>(name, std::span<const std::int64_t>(&v, 1), {});
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir, std::int64_t step) {
+  return (std::filesystem::path(dir) / ("checkpoint-" + std::to_string(step) + ".h5")).string();
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) return "";
+  static const std::regex pattern(R"(checkpoint-(\d+)\.h5)");
+  std::string best;
+  std::int64_t best_step = -1;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, pattern)) continue;
+    const std::int64_t step = std::stoll(m[1].str());
+    if (step > best_step) {
+      best_step = step;
+      best = entry.path().string();
+    }
+  }
+  return best;
+}
+
+template <typename T>
+void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
+                      const CheckpointState& state) {
+  h5::write_atomically(path, [&](h5::File& f) {
+    f.set_attribute("format", kCheckpointFormat);
+    f.set_attribute("model", state.model);
+    f.set_attribute("grid", state.grid);
+    f.set_attribute("dtype", state.dtype);
+    f.set_attribute("optimizer", state.optimizer);
+    write_params(f, model, "/params", ParamField::value);
+    write_buffers(f, model, "/buffers");
+    for (const OptimizerSlot<T>& s : optimizer.slots()) {
+      const Tensor<T>& t = *s.tensor;
+      f.write<T>("/optimizer/" + s.name, t.span(), {t.numel()});
+    }
+    write_int(f, "/state/step", state.step);
+    write_int(f, "/state/epoch", state.epoch);
+    write_int(f, "/state/seed", static_cast<std::int64_t>(state.seed));
+    write_int(f, "/state/optimizer_steps", optimizer.steps());
+  });
+}
+
+template <typename T>
+CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
+                                const CheckpointState& expect) {
+  const h5::File f = h5::File::open_read(path);
+  TESSERA_CHECK(f.has_attribute("format") && f.attribute("format") == kCheckpointFormat,
+                "'" + path + "' is not a Tessera checkpoint (root attribute 'format' is not '" +
+                    kCheckpointFormat + "')");
+  CheckpointState s;
+  s.model = f.attribute("model");
+  s.grid = f.attribute("grid");
+  s.dtype = f.attribute("dtype");
+  s.optimizer = f.attribute("optimizer");
+  TESSERA_CHECK(s.model == expect.model,
+                "'" + path +
+                    "' was written for another model; resume with the model it was "
+                    "trained with, or start afresh in another --checkpoint-dir");
+  TESSERA_CHECK(s.dtype == expect.dtype,
+                "'" + path + "' holds " + s.dtype + " parameters, this run uses " + expect.dtype);
+  TESSERA_CHECK(s.optimizer == expect.optimizer, "'" + path + "' was written by the " +
+                                                     s.optimizer + " optimizer, this run uses " +
+                                                     expect.optimizer);
+  read_params(f, model);
+  for (const OptimizerSlot<T>& slot : optimizer.slots()) {
+    const std::string name = "/optimizer/" + slot.name;
+    TESSERA_CHECK(f.has(name), "'" + path + "' has no optimizer state '" + name + "'");
+    const std::vector<T> v = f.read<T>(name);
+    TESSERA_CHECK(static_cast<std::int64_t>(v.size()) == slot.tensor->numel(),
+                  "'" + path + "': optimizer state '" + name + "' has the wrong size");
+    std::copy(v.begin(), v.end(), slot.tensor->data());
+  }
+  s.step = read_int(f, "/state/step");
+  s.epoch = read_int(f, "/state/epoch");
+  s.seed = static_cast<std::uint64_t>(read_int(f, "/state/seed"));
+  optimizer.set_steps(read_int(f, "/state/optimizer_steps"));
+  return s;
+}
+
+template void write_checkpoint(const std::string&, Model<float>&, Optimizer<float>&,
+                               const CheckpointState&);
+template void write_checkpoint(const std::string&, Model<double>&, Optimizer<double>&,
+                               const CheckpointState&);
+template CheckpointState read_checkpoint(const std::string&, Model<float>&, Optimizer<float>&,
+                                         const CheckpointState&);
+template CheckpointState read_checkpoint(const std::string&, Model<double>&, Optimizer<double>&,
+                                         const CheckpointState&);
+
+}  // namespace tessera

@@ -1,0 +1,82 @@
+#include <unistd.h>
+
+#include <iostream>
+
+#include "command.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/model_spec.hpp"
+#include "tessera/train.hpp"
+
+namespace tessera::cli {
+
+int train_command(const std::vector<std::string>& args, MPI_Comm world) {
+  TrainOptions o;
+  std::string grid, optimizer = "adam", schedule = "constant", progress = "auto";
+  o.optimizer.kind = OptimizerKind::adam;
+  std::string models;
+  for (const auto& n : builtin_model_names())
+    models += (models.empty() ? "" : ", ") + n;
+  po::options_description d("Training options");
+  d.add_options()("model", po::value(&o.model)->default_value(o.model),
+                  ("model JSON file or built-in name (" + models + ")").c_str())(
+      "data", po::value(&o.data),
+      "training set (HDF5: /images [N,C,H,W], /labels [N,H,W] or [N]); default: the built-in "
+      "synthetic set of shapes and their masks")("val-data", po::value(&o.val_data),
+                                                 "validation set (HDF5, same layout)")(
+      "val-fraction", po::value(&o.val_fraction)->default_value(0),
+      "or validate on this last fraction of --data")(
+      "grid", po::value(&grid), "process grid NxHxW; default: 1x1xP for P ranks")(
+      "epochs", po::value(&o.epochs)->default_value(0), "epochs to train (default 1)")(
+      "steps", po::value(&o.steps)->default_value(0), "steps to train (overrides --epochs)")(
+      "batch", po::value(&o.batch)->default_value(o.batch),
+      "global batch, split over the data-parallel groups")(
+      "optimizer", po::value(&optimizer)->default_value(optimizer), "sgd or adam")(
+      "lr", po::value(&o.lr)->default_value(o.lr), "learning rate")(
+      "momentum", po::value(&o.optimizer.momentum)->default_value(o.optimizer.momentum),
+      "sgd momentum")("weight-decay", po::value(&o.optimizer.weight_decay)->default_value(0),
+                      "L2 weight decay")(
+      "lr-schedule", po::value(&schedule)->default_value(schedule), "constant, cosine or step")(
+      "lr-step-size", po::value(&o.schedule.step_size)->default_value(o.schedule.step_size),
+      "step schedule: steps between decays")(
+      "lr-gamma", po::value(&o.schedule.gamma)->default_value(o.schedule.gamma),
+      "step schedule: decay factor")("dtype", po::value(&o.dtype)->default_value(o.dtype),
+                                     "float32 or float64")(
+      "seed", po::value(&o.seed)->default_value(o.seed),
+      "seed of the parameters, the data order, dropout and the built-in data")(
+      "checkpoint-dir", po::value(&o.checkpoint_dir), "write checkpoints here")(
+      "checkpoint-every", po::value(&o.checkpoint_every)->default_value(0),
+      "steps between checkpoints (0: only at the end)")(
+      "resume", po::bool_switch(&o.resume),
+      "continue from the latest checkpoint in --checkpoint-dir (start afresh if there is none)")(
+      "metrics", po::value(&o.metrics),
+      "write metrics per log interval and epoch (.csv or .jsonl)")(
+      "log-every", po::value(&o.log_every)->default_value(o.log_every), "steps between log lines")(
+      "progress", po::value(&progress)->default_value(progress),
+      "auto (one updating line on a terminal), line, or plain")(
+      "samples", po::value(&o.samples)->default_value(o.samples), "built-in data: samples")(
+      "val-samples", po::value(&o.val_samples)->default_value(o.val_samples),
+      "built-in data: validation samples")("height", po::value(&o.height)->default_value(o.height),
+                                           "built-in data: image height")(
+      "width", po::value(&o.width)->default_value(o.width), "built-in data: image width");
+  po::variables_map vm;
+  if (!parse("train",
+             "Trains a model with its images tiled over the grid. Every option can also be set in "
+             "an INI file\ngiven with --config (key = value; the command line wins).",
+             d, args, vm, world))
+    return 0;
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  o.grid = GridShape{1, 1, size};
+  agree(world, [&] {
+    if (!grid.empty()) o.grid = parse_grid(grid);
+    o.optimizer.kind = parse_optimizer(optimizer);
+    o.schedule.kind = parse_schedule(schedule);
+    TESSERA_CHECK(progress == "auto" || progress == "line" || progress == "plain",
+                  "bad --progress '" + progress + "': expected auto, line or plain");
+  });
+  o.progress_line = progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
+  return run_train(o, world, std::cout);
+}
+
+}  // namespace tessera::cli

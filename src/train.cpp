@@ -1,0 +1,450 @@
+#include "tessera/train.hpp"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "tessera/checkpoint.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/dataset.hpp"
+#include "tessera/error.hpp"
+#include "tessera/h5_dataset.hpp"
+#include "tessera/metrics.hpp"
+#include "tessera/model.hpp"
+#include "tessera/partition.hpp"
+#include "tessera/synthetic.hpp"
+
+namespace tessera {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+std::string duration_text(double s) {
+  const auto total = static_cast<long long>(s + 0.5);
+  std::ostringstream o;
+  if (total >= 3600) o << total / 3600 << ":" << std::setw(2) << std::setfill('0');
+  o << (total / 60) % 60 << ":" << std::setw(2) << std::setfill('0') << total % 60;
+  return o.str();
+}
+
+// A dataset seen through a list of its sample indices (a training or validation split).
+struct Split {
+  Dataset* data = nullptr;
+  std::vector<std::int64_t> index;
+};
+
+// One line of metrics, to the console and the metrics file.
+struct Record {
+  std::int64_t step = 0, epoch = 0;
+  std::string split;  // "train" | "val"
+  double loss = 0, accuracy = 0, mean_iou = 0, lr = 0, images_per_s = 0;
+};
+
+class MetricsFile {
+ public:
+  MetricsFile(const std::string& path, bool append)
+      : json_(path.ends_with(".json") || path.ends_with(".jsonl")) {
+    if (path.empty()) return;
+    const bool fresh = !append || !std::filesystem::exists(path);
+    out_.open(path, fresh ? std::ios::trunc : std::ios::app);
+    TESSERA_CHECK(out_.good(), "cannot write the metrics file '" + path + "'");
+    if (fresh && !json_) out_ << "step,epoch,split,loss,accuracy,mean_iou,lr,images_per_s\n";
+    out_.flush();
+  }
+  void write(const Record& r, bool segmentation) {
+    if (!out_.is_open()) return;
+    out_ << std::setprecision(10);
+    if (json_) {
+      out_ << "{\"step\": " << r.step << ", \"epoch\": " << r.epoch << ", \"split\": \"" << r.split
+           << "\", \"loss\": " << r.loss << ", \"accuracy\": " << r.accuracy;
+      if (segmentation) out_ << ", \"mean_iou\": " << r.mean_iou;
+      out_ << ", \"lr\": " << r.lr << ", \"images_per_s\": " << r.images_per_s << "}\n";
+    } else {
+      out_ << r.step << "," << r.epoch << "," << r.split << "," << r.loss << "," << r.accuracy
+           << "," << (segmentation ? std::to_string(r.mean_iou) : "") << "," << r.lr << ","
+           << r.images_per_s << "\n";
+    }
+    out_.flush();  // a run that dies keeps every line it logged
+  }
+
+ private:
+  bool json_;
+  std::ofstream out_;
+};
+
+template <typename T>
+class Trainer {
+ public:
+  Trainer(const TrainOptions& o, MPI_Comm world, std::ostream& out)
+      : o_(o), world_(world), out_(out) {}
+  int run();
+
+ private:
+  void open_data();
+  void read_batch(const Split& split, std::span<const std::int64_t> global_batch, DistTensor<T>& x,
+                  std::vector<std::int32_t>& labels);
+  Record validate(std::int64_t step, std::int64_t epoch);
+  void save(std::int64_t step, std::int64_t epoch);
+  void print_summary();
+  bool root() const { return grid_->rank() == 0; }
+
+  const TrainOptions& o_;
+  MPI_Comm world_;
+  std::ostream& out_;
+  ModelSpec spec_;
+  std::unique_ptr<ProcessGrid> grid_;
+  std::unique_ptr<Dataset> train_data_, val_data_;
+  Split train_, val_;
+  std::string data_text_;
+  std::optional<Model<T>> model_;
+  std::optional<Optimizer<T>> optimizer_;
+  std::int64_t total_steps_ = 0, steps_per_epoch_ = 0;
+  ScheduleOptions schedule_;
+  bool segmentation_ = true;
+  std::int64_t classes_ = 0;
+};
+
+template <typename T>
+void Trainer<T>::open_data() {
+  const bool segmentation = spec_.loss == LossKind::pixel_cross_entropy;
+  if (o_.data.empty()) {
+    TESSERA_CHECK(o_.val_data.empty() && o_.val_fraction == 0,
+                  "--val-data and --val-fraction need --data (the built-in dataset brings its own "
+                  "validation set)");
+    return;  // built once the model says how many classes it predicts
+  }
+  train_data_ = std::make_unique<H5Dataset>(o_.data, world_);
+  const DatasetInfo& info = train_data_->info();
+  TESSERA_CHECK(
+      (info.labels == LabelKind::per_pixel) == segmentation,
+      "'" + o_.data + "' has " +
+          (info.labels == LabelKind::per_pixel ? "per-pixel labels" : "one label per image") +
+          " but the model's loss is " + to_string(spec_.loss));
+  std::int64_t n_train = info.samples;
+  if (o_.val_fraction > 0) {
+    TESSERA_CHECK(o_.val_data.empty(), "give --val-data or --val-fraction, not both");
+    TESSERA_CHECK(o_.val_fraction < 1, "--val-fraction must be in [0, 1)");
+    n_train = info.samples - static_cast<std::int64_t>(o_.val_fraction * info.samples);
+  }
+  train_ = {train_data_.get(), {}};
+  for (std::int64_t k = 0; k < n_train; ++k)
+    train_.index.push_back(k);
+  if (!o_.val_data.empty()) {
+    val_data_ = std::make_unique<H5Dataset>(o_.val_data, world_);
+    const DatasetInfo& v = val_data_->info();
+    TESSERA_CHECK(
+        v.channels == info.channels && v.height == info.height && v.width == info.width &&
+            v.labels == info.labels,
+        "'" + o_.val_data + "' holds images or labels of another shape than '" + o_.data + "'");
+    val_ = {val_data_.get(), {}};
+    for (std::int64_t k = 0; k < v.samples; ++k)
+      val_.index.push_back(k);
+  } else if (n_train < info.samples) {
+    val_ = {train_data_.get(), {}};
+    for (std::int64_t k = n_train; k < info.samples; ++k)
+      val_.index.push_back(k);
+  }
+  std::ostringstream d;
+  d << "'" << o_.data << "', " << n_train << " samples of " << info.channels << "x" << info.height
+    << "x" << info.width;
+  if (!val_.index.empty())
+    d << "; validation " << val_.index.size() << " samples"
+      << (o_.val_data.empty() ? " (the last of --data)" : " from '" + o_.val_data + "'");
+  data_text_ = d.str();
+}
+
+template <typename T>
+void Trainer<T>::read_batch(const Split& split, std::span<const std::int64_t> global_batch,
+                            DistTensor<T>& x, std::vector<std::int32_t>& labels) {
+  const Range mine = x.dist.samples();
+  std::vector<std::int64_t> samples;
+  for (std::int64_t k = mine.begin; k < mine.end; ++k)
+    samples.push_back(
+        split.index[static_cast<std::size_t>(global_batch[static_cast<std::size_t>(k)])]);
+  const Distribution& out = model_->output_distribution();
+  agree(world_, [&] {
+    split.data->read(samples, x.dist.tile(), out.tile(), x.local, labels);
+    for (std::int32_t l : labels)
+      TESSERA_CHECK(l >= 0 && l < classes_, "a label is " + std::to_string(l) + ", outside [0, " +
+                                                std::to_string(classes_) +
+                                                "): the model predicts " +
+                                                std::to_string(classes_) + " classes");
+  });
+}
+
+template <typename T>
+Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
+  Record r{.step = step, .epoch = epoch, .split = "val"};
+  const std::int64_t batch = o_.batch;
+  const auto batches = static_cast<std::int64_t>(val_.index.size()) / batch;
+  model_->state().mode = Mode::eval;
+  Confusion confusion(classes_);
+  double loss = 0;
+  std::vector<std::int64_t> order(static_cast<std::size_t>(batch));
+  for (std::int64_t b = 0; b < batches; ++b) {
+    for (std::int64_t k = 0; k < batch; ++k)
+      order[static_cast<std::size_t>(k)] = b * batch + k;
+    DistTensor<T> x(model_->input_distribution());
+    std::vector<std::int32_t> labels;
+    read_batch(val_, order, x, labels);
+    const DistTensor<T> logits = model_->forward(x);
+    loss += compute_loss(spec_.loss, logits, labels, *grid_).loss;
+    confusion.add(logits, labels);
+  }
+  model_->state().mode = Mode::train;
+  confusion.reduce(*grid_);
+  r.loss = batches > 0 ? loss / static_cast<double>(batches) : 0;
+  r.accuracy = confusion.accuracy();
+  r.mean_iou = confusion.mean_iou();
+  return r;
+}
+
+template <typename T>
+void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
+  const CheckpointState state{
+      .step = step,
+      .epoch = epoch,
+      .seed = o_.seed,
+      .model = spec_.json,
+      .grid = o_.grid.str(),
+      .dtype = o_.dtype,
+      .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd"};
+  // One rank writes; the others wait at the agreement, so a failed write stops every rank.
+  agree(world_, [&] {
+    if (!root()) return;
+    std::filesystem::create_directories(o_.checkpoint_dir);
+    write_checkpoint(checkpoint_path(o_.checkpoint_dir, step), *model_, *optimizer_, state);
+  });
+}
+
+template <typename T>
+void Trainer<T>::print_summary() {
+  if (!root()) return;
+  const Distribution& in = model_->input_distribution();
+  const GridShape& g = grid_->shape();
+  out_ << "tessera train: model " << spec_.name << " (" << model_->parameter_count()
+       << " parameters), " << o_.dtype << ", loss " << to_string(spec_.loss) << "\n"
+       << "  grid " << g.str() << ": " << g.n << " data-parallel group(s) of " << g.h << "x" << g.w
+       << " spatial ranks; rank 0 tile rows " << to_string(in.rows()) << ", columns "
+       << to_string(in.cols()) << " of " << in.global.h << "x" << in.global.w << "\n"
+       << "  data: " << data_text_ << "\n"
+       << "  batch " << o_.batch << " (" << in.samples().size() << " on rank 0's group), "
+       << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
+       << "  optimizer " << (o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd") << ", lr "
+       << o_.lr
+       << (schedule_.kind == ScheduleKind::cosine ? " (cosine)"
+           : schedule_.kind == ScheduleKind::step ? " (step)"
+                                                  : " (constant)")
+       << ", weight decay " << o_.optimizer.weight_decay << "\n";
+  if (!o_.checkpoint_dir.empty())
+    out_ << "  checkpoints: " << o_.checkpoint_dir
+         << (o_.checkpoint_every > 0 ? ", every " + std::to_string(o_.checkpoint_every) + " steps"
+                                     : ", at the end")
+         << "\n";
+  out_.flush();
+}
+
+template <typename T>
+int Trainer<T>::run() {
+  agree(world_, [&] {
+    spec_ = load_model(o_.model);
+    TESSERA_CHECK(o_.batch > 0, "--batch must be positive");
+    TESSERA_CHECK(o_.log_every > 0, "--log-every must be positive");
+    TESSERA_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+    TESSERA_CHECK(o_.epochs >= 0 && o_.steps >= 0, "--epochs and --steps must not be negative");
+  });
+  grid_ = std::make_unique<ProcessGrid>(world_, o_.grid);
+  segmentation_ = spec_.loss == LossKind::pixel_cross_entropy;
+  agree(world_, [&] { open_data(); });
+
+  // The model, for the global batch.
+  Shape4 image{o_.batch, spec_.input_channels, o_.height, o_.width};
+  if (train_data_) {
+    const DatasetInfo& info = train_data_->info();
+    image = {o_.batch, info.channels, info.height, info.width};
+  }
+  agree(world_, [&] {
+    model_.emplace(spec_, *grid_, image);
+    const Shape4 out = model_->output_distribution().global;
+    classes_ = out.c;
+    if (!train_data_) {
+      SyntheticOptions s{
+          .task = segmentation_ ? SyntheticTask::segmentation : SyntheticTask::classification,
+          .samples = o_.samples,
+          .channels = spec_.input_channels,
+          .height = o_.height,
+          .width = o_.width,
+          // The model may predict more classes than the generator draws.
+          .classes = std::min<std::int64_t>(classes_, segmentation_ ? 4 : 64),
+          .seed = o_.seed};
+      train_data_ = std::make_unique<SyntheticDataset>(s);
+      s.samples = o_.val_samples;
+      s.seed = o_.seed + 0x5eed;  // held-out images, never seen in training
+      val_data_ = std::make_unique<SyntheticDataset>(s);
+      train_ = {train_data_.get(), {}};
+      for (std::int64_t k = 0; k < o_.samples; ++k)
+        train_.index.push_back(k);
+      val_ = {val_data_.get(), {}};
+      for (std::int64_t k = 0; k < o_.val_samples; ++k)
+        val_.index.push_back(k);
+      data_text_ = "built-in synthetic " +
+                   std::string(segmentation_ ? "segmentation" : "classification") + ", " +
+                   std::to_string(o_.samples) + " samples of " + std::to_string(image.c) + "x" +
+                   std::to_string(image.h) + "x" + std::to_string(image.w) + ", " +
+                   std::to_string(classes_) + " classes; validation " +
+                   std::to_string(o_.val_samples) + " held-out samples";
+    }
+    const DatasetInfo& info = train_data_->info();
+    if (segmentation_)
+      TESSERA_CHECK(info.label_height == out.h && info.label_width == out.w,
+                    "the labels are " + std::to_string(info.label_height) + "x" +
+                        std::to_string(info.label_width) + " but the model's output is " +
+                        std::to_string(out.h) + "x" + std::to_string(out.w));
+    TESSERA_CHECK(info.classes == 0 || info.classes <= classes_,
+                  "the data has " + std::to_string(info.classes) + " classes, the model predicts " +
+                      std::to_string(classes_));
+    TESSERA_CHECK(static_cast<std::int64_t>(train_.index.size()) >= o_.batch,
+                  "the batch of " + std::to_string(o_.batch) + " is larger than the " +
+                      std::to_string(train_.index.size()) + " training samples");
+    TESSERA_CHECK(val_.index.empty() || static_cast<std::int64_t>(val_.index.size()) >= o_.batch,
+                  "the validation set has " + std::to_string(val_.index.size()) +
+                      " samples, fewer than one batch of " + std::to_string(o_.batch));
+  });
+  const EpochSampler sampler(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
+  steps_per_epoch_ = sampler.batches_per_epoch();
+  total_steps_ = o_.steps > 0 ? o_.steps : std::max<std::int64_t>(o_.epochs, 1) * steps_per_epoch_;
+  schedule_ = o_.schedule;
+  schedule_.total_steps = total_steps_;
+
+  model_->init_params(o_.seed);
+  optimizer_.emplace(o_.optimizer, *model_);
+  std::int64_t start = 0;
+  if (o_.resume) {
+    const std::string path = latest_checkpoint(o_.checkpoint_dir);
+    agree(world_, [&] {
+      if (path.empty()) return;
+      const CheckpointState expect{
+          .model = spec_.json,
+          .grid = o_.grid.str(),
+          .dtype = o_.dtype,
+          .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd"};
+      start = read_checkpoint(path, *model_, *optimizer_, expect).step;
+    });
+    if (root())
+      out_ << (path.empty()
+                   ? "  resume: no checkpoint in " + o_.checkpoint_dir + ", starting afresh"
+                   : "  resume: " + path + " (step " + std::to_string(start) + ")")
+           << "\n";
+  }
+  print_summary();
+
+  MetricsFile metrics(root() ? o_.metrics : "", o_.resume && start > 0);
+  const auto began = clock_type::now();
+  auto window_began = began;
+  double window_loss = 0;
+  std::int64_t window_steps = 0;
+  Confusion window_confusion(classes_);
+  DistTensor<T> x(model_->input_distribution());
+  std::vector<std::int32_t> labels;
+  for (std::int64_t step = start; step < total_steps_; ++step) {
+    const std::int64_t epoch = step / steps_per_epoch_;
+    read_batch(train_, sampler.batch(epoch, step % steps_per_epoch_), x, labels);
+    model_->state() = {.mode = Mode::train, .seed = o_.seed, .step = step};
+    const StepResult<T> r = forward_backward(*model_, x, labels, *grid_);
+    // Every rank holds the same global loss, so every rank stops here together.
+    agree(world_, [&] {
+      TESSERA_CHECK(std::isfinite(r.loss),
+                    "the loss became " + std::to_string(r.loss) + " at step " +
+                        std::to_string(step) +
+                        " (try a smaller --lr); the last checkpoint is untouched");
+    });
+    const double lr = learning_rate(schedule_, o_.lr, step);
+    optimizer_->step(lr);
+    window_loss += r.loss;
+    ++window_steps;
+    window_confusion.add(r.output, labels);
+
+    const std::int64_t done = step + 1;
+    const bool epoch_end = done % steps_per_epoch_ == 0 || done == total_steps_;
+    if (done % o_.log_every == 0 || done == total_steps_ || epoch_end) {
+      window_confusion.reduce(*grid_);
+      const double elapsed = seconds_since(window_began);
+      Record rec{.step = done,
+                 .epoch = epoch,
+                 .split = "train",
+                 .loss = window_loss / static_cast<double>(window_steps),
+                 .accuracy = window_confusion.accuracy(),
+                 .mean_iou = window_confusion.mean_iou(),
+                 .lr = lr,
+                 .images_per_s = static_cast<double>(window_steps * o_.batch) / elapsed};
+      metrics.write(rec, segmentation_);
+      if (root()) {
+        const double per_step = seconds_since(began) / static_cast<double>(done - start);
+        std::ostringstream line;
+        line << "step " << done << "/" << total_steps_ << "  epoch " << epoch + 1 << "  loss "
+             << std::fixed << std::setprecision(4) << rec.loss << "  acc " << rec.accuracy;
+        if (segmentation_) line << "  mIoU " << rec.mean_iou;
+        line << "  " << std::setprecision(1) << rec.images_per_s << " img/s  ETA "
+             << duration_text(per_step * static_cast<double>(total_steps_ - done));
+        if (o_.progress_line)
+          out_ << "\r" << line.str() << "\033[K" << std::flush;
+        else
+          out_ << line.str() << "\n" << std::flush;
+      }
+      window_loss = 0;
+      window_steps = 0;
+      window_confusion = Confusion(classes_);
+      window_began = clock_type::now();
+    }
+    if (epoch_end && !val_.index.empty()) {
+      const Record v = validate(done, epoch);
+      metrics.write(v, segmentation_);
+      if (root()) {
+        if (o_.progress_line) out_ << "\n";
+        out_ << "validation after epoch " << epoch + 1 << ": loss " << std::fixed
+             << std::setprecision(4) << v.loss << "  acc " << v.accuracy;
+        if (segmentation_) out_ << "  mIoU " << v.mean_iou;
+        out_ << std::defaultfloat << "\n" << std::flush;
+      }
+    }
+    if (!o_.checkpoint_dir.empty() &&
+        ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == total_steps_))
+      save(done, done / steps_per_epoch_);
+  }
+  // Peak resident memory per rank: what a user sizes nodes by (Linux reports KiB).
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const int peak_kib = static_cast<int>(usage.ru_maxrss);
+  const int peak_max = allreduce_max(peak_kib, world_), peak_min = allreduce_min(peak_kib, world_);
+  if (root()) {
+    if (o_.progress_line) out_ << "\n";
+    out_ << "done: " << total_steps_ - start << " steps in " << duration_text(seconds_since(began))
+         << "; peak memory per rank " << std::fixed << std::setprecision(1) << peak_min / 1024.0
+         << ".." << peak_max / 1024.0 << " MiB" << std::defaultfloat << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& options, MPI_Comm world, std::ostream& out) {
+  if (options.dtype == "float64") return Trainer<double>(options, world, out).run();
+  agree(world, [&] {
+    TESSERA_CHECK(options.dtype == "float32",
+                  "bad dtype '" + options.dtype + "': expected float32 or float64");
+  });
+  return Trainer<float>(options, world, out).run();
+}
+
+}  // namespace tessera

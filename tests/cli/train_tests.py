@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""End-to-end tests of `tessera train`: train_tests.py BUILD_DIR SCENARIO (exit 0 pass, 1 fail).
+
+Shares the driver of cli_tests.py (every rank's exit code, one error line, no hang).
+"""
+import csv
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli_tests as base  # noqa: E402
+from cli_tests import fail, expect_ok, expect_error, scenario  # noqa: E402
+
+# A small U-Net run: batch norm, pooling, transposed conv, skips; 32x32 images.
+SMALL = ["--model", "unet-small", "--height", "32", "--width", "32", "--samples", "16",
+         "--val-samples", "8", "--batch", "4"]
+
+
+def read_metrics(path, split="train"):
+    with open(path) as f:
+        return [row for row in csv.DictReader(f) if row["split"] == split]
+
+
+def losses(path):
+    return {int(r["step"]): float(r["loss"]) for r in read_metrics(path)}
+
+
+@scenario
+def train_default_runs(env):
+    r = env.tessera(2, "train", "--steps", "6", "--log-every", "3", *SMALL[:8],
+                    "--progress", "plain", "--metrics", env.path("m.csv"))
+    expect_ok(r, "tessera train: model unet-small", "grid 1x1x2", "step 6/6", "loss",
+              "mIoU", "done:", "peak memory per rank")
+    # The metrics file draws.
+    r = env.run_cmd([sys.executable, base.REPO / "scripts" / "plot_metrics.py", env.path("m.csv"),
+                     env.path("m.png")])
+    if r.rc != 0 or env.path("m.png").stat().st_size < 1000:
+        fail("expected scripts/plot_metrics.py to draw m.png", r)
+
+
+@scenario
+def train_grid_independence(env):
+    """The same seed and data give the same losses for 20 steps on grids 1x1x1, 1x2x2, 2x1x2."""
+    for dtype, tol in [("float64", 1e-9), ("float32", 1e-4)]:
+        runs = {}
+        for grid in ["1x1x1", "1x2x2", "2x1x2"]:
+            ranks = eval(grid.replace("x", "*"))
+            metrics = env.path(f"m_{grid}_{dtype}.csv")
+            r = env.tessera(ranks, "train", *SMALL, "--grid", grid, "--dtype", dtype,
+                            "--steps", "20", "--log-every", "1", "--optimizer", "adam",
+                            "--lr", "0.01", "--metrics", metrics, "--progress", "plain",
+                            timeout=300)
+            expect_ok(r, "step 20/20")
+            runs[grid] = losses(metrics)
+            if sorted(runs[grid]) != list(range(1, 21)):
+                fail(f"expected a loss for each of 20 steps on {grid}, got {sorted(runs[grid])}")
+        for grid in ["1x2x2", "2x1x2"]:
+            for step in range(1, 21):
+                a, b = runs[grid][step], runs["1x1x1"][step]
+                if abs(a - b) > tol * abs(b):
+                    fail(f"{dtype}: step {step} loss {a!r} on {grid} differs from {b!r} on "
+                         f"1x1x1 by more than {tol} relative")
+        # The loss must move: otherwise equal losses would prove nothing.
+        first, last = runs["1x1x1"][1], runs["1x1x1"][20]
+        if not last < first:
+            fail(f"{dtype}: the loss did not fall in 20 steps ({first} -> {last})")
+
+
+@scenario
+def train_resume_exact(env):
+    """A run stopped after 5 steps and resumed gives the losses of a run straight through."""
+    common = [*SMALL, "--grid", "1x2x1", "--steps", "10", "--log-every", "1",
+              "--optimizer", "adam", "--lr-schedule", "cosine", "--lr", "0.01",
+              "--progress", "plain"]
+    straight = env.path("straight")
+    r = env.tessera(2, "train", *common, "--checkpoint-dir", straight, "--checkpoint-every", "5",
+                    "--metrics", env.path("straight.csv"))
+    expect_ok(r, "step 10/10")
+    for step in (5, 10):
+        if not (straight / f"checkpoint-{step}.h5").exists():
+            fail(f"expected checkpoint-{step}.h5 in {straight}", r)
+    # Stopped after step 5: only its checkpoint survives.
+    stopped = env.path("stopped")
+    stopped.mkdir()
+    shutil.copy(straight / "checkpoint-5.h5", stopped)
+    r = env.tessera(2, "train", *common, "--checkpoint-dir", stopped, "--resume",
+                    "--metrics", env.path("resumed.csv"))
+    expect_ok(r, "resume:", "checkpoint-5.h5", "step 10/10")
+    a, b = losses(env.path("straight.csv")), losses(env.path("resumed.csv"))
+    if sorted(b) != list(range(6, 11)):
+        fail(f"expected the resumed run to log steps 6..10, got {sorted(b)}")
+    for step in range(6, 11):
+        if a[step] != b[step]:
+            fail(f"step {step}: resumed loss {b[step]!r} differs from straight {a[step]!r}")
+    # --resume with an empty directory starts afresh.
+    r = env.tessera(2, "train", *SMALL[:8], "--steps", "2", "--checkpoint-dir",
+                    env.path("empty"), "--resume", "--progress", "plain")
+    expect_ok(r, "starting afresh", "step 2/2")
+
+
+@scenario
+def train_refuses_foreign_checkpoint(env):
+    ckpt = env.path("ckpt")
+    expect_ok(env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt,
+                          "--progress", "plain"))
+    base.write_json(env.path("other.json"), {
+        "input_channels": 3, "layers": [
+            {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1}]})
+    r = env.tessera(2, "train", "--model", "other.json", *SMALL[2:], "--steps", "2",
+                    "--checkpoint-dir", ckpt, "--resume")
+    expect_error(r, "another model")
+    r = env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt, "--resume",
+                    "--optimizer", "sgd")
+    expect_error(r, "adam", "sgd")
+    r = env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt, "--resume",
+                    "--dtype", "float64")
+    expect_error(r, "float32", "float64")
+
+
+@scenario
+def train_errors(env):
+    expect_error(env.tessera(2, "train", "--optimizer", "rmsprop"), "rmsprop", "sgd", "adam")
+    expect_error(env.tessera(2, "train", "--lr-schedule", "linear"), "linear", "cosine")
+    expect_error(env.tessera(2, "train", "--resume"), "--checkpoint-dir")
+    expect_error(env.tessera(2, "train", *SMALL[:6], "--samples", "4", "--batch", "8"),
+                 "larger than")
+    expect_error(env.tessera(2, "train", "--height", "30", "--width", "32"), "concat")
+    expect_error(env.tessera(2, "train", "--grid", "1x2x2"), "has 4 ranks")
+    # A loss that diverges stops every rank with one message.
+    r = env.tessera(2, "train", *SMALL, "--steps", "20", "--optimizer", "sgd", "--lr", "1e30",
+                    "--progress", "plain")
+    expect_error(r, "the loss became", "--lr")
+
+
+@scenario
+def train_metrics_and_config(env):
+    ini = env.path("run.ini")
+    ini.write_text("model = convnet-small\nsteps = 4\nbatch = 4\nsamples = 8\n"
+                   "val-samples = 4\nheight = 16\nwidth = 16\nlog-every = 2\n")
+    r = env.tessera(2, "train", "--config", ini, "--metrics", env.path("m.jsonl"),
+                    "--progress", "plain")
+    expect_ok(r, "model convnet-small", "step 4/4", "validation")
+    import json
+    lines = [json.loads(l) for l in env.path("m.jsonl").read_text().splitlines()]
+    if not any(l["split"] == "val" for l in lines) or not any(l["split"] == "train"
+                                                              for l in lines):
+        fail(f"expected train and val records in the JSON lines, got {lines}")
+    if any("mean_iou" in l for l in lines):
+        fail("a classifier's metrics should not report mean IoU")
+    # The command line wins over the file.
+    r = env.tessera(2, "train", "--config", ini, "--steps", "2", "--progress", "plain")
+    expect_ok(r, "step 2/2")
+
+
+if __name__ == "__main__":
+    sys.exit(base.main(sys.argv))
