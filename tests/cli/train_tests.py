@@ -153,5 +153,37 @@ def train_metrics_and_config(env):
     expect_ok(r, "step 2/2")
 
 
+@scenario
+def train_from_files(env):
+    """datagen -> train --data with a validation split, uint8 images, both tasks."""
+    seg = env.path("seg.h5")
+    r = env.run_cmd([env.exe, "datagen", "--output", seg, "--samples", "12", "--height", "32",
+                     "--width", "32", "--dtype", "uint8", "--seed", "3"])
+    if r.rc != 0:
+        fail("datagen failed", r)
+    r = env.tessera(4, "train", "--data", seg, "--val-fraction", "0.34", "--grid", "2x1x2",
+                    "--batch", "4", "--steps", "4", "--log-every", "2", "--progress", "plain",
+                    "--metrics", env.path("seg.csv"))
+    expect_ok(r, "8 samples of 3x32x32", "validation 4 samples", "step 4/4", "mIoU")
+    if not read_metrics(env.path("seg.csv"), "val"):
+        fail("expected validation metrics", r)
+    cls = env.path("cls.h5")
+    r = env.run_cmd([env.exe, "datagen", "--output", cls, "--task", "classification",
+                     "--samples", "8", "--height", "24", "--width", "24", "--classes", "10"])
+    if r.rc != 0:
+        fail("datagen failed", r)
+    r = env.tessera(4, "train", "--model", "convnet-small", "--data", cls, "--val-data", cls,
+                    "--grid", "1x2x2", "--batch", "4", "--steps", "2", "--progress", "plain")
+    expect_ok(r, "model convnet-small", "step 2/2", "acc")
+    # Segmentation data for a classifier, and a checkpoint directory holding a non-checkpoint.
+    expect_error(env.tessera(2, "train", "--model", "convnet-small", "--data", seg,
+                             "--batch", "2", "--steps", "1"), "per-pixel labels", "cross_entropy")
+    bad = env.path("bad")
+    bad.mkdir()
+    (bad / "checkpoint-7.h5").write_text("not a checkpoint")
+    expect_error(env.tessera(2, "train", "--data", seg, "--batch", "4", "--steps", "1",
+                             "--checkpoint-dir", bad, "--resume"), "checkpoint-7.h5")
+
+
 if __name__ == "__main__":
     sys.exit(base.main(sys.argv))
