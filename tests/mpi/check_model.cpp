@@ -12,23 +12,6 @@
 namespace tessera::test {
 namespace {
 
-// Compares a sharded tile with the matching part of the whole reference tensor.
-template <typename T>
-double tile_error(const DistTensor<T>& tile, const Tensor<T>& whole) {
-  const Range ns = tile.dist.samples(), hs = tile.dist.rows(), ws = tile.dist.cols();
-  const Shape4& g = tile.dist.global;
-  double diff = 0;
-  for (std::int64_t n = ns.begin; n < ns.end; ++n)
-    for (std::int64_t c = 0; c < g.c; ++c)
-      for (std::int64_t h = hs.begin; h < hs.end; ++h)
-        for (std::int64_t w = ws.begin; w < ws.end; ++w)
-          diff = std::max(
-              diff, std::abs(double(tile.local.at(n - ns.begin, c, h - hs.begin, w - ws.begin)) -
-                             double(whole.at(n, c, h, w))));
-  const double scale = max_abs<T>(whole.span());
-  return scale > 0 ? diff / scale : diff;
-}
-
 template <typename T>
 double span_error(std::span<const T> a, std::span<const T> b) {
   return rel_error<T, T>(a, b, max_abs<T>(b));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <span>
 
+#include "tessera/dist_tensor.hpp"
 #include "tessera/process_grid.hpp"
 #include "tessera/tensor.hpp"
 
@@ -32,6 +33,23 @@ double max_abs(std::span<const T> v) {
   for (T x : v)
     m = std::max(m, std::abs(double(x)));
   return m;
+}
+
+// max |tile - whole's part| / max |whole|.
+template <typename S, typename R>
+double tile_error(const DistTensor<S>& tile, const Tensor<R>& whole) {
+  const Range ns = tile.dist.samples(), hs = tile.dist.rows(), ws = tile.dist.cols();
+  const Shape4& g = tile.dist.global;
+  double diff = 0;
+  for (std::int64_t n = ns.begin; n < ns.end; ++n)
+    for (std::int64_t c = 0; c < g.c; ++c)
+      for (std::int64_t h = hs.begin; h < hs.end; ++h)
+        for (std::int64_t w = ws.begin; w < ws.end; ++w)
+          diff = std::max(
+              diff, std::abs(double(tile.local.at(n - ns.begin, c, h - hs.begin, w - ws.begin)) -
+                             double(whole.at(n, c, h, w))));
+  const double scale = max_abs<R>(whole.span());
+  return scale > 0 ? diff / scale : diff;
 }
 
 }  // namespace tessera::test

@@ -93,23 +93,6 @@ DistTensor<T> make_input(const Distribution& d, const std::function<double(std::
   return x;
 }
 
-// max |tile - whole's part| / max |whole|.
-template <typename S, typename R>
-double tile_error(const DistTensor<S>& tile, const Tensor<R>& whole) {
-  const Range ns = tile.dist.samples(), hs = tile.dist.rows(), ws = tile.dist.cols();
-  const Shape4& g = tile.dist.global;
-  double diff = 0;
-  for (std::int64_t n = ns.begin; n < ns.end; ++n)
-    for (std::int64_t c = 0; c < g.c; ++c)
-      for (std::int64_t h = hs.begin; h < hs.end; ++h)
-        for (std::int64_t w = ws.begin; w < ws.end; ++w)
-          diff = std::max(
-              diff, std::abs(double(tile.local.at(n - ns.begin, c, h - hs.begin, w - ws.begin)) -
-                             double(whole.at(n, c, h, w))));
-  const double scale = test::max_abs<R>(whole.span());
-  return scale > 0 ? diff / scale : diff;
-}
-
 template <typename S, typename R>
 double span_error(std::span<const S> a, std::span<const R> b) {
   EXPECT_EQ(a.size(), b.size());
@@ -129,8 +112,8 @@ void expect_same_step(Model<S>& sharded, Model<R>& reference, const ProcessGrid&
   const StepResult<S> s = forward_backward(sharded, x, labels, test::world_grid());
   const StepResult<R> r = forward_backward(reference, rx, rlabels, single);
   EXPECT_NEAR(s.loss, r.loss, tol * std::abs(r.loss)) << what;
-  EXPECT_LE(tile_error(s.output, r.output.local), tol) << what << ": output";
-  EXPECT_LE(tile_error(s.input_grad, r.input_grad.local), tol) << what << ": input gradient";
+  EXPECT_LE(test::tile_error(s.output, r.output.local), tol) << what << ": output";
+  EXPECT_LE(test::tile_error(s.input_grad, r.input_grad.local), tol) << what << ": input gradient";
   auto ps = sharded.params();
   auto pr = reference.params();
   ASSERT_EQ(ps.size(), pr.size()) << what;
