@@ -63,6 +63,13 @@ void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& op
     write_int(f, "/state/epoch", state.epoch);
     write_int(f, "/state/seed", static_cast<std::int64_t>(state.seed));
     write_int(f, "/state/optimizer_steps", optimizer.steps());
+    write_int(f, "/state/batch", state.batch);
+    write_int(f, "/state/samples", state.samples);
+    write_int(f, "/state/window_steps", state.window_steps);
+    f.write<double>("/state/window_loss", std::span<const double>(&state.window_loss, 1), {});
+    if (!state.window_counts.empty())
+      f.write<std::int64_t>("/state/window_counts", state.window_counts,
+                            {static_cast<std::int64_t>(state.window_counts.size())});
   });
 }
 
@@ -87,6 +94,17 @@ CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimi
   TESSERA_CHECK(s.optimizer == expect.optimizer, "'" + path + "' was written by the " +
                                                      s.optimizer + " optimizer, this run uses " +
                                                      expect.optimizer);
+  const auto same = [&](const char* name, std::int64_t expected, const std::string& what) {
+    const std::int64_t v = read_int(f, std::string("/state/") + name);
+    TESSERA_CHECK(v == expected, "'" + path + "' was written by a run with " + what + " " +
+                                     std::to_string(v) + ", this run has " +
+                                     std::to_string(expected) +
+                                     ": it would not continue exactly (resume with the same "
+                                     "options, or start afresh in another --checkpoint-dir)");
+  };
+  same("seed", static_cast<std::int64_t>(expect.seed), "--seed");
+  same("batch", expect.batch, "--batch");
+  same("samples", expect.samples, "training samples (--data, --val-fraction, --samples)");
   read_params(f, model);
   for (const OptimizerSlot<T>& slot : optimizer.slots()) {
     const std::string name = "/optimizer/" + slot.name;
@@ -100,6 +118,13 @@ CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimi
   s.epoch = read_int(f, "/state/epoch");
   s.seed = static_cast<std::uint64_t>(read_int(f, "/state/seed"));
   optimizer.set_steps(read_int(f, "/state/optimizer_steps"));
+  s.batch = read_int(f, "/state/batch");
+  s.samples = read_int(f, "/state/samples");
+  s.window_steps = read_int(f, "/state/window_steps");
+  TESSERA_CHECK(f.has("/state/window_loss"),
+                "'" + path + "' is not a complete checkpoint: no /state/window_loss");
+  s.window_loss = f.read<double>("/state/window_loss").at(0);
+  if (f.has("/state/window_counts")) s.window_counts = f.read<std::int64_t>("/state/window_counts");
   return s;
 }
 

@@ -1,8 +1,11 @@
 #include "tessera/hdf5.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "tessera/collectives.hpp"
@@ -10,6 +13,22 @@
 
 namespace tessera::h5 {
 namespace {
+
+// Forces `path` (a file, or a directory and so the names in it) to disk. Filesystems that cannot
+// (EINVAL, ENOTSUP) are left as they are; a directory's failure only costs durability of the name.
+void sync_to_disk(const std::filesystem::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) {
+    TESSERA_CHECK(directory, "cannot open '" + path.string() +
+                                 "' to flush it to disk: " + std::strerror(errno));
+    return;
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  TESSERA_CHECK(rc == 0 || directory || err == EINVAL || err == ENOTSUP,
+                "cannot flush '" + path.string() + "' to disk: " + std::strerror(err));
+}
 
 template <typename T>
 hid_t native();
@@ -414,7 +433,11 @@ void write_atomically(const std::string& path, const std::function<void(File&)>&
       body(f);
       f.flush();
     }
+    // On disk before the name points at it: after a power cut the name holds the old file or
+    // the whole new one, never an empty or partial one.
+    sync_to_disk(temp, false);
     fs::rename(temp, target);
+    sync_to_disk(dir, true);
   } catch (...) {
     std::error_code ignored;
     fs::remove(temp, ignored);

@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -51,16 +53,53 @@ struct Record {
   double loss = 0, accuracy = 0, mean_iou = 0, lr = 0, images_per_s = 0;
 };
 
+// The step a metrics line was written at, or -1 for a header or a damaged line.
+std::int64_t metrics_line_step(const std::string& line, bool json) {
+  std::size_t at = 0;
+  if (json) {
+    at = line.find("\"step\": ");
+    if (at == std::string::npos || !line.ends_with("}")) return -1;
+    at += 8;
+  } else if (std::count(line.begin(), line.end(), ',') != 7) {
+    return -1;
+  }
+  std::int64_t step = -1;
+  const auto [end, ec] = std::from_chars(line.data() + at, line.data() + line.size(), step);
+  return ec == std::errc() && end != line.data() + at ? step : -1;
+}
+
 class MetricsFile {
  public:
-  MetricsFile(const std::string& path, bool append)
+  // A fresh file, or with `resume_step` >= 0 the existing one with only its lines up to that
+  // step: those written after the checkpoint would otherwise come twice.
+  MetricsFile(const std::string& path, std::int64_t resume_step)
       : json_(path.ends_with(".json") || path.ends_with(".jsonl")) {
     if (path.empty()) return;
-    const bool fresh = !append || !std::filesystem::exists(path);
-    out_.open(path, fresh ? std::ios::trunc : std::ios::app);
-    TESSERA_CHECK(out_.good(), "cannot write the metrics file '" + path + "'");
-    if (fresh && !json_) out_ << "step,epoch,split,loss,accuracy,mean_iou,lr,images_per_s\n";
+    const std::string header =
+        json_ ? "" : "step,epoch,split,loss,accuracy,mean_iou,lr,images_per_s\n";
+    if (resume_step >= 0 && std::filesystem::exists(path)) {
+      // Rewritten through a temporary file, so that a crash here leaves the old lines.
+      std::string kept = header;
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        const std::int64_t step = metrics_line_step(line, json_);
+        if (step >= 0 && step <= resume_step) kept += line + "\n";
+      }
+      const std::string temp = path + ".tmp";
+      std::ofstream t(temp, std::ios::trunc);
+      t << kept;
+      t.close();
+      TESSERA_CHECK(t, "cannot write the metrics file '" + path + "' (through '" + temp + "')");
+      std::error_code ec;
+      std::filesystem::rename(temp, path, ec);
+      TESSERA_CHECK(!ec, "cannot write the metrics file '" + path + "': " + ec.message());
+      out_.open(path, std::ios::app);
+    } else {
+      out_.open(path, std::ios::trunc);
+      out_ << header;
+    }
     out_.flush();
+    TESSERA_CHECK(out_.good(), "cannot write the metrics file '" + path + "'");
   }
   void write(const Record& r, bool segmentation) {
     if (!out_.is_open()) return;
@@ -72,8 +111,9 @@ class MetricsFile {
       out_ << ", \"lr\": " << r.lr << ", \"images_per_s\": " << r.images_per_s << "}\n";
     } else {
       out_ << r.step << "," << r.epoch << "," << r.split << "," << r.loss << "," << r.accuracy
-           << "," << (segmentation ? std::to_string(r.mean_iou) : "") << "," << r.lr << ","
-           << r.images_per_s << "\n";
+           << ",";
+      if (segmentation) out_ << r.mean_iou;
+      out_ << "," << r.lr << "," << r.images_per_s << "\n";
     }
     out_.flush();  // a run that dies keeps every line it logged
   }
@@ -113,6 +153,11 @@ class Trainer {
   ScheduleOptions schedule_;
   bool segmentation_ = true;
   std::int64_t classes_ = 0;
+  // The log window: steps since the last log line, their summed loss, and this rank's part of
+  // their confusion counts.
+  std::int64_t window_steps_ = 0;
+  double window_loss_ = 0;
+  std::optional<Confusion> window_confusion_;
 };
 
 template <typename T>
@@ -134,7 +179,6 @@ void Trainer<T>::open_data() {
   std::int64_t n_train = info.samples;
   if (o_.val_fraction > 0) {
     TESSERA_CHECK(o_.val_data.empty(), "give --val-data or --val-fraction, not both");
-    TESSERA_CHECK(o_.val_fraction < 1, "--val-fraction must be in [0, 1)");
     n_train = info.samples - static_cast<std::int64_t>(o_.val_fraction * info.samples);
   }
   train_ = {train_data_.get(), {}};
@@ -212,6 +256,8 @@ Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
 
 template <typename T>
 void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
+  Confusion window = *window_confusion_;  // the open window's counts over the whole grid
+  window.reduce(*grid_);
   const CheckpointState state{
       .step = step,
       .epoch = epoch,
@@ -219,7 +265,12 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
       .model = spec_.json,
       .grid = o_.grid.str(),
       .dtype = o_.dtype,
-      .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd"};
+      .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
+      .batch = o_.batch,
+      .samples = static_cast<std::int64_t>(train_.index.size()),
+      .window_steps = window_steps_,
+      .window_loss = window_loss_,
+      .window_counts = {window.counts().begin(), window.counts().end()}};
   // One rank writes; the others wait at the agreement, so a failed write stops every rank.
   agree(world_, [&] {
     if (!root()) return;
@@ -237,7 +288,20 @@ void Trainer<T>::print_summary() {
        << " parameters), " << o_.dtype << ", loss " << to_string(spec_.loss) << "\n"
        << "  grid " << g.str() << ": " << g.n << " data-parallel group(s) of " << g.h << "x" << g.w
        << " spatial ranks; rank 0 tile rows " << to_string(in.rows()) << ", columns "
-       << to_string(in.cols()) << " of " << in.global.h << "x" << in.global.w << "\n"
+       << to_string(in.cols()) << " of " << in.global.h << "x" << in.global.w;
+  // Uneven tiles: the smallest and the largest, rows x columns.
+  std::int64_t rows_min = in.global.h, rows_max = 0, cols_min = in.global.w, cols_max = 0;
+  for (int i = 0; i < g.h; ++i)
+    for (int j = 0; j < g.w; ++j) {
+      const Box b = in.tile_of(i, j);
+      rows_min = std::min(rows_min, b.h.size());
+      rows_max = std::max(rows_max, b.h.size());
+      cols_min = std::min(cols_min, b.w.size());
+      cols_max = std::max(cols_max, b.w.size());
+    }
+  if (rows_min != rows_max || cols_min != cols_max)
+    out_ << "; tiles from " << rows_min << "x" << cols_min << " to " << rows_max << "x" << cols_max;
+  out_ << "\n"
        << "  data: " << data_text_ << "\n"
        << "  batch " << o_.batch << " (" << in.samples().size() << " on rank 0's group), "
        << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
@@ -247,6 +311,11 @@ void Trainer<T>::print_summary() {
            : schedule_.kind == ScheduleKind::step ? " (step)"
                                                   : " (constant)")
        << ", weight decay " << o_.optimizer.weight_decay << "\n";
+  const std::size_t val_used =
+      val_.index.size() / static_cast<std::size_t>(o_.batch) * static_cast<std::size_t>(o_.batch);
+  if (val_used != val_.index.size())
+    out_ << "  validation uses " << val_used << " of the " << val_.index.size()
+         << " validation samples (whole batches of " << o_.batch << ")\n";
   if (!o_.checkpoint_dir.empty())
     out_ << "  checkpoints: " << o_.checkpoint_dir
          << (o_.checkpoint_every > 0 ? ", every " + std::to_string(o_.checkpoint_every) + " steps"
@@ -263,7 +332,25 @@ int Trainer<T>::run() {
     TESSERA_CHECK(o_.log_every > 0, "--log-every must be positive");
     TESSERA_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
     TESSERA_CHECK(o_.epochs >= 0 && o_.steps >= 0, "--epochs and --steps must not be negative");
+    TESSERA_CHECK(o_.checkpoint_every >= 0, "--checkpoint-every must not be negative");
+    TESSERA_CHECK(o_.checkpoint_every == 0 || !o_.checkpoint_dir.empty(),
+                  "--checkpoint-every needs --checkpoint-dir");
+    TESSERA_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, "--val-fraction must be in [0, 1)");
   });
+  // Every rank read its own model file and --config: a file that differs between nodes would
+  // otherwise make the ranks run different programs.
+  {
+    std::ostringstream c;
+    c << spec_.json << "|" << o_.grid.str() << "|" << o_.dtype << "|" << o_.seed << "|" << o_.data
+      << "|" << o_.val_data << "|" << o_.val_fraction << "|" << o_.epochs << "|" << o_.steps << "|"
+      << o_.batch << "|" << static_cast<int>(o_.optimizer.kind) << "|" << o_.optimizer.momentum
+      << "|" << o_.optimizer.weight_decay << "|" << o_.lr << "|"
+      << static_cast<int>(o_.schedule.kind) << "|" << o_.schedule.step_size << "|"
+      << o_.schedule.gamma << "|" << o_.checkpoint_dir << "|" << o_.checkpoint_every << "|"
+      << o_.resume << "|" << o_.log_every << "|" << o_.samples << "|" << o_.height << "|"
+      << o_.width << "|" << o_.val_samples << "|" << __DATE__ << __TIME__;
+    check_same_everywhere("configuration (model, options, build)", c.str(), world_);
+  }
   grid_ = std::make_unique<ProcessGrid>(world_, o_.grid);
   segmentation_ = spec_.loss == LossKind::pixel_cross_entropy;
   agree(world_, [&] { open_data(); });
@@ -289,21 +376,25 @@ int Trainer<T>::run() {
           .classes = std::min<std::int64_t>(classes_, segmentation_ ? 4 : 64),
           .seed = o_.seed};
       train_data_ = std::make_unique<SyntheticDataset>(s);
-      s.samples = o_.val_samples;
-      s.seed = o_.seed + 0x5eed;  // held-out images, never seen in training
-      val_data_ = std::make_unique<SyntheticDataset>(s);
+      TESSERA_CHECK(o_.val_samples >= 0, "--val-samples must not be negative (0: no validation)");
       train_ = {train_data_.get(), {}};
       for (std::int64_t k = 0; k < o_.samples; ++k)
         train_.index.push_back(k);
-      val_ = {val_data_.get(), {}};
-      for (std::int64_t k = 0; k < o_.val_samples; ++k)
-        val_.index.push_back(k);
-      data_text_ = "built-in synthetic " +
-                   std::string(segmentation_ ? "segmentation" : "classification") + ", " +
-                   std::to_string(o_.samples) + " samples of " + std::to_string(image.c) + "x" +
-                   std::to_string(image.h) + "x" + std::to_string(image.w) + ", " +
-                   std::to_string(classes_) + " classes; validation " +
-                   std::to_string(o_.val_samples) + " held-out samples";
+      if (o_.val_samples > 0) {
+        s.samples = o_.val_samples;
+        s.seed = o_.seed + 0x5eed;  // held-out images, never seen in training
+        val_data_ = std::make_unique<SyntheticDataset>(s);
+        val_ = {val_data_.get(), {}};
+        for (std::int64_t k = 0; k < o_.val_samples; ++k)
+          val_.index.push_back(k);
+      }
+      data_text_ =
+          "built-in synthetic " + std::string(segmentation_ ? "segmentation" : "classification") +
+          ", " + std::to_string(o_.samples) + " samples of " + std::to_string(image.c) + "x" +
+          std::to_string(image.h) + "x" + std::to_string(image.w) + ", " +
+          std::to_string(classes_) + " classes; " +
+          (o_.val_samples > 0 ? "validation " + std::to_string(o_.val_samples) + " held-out samples"
+                              : "no validation (--val-samples 0)");
     }
     const DatasetInfo& info = train_data_->info();
     if (segmentation_)
@@ -328,33 +419,71 @@ int Trainer<T>::run() {
   schedule_.total_steps = total_steps_;
 
   model_->init_params(o_.seed);
-  optimizer_.emplace(o_.optimizer, *model_);
+  agree(world_, [&] {
+    TESSERA_CHECK(std::isfinite(o_.lr) && o_.lr >= 0,
+                  "--lr must be a finite number >= 0, not " + std::to_string(o_.lr));
+    if (schedule_.kind == ScheduleKind::step) {
+      TESSERA_CHECK(schedule_.step_size >= 1, "--lr-step-size must be at least 1, not " +
+                                                  std::to_string(schedule_.step_size));
+      TESSERA_CHECK(schedule_.gamma >= 0,
+                    "--lr-gamma must be >= 0, not " + std::to_string(schedule_.gamma));
+    }
+    optimizer_.emplace(o_.optimizer, *model_);  // refuses a bad --momentum or --weight-decay
+  });
+  window_confusion_.emplace(classes_);
   std::int64_t start = 0;
   if (o_.resume) {
-    const std::string path = latest_checkpoint(o_.checkpoint_dir);
+    // Rank 0 chooses, so that every rank resumes from the same step (or each says why not).
+    std::string path;
+    agree(world_, [&] {
+      if (root()) path = latest_checkpoint(o_.checkpoint_dir);
+    });
+    broadcast(path, 0, world_);
     agree(world_, [&] {
       if (path.empty()) return;
       const CheckpointState expect{
+          .seed = o_.seed,
           .model = spec_.json,
           .grid = o_.grid.str(),
           .dtype = o_.dtype,
-          .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd"};
-      start = read_checkpoint(path, *model_, *optimizer_, expect).step;
+          .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
+          .batch = o_.batch,
+          .samples = static_cast<std::int64_t>(train_.index.size()),
+          .window_counts = {}};
+      const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, expect);
+      TESSERA_CHECK(s.window_counts.size() == window_confusion_->counts().size(),
+                    "'" + path + "' is not a complete checkpoint: its /state/window_counts has " +
+                        std::to_string(s.window_counts.size()) + " entries, not " +
+                        std::to_string(window_confusion_->counts().size()));
+      start = s.step;
+      window_steps_ = s.window_steps;
+      window_loss_ = s.window_loss;
+      // Summed over the grid already: one rank holds them, so the next reduction counts them once.
+      if (root())
+        std::copy(s.window_counts.begin(), s.window_counts.end(),
+                  window_confusion_->counts().begin());
     });
-    if (root())
-      out_ << (path.empty()
-                   ? "  resume: no checkpoint in " + o_.checkpoint_dir + ", starting afresh"
-                   : "  resume: " + path + " (step " + std::to_string(start) + ")")
-           << "\n";
+    if (root()) {
+      out_ << "  resume: ";
+      if (path.empty())
+        out_ << "no checkpoint in " << o_.checkpoint_dir << ", starting afresh";
+      else
+        out_ << path << " (step " << start << ")";
+      if (start >= total_steps_)
+        out_ << "; the run's " << total_steps_ << " steps are done, nothing to train";
+      out_ << "\n";
+    }
   }
+  // Resuming, the file keeps the lines up to the checkpoint's step.
+  std::optional<MetricsFile> metrics;
+  agree(world_, [&] { metrics.emplace(root() ? o_.metrics : "", o_.resume ? start : -1); });
   print_summary();
 
-  MetricsFile metrics(root() ? o_.metrics : "", o_.resume && start > 0);
   const auto began = clock_type::now();
   auto window_began = began;
-  double window_loss = 0;
-  std::int64_t window_steps = 0;
-  Confusion window_confusion(classes_);
+  std::int64_t timed_steps = 0;  // steps since window_began
+  bool line_open = false;        // the updating progress line awaits its newline
+  Confusion& window_confusion = *window_confusion_;
   DistTensor<T> x(model_->input_distribution());
   std::vector<std::int32_t> labels;
   for (std::int64_t step = start; step < total_steps_; ++step) {
@@ -371,24 +500,27 @@ int Trainer<T>::run() {
     });
     const double lr = learning_rate(schedule_, o_.lr, step);
     optimizer_->step(lr);
-    window_loss += r.loss;
-    ++window_steps;
+    window_loss_ += r.loss;
+    ++window_steps_;
+    ++timed_steps;
     window_confusion.add(r.output, labels);
 
     const std::int64_t done = step + 1;
     const bool epoch_end = done % steps_per_epoch_ == 0 || done == total_steps_;
-    if (done % o_.log_every == 0 || done == total_steps_ || epoch_end) {
+    const bool log = done % o_.log_every == 0 || done == total_steps_ || epoch_end;
+    if (log) {
       window_confusion.reduce(*grid_);
       const double elapsed = seconds_since(window_began);
+      // Epochs count from 1 in the metrics, as on the console.
       Record rec{.step = done,
-                 .epoch = epoch,
+                 .epoch = epoch + 1,
                  .split = "train",
-                 .loss = window_loss / static_cast<double>(window_steps),
+                 .loss = window_loss_ / static_cast<double>(window_steps_),
                  .accuracy = window_confusion.accuracy(),
                  .mean_iou = window_confusion.mean_iou(),
                  .lr = lr,
-                 .images_per_s = static_cast<double>(window_steps * o_.batch) / elapsed};
-      metrics.write(rec, segmentation_);
+                 .images_per_s = static_cast<double>(timed_steps * o_.batch) / elapsed};
+      metrics->write(rec, segmentation_);
       if (root()) {
         const double per_step = seconds_since(began) / static_cast<double>(done - start);
         std::ostringstream line;
@@ -397,23 +529,32 @@ int Trainer<T>::run() {
         if (segmentation_) line << "  mIoU " << rec.mean_iou;
         line << "  " << std::setprecision(1) << rec.images_per_s << " img/s  ETA "
              << duration_text(per_step * static_cast<double>(total_steps_ - done));
-        if (o_.progress_line)
+        if (o_.progress_line) {
           out_ << "\r" << line.str() << "\033[K" << std::flush;
-        else
+          line_open = true;
+        } else
           out_ << line.str() << "\n" << std::flush;
       }
-      window_loss = 0;
-      window_steps = 0;
+      window_loss_ = 0;
+      window_steps_ = 0;
+      timed_steps = 0;
       window_confusion = Confusion(classes_);
       window_began = clock_type::now();
     }
+    // Images per second count training only: the time of validation and checkpoints is left out.
+    const auto pause_began = clock_type::now();
     if (epoch_end && !val_.index.empty()) {
-      const Record v = validate(done, epoch);
-      metrics.write(v, segmentation_);
+      Record v = validate(done, epoch + 1);
+      v.lr = lr;  // the rate the model was last trained with
+      metrics->write(v, segmentation_);
       if (root()) {
-        if (o_.progress_line) out_ << "\n";
-        out_ << "validation after epoch " << epoch + 1 << ": loss " << std::fixed
-             << std::setprecision(4) << v.loss << "  acc " << v.accuracy;
+        if (line_open) out_ << "\n";
+        line_open = false;
+        if (done % steps_per_epoch_ == 0)
+          out_ << "validation after epoch " << epoch + 1;
+        else
+          out_ << "validation at step " << done << " (part of epoch " << epoch + 1 << ")";
+        out_ << ": loss " << std::fixed << std::setprecision(4) << v.loss << "  acc " << v.accuracy;
         if (segmentation_) out_ << "  mIoU " << v.mean_iou;
         out_ << std::defaultfloat << "\n" << std::flush;
       }
@@ -421,6 +562,7 @@ int Trainer<T>::run() {
     if (!o_.checkpoint_dir.empty() &&
         ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == total_steps_))
       save(done, done / steps_per_epoch_);
+    window_began += clock_type::now() - pause_began;
   }
   // Peak resident memory per rank: what a user sizes nodes by (Linux reports KiB).
   rusage usage{};
@@ -428,10 +570,11 @@ int Trainer<T>::run() {
   const int peak_kib = static_cast<int>(usage.ru_maxrss);
   const int peak_max = allreduce_max(peak_kib, world_), peak_min = allreduce_min(peak_kib, world_);
   if (root()) {
-    if (o_.progress_line) out_ << "\n";
-    out_ << "done: " << total_steps_ - start << " steps in " << duration_text(seconds_since(began))
-         << "; peak memory per rank " << std::fixed << std::setprecision(1) << peak_min / 1024.0
-         << ".." << peak_max / 1024.0 << " MiB" << std::defaultfloat << "\n";
+    if (line_open) out_ << "\n";
+    out_ << "done: " << std::max<std::int64_t>(0, total_steps_ - start) << " steps in "
+         << duration_text(seconds_since(began)) << "; peak memory per rank " << std::fixed
+         << std::setprecision(1) << peak_min / 1024.0 << ".." << peak_max / 1024.0 << " MiB"
+         << std::defaultfloat << "\n";
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/model.hpp"
 #include "tessera/optimizer.hpp"
@@ -22,6 +23,14 @@ struct CheckpointState {
   std::string grid;        // informational: a checkpoint resumes on any grid
   std::string dtype;
   std::string optimizer;  // "sgd" | "adam"
+  // The data cursor means the same only with the same global batch and training-set size.
+  std::int64_t batch = 0;
+  std::int64_t samples = 0;  // training samples
+  // The log window still open at the checkpoint: its steps, their summed loss and its confusion
+  // counts summed over the grid, so that a resumed run logs what a straight one does.
+  std::int64_t window_steps = 0;
+  double window_loss = 0;
+  std::vector<std::int64_t> window_counts;
 };
 
 // `dir`/checkpoint-<step>.h5.
@@ -35,8 +44,9 @@ void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& op
                       const CheckpointState& state);
 
 // Loads a checkpoint into `model` and `optimizer` after checking that it was written for the
-// same model, dtype and optimizer as `expect` (its step, epoch and grid are not compared); a
-// mismatch or a file that is not a checkpoint is an Error saying why.
+// same model, dtype, optimizer, seed, batch and number of training samples as `expect` (its
+// step, epoch, grid and window are not compared); a mismatch or a file that is not a checkpoint
+// is an Error saying why.
 template <typename T>
 CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
                                 const CheckpointState& expect);

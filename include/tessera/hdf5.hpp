@@ -96,8 +96,8 @@ class File {
 };
 
 // Writes `path` all or nothing: `body` fills a temporary file in the same directory, which is
-// flushed, closed and renamed over `path`. On any failure the temporary file is removed and the
-// previous `path` (if any) is untouched. Local.
+// flushed, closed, synced to disk (fsync) and renamed over `path`. On any failure the temporary
+// file is removed and the previous `path` (if any) is untouched. Local.
 void write_atomically(const std::string& path, const std::function<void(File&)>& body);
 
 }  // namespace tessera::h5

@@ -30,6 +30,8 @@ class Confusion {
   long long count(std::int64_t label, std::int64_t predicted) const {
     return counts_[static_cast<std::size_t>(label * classes_ + predicted)];
   }
+  // Every count, [label][predicted]: to save and restore a partial sum (checkpoints).
+  std::span<long long> counts() { return counts_; }
   long long total() const;
   double accuracy() const;  // correct / total
   // Mean over the classes that occur (in labels or predictions) of TP / (TP + FP + FN).

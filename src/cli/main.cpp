@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "command.hpp"
+#include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
 #include "tessera/hdf5.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera_config.h"
 
 #if TESSERA_HAVE_ONEDNN
@@ -46,8 +48,7 @@ void print_version() {
   std::cout << "  HDF5 " << h5major << "." << h5minor << "." << h5release << "\n";
 #if TESSERA_HAVE_ONEDNN
   const dnnl_version_t* v = dnnl_version();
-  std::cout << "  oneDNN " << v->major << "." << v->minor << "." << v->patch
-            << " (linked; the fast CPU kernels are not built yet)\n";
+  std::cout << "  oneDNN " << v->major << "." << v->minor << "." << v->patch << "\n";
 #else
   std::cout << "  oneDNN: not built\n";
 #endif
@@ -60,7 +61,7 @@ void print_version() {
   } else {
     std::cout << "  CUDA: not built\n";
   }
-  std::cout << "  kernels: reference (CPU, float32 and float64)\n";
+  std::cout << "  kernels: " << tessera::kernel_backend_description() << "\n";
 }
 
 }  // namespace
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
   try {
     const std::string command = args.empty() ? "" : args.front();
     const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+    // A bad TESSERA_KERNELS stops every rank with one message before any command runs.
+    tessera::agree(MPI_COMM_WORLD, [] { tessera::kernel_backend(); });
     if (command == "--version" || command == "version") {
       if (rank == 0) print_version();
     } else if (command.empty() || command == "--help" || command == "-h" || command == "help") {

@@ -27,19 +27,20 @@ int train_command(const std::vector<std::string>& args, MPI_Comm world) {
       "val-fraction", po::value(&o.val_fraction)->default_value(0),
       "or validate on this last fraction of --data")(
       "grid", po::value(&grid), "process grid NxHxW; default: 1x1xP for P ranks")(
-      "epochs", po::value(&o.epochs)->default_value(0), "epochs to train (default 1)")(
-      "steps", po::value(&o.steps)->default_value(0), "steps to train (overrides --epochs)")(
+      "epochs", po::value(&o.epochs)->default_value(0, "1"), "epochs to train")(
+      "steps", po::value(&o.steps)->default_value(0),
+      "steps to train; overrides --epochs (0: --epochs decides)")(
       "batch", po::value(&o.batch)->default_value(o.batch),
       "global batch, split over the data-parallel groups")(
       "optimizer", po::value(&optimizer)->default_value(optimizer), "sgd or adam")(
       "lr", po::value(&o.lr)->default_value(o.lr), "learning rate")(
-      "momentum", po::value(&o.optimizer.momentum)->default_value(o.optimizer.momentum),
+      "momentum", po::value(&o.optimizer.momentum)->default_value(o.optimizer.momentum, "0.9"),
       "sgd momentum")("weight-decay", po::value(&o.optimizer.weight_decay)->default_value(0),
                       "L2 weight decay")(
       "lr-schedule", po::value(&schedule)->default_value(schedule), "constant, cosine or step")(
       "lr-step-size", po::value(&o.schedule.step_size)->default_value(o.schedule.step_size),
       "step schedule: steps between decays")(
-      "lr-gamma", po::value(&o.schedule.gamma)->default_value(o.schedule.gamma),
+      "lr-gamma", po::value(&o.schedule.gamma)->default_value(o.schedule.gamma, "0.1"),
       "step schedule: decay factor")("dtype", po::value(&o.dtype)->default_value(o.dtype),
                                      "float32 or float64")(
       "seed", po::value(&o.seed)->default_value(o.seed),
@@ -50,14 +51,14 @@ int train_command(const std::vector<std::string>& args, MPI_Comm world) {
       "resume", po::bool_switch(&o.resume),
       "continue from the latest checkpoint in --checkpoint-dir (start afresh if there is none)")(
       "metrics", po::value(&o.metrics),
-      "write metrics per log interval and epoch (.csv or .jsonl)")(
+      "write metrics per log interval and epoch (.csv, or JSON lines for .jsonl / .json)")(
       "log-every", po::value(&o.log_every)->default_value(o.log_every), "steps between log lines")(
       "progress", po::value(&progress)->default_value(progress),
       "auto (one updating line on a terminal), line, or plain")(
       "samples", po::value(&o.samples)->default_value(o.samples), "built-in data: samples")(
       "val-samples", po::value(&o.val_samples)->default_value(o.val_samples),
-      "built-in data: validation samples")("height", po::value(&o.height)->default_value(o.height),
-                                           "built-in data: image height")(
+      "built-in data: validation samples (0: no validation)")(
+      "height", po::value(&o.height)->default_value(o.height), "built-in data: image height")(
       "width", po::value(&o.width)->default_value(o.width), "built-in data: image width");
   po::variables_map vm;
   if (!parse("train",

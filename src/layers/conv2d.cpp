@@ -1,6 +1,7 @@
 #include "tessera/layers/conv2d.hpp"
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera/layers/window.hpp"
 
 namespace tessera {
@@ -90,22 +91,31 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
+void Conv2d<T>::bind_kernel(const Box& window) {
+  // The model is built for one global batch, so every shape here is fixed for the layer's life.
+  const Shape4 in = this->in_dist().local_shape();
+  kernel_ = make_conv_kernel<T>({.x = {in.n, in.c, window.h.size(), window.w.size()},
+                                 .w = weight_.value.shape(),
+                                 .y = this->out_dist().local_shape(),
+                                 .bias = spec_.bias},
+                                geometry_);
+}
+
+template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   const Tensor<T>& window = this->fill_window(x);
   DistTensor<T> y(this->out_dist());
-  reference::conv2d_forward(window, weight_.value, std::span<const T>(bias_.value.span()), y.local,
-                            geometry_);
+  kernel_->forward(window, weight_.value, std::span<const T>(bias_.value.span()), y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   Tensor<T> window_grad = this->window_grad_zeros();
-  reference::conv2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
+  kernel_->backward_data(dy.local, weight_.value, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange.
   return this->accumulate_window(window_grad, [&] {
-    reference::conv2d_backward_filter(this->kept_window(), dy.local, weight_.grad,
-                                      bias_.grad.span(), geometry_);
+    kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad, bias_.grad.span());
   });
 }
 

@@ -37,6 +37,19 @@ def train_default_runs(env):
                      env.path("m.png")])
     if r.rc != 0 or env.path("m.png").stat().st_size < 1000:
         fail("expected scripts/plot_metrics.py to draw m.png", r)
+    # --progress line: one updating line, ended once before the next plain line.
+    r = env.tessera(2, "train", *SMALL[:8], "--steps", "2", "--progress", "line")
+    expect_ok(r, "\rstep 2/2", "done:")
+    if "\n\n" in r.output:
+        fail("expected no empty line in the output of --progress line", r)
+    # Uneven tiles: the summary gives the smallest and the largest, not only rank 0's.
+    r = env.tessera(3, "train", *SMALL[:8], "--steps", "1", "--progress", "plain",
+                    "--metrics", env.path("m.jsonl"))
+    expect_ok(r, "grid 1x1x3", "tiles from 32x10 to 32x11")
+    import json
+    lr = {row["split"]: row["lr"] for row in map(json.loads, env.path("m.jsonl").open())}
+    if lr != {"train": 0.001, "val": 0.001}:
+        fail(f"expected lr 0.001 in the train and validation records, got {lr}")
 
 
 @scenario
@@ -93,10 +106,74 @@ def train_resume_exact(env):
     for step in range(6, 11):
         if a[step] != b[step]:
             fail(f"step {step}: resumed loss {b[step]!r} differs from straight {a[step]!r}")
+    # A checkpoint past the run's end: nothing to train, said plainly.
+    r = env.tessera(2, "train", *[a if a != "10" else "4" for a in common], "--checkpoint-dir",
+                    straight, "--resume")
+    expect_ok(r, "checkpoint-10.h5 (step 10)", "nothing to train", "done: 0 steps")
     # --resume with an empty directory starts afresh.
     r = env.tessera(2, "train", *SMALL[:8], "--steps", "2", "--checkpoint-dir",
                     env.path("empty"), "--resume", "--progress", "plain")
     expect_ok(r, "starting afresh", "step 2/2")
+
+
+@scenario
+def train_resume_metrics(env):
+    """Resumed into the metrics file of a run that died after its checkpoint, the file reads as
+    one run straight through: no step twice, the same values, log windows across the checkpoint
+    included; epochs count from 1 as on the console; CSV and JSON lines agree to every digit."""
+    common = [*SMALL, "--grid", "1x1x2", "--steps", "10", "--log-every", "3",
+              "--progress", "plain"]
+    straight = env.path("straight")
+    r = env.tessera(2, "train", *common, "--checkpoint-dir", straight, "--checkpoint-every", "5",
+                    "--metrics", env.path("straight.csv"))
+    expect_ok(r, "validation after epoch 1", "validation after epoch 2",
+              "validation at step 10 (part of epoch 3)")
+    # The run died after step 10's metrics but before its checkpoint: checkpoint-5 and the file.
+    stopped = env.path("stopped")
+    stopped.mkdir()
+    shutil.copy(straight / "checkpoint-5.h5", stopped)
+    shutil.copy(env.path("straight.csv"), env.path("resumed.csv"))
+    r = env.tessera(2, "train", *common, "--checkpoint-dir", stopped, "--resume",
+                    "--metrics", env.path("resumed.csv"))
+    expect_ok(r, "checkpoint-5.h5 (step 5)", "step 10/10")
+
+    def rows(path):
+        with open(path) as f:
+            return [{k: v for k, v in row.items() if k != "images_per_s"}
+                    for row in csv.DictReader(f)]
+    a, b = rows(env.path("straight.csv")), rows(env.path("resumed.csv"))
+    if a != b:
+        fail(f"expected the resumed metrics file to equal the straight one but for images/s:\n"
+             f"straight {a}\nresumed  {b}")
+    val = {int(row["step"]): int(row["epoch"]) for row in a if row["split"] == "val"}
+    if val != {4: 1, 8: 2, 10: 3}:
+        fail(f"expected validation at steps 4, 8, 10 in epochs 1, 2, 3, got {val}")
+    # The same run to JSON lines: the same numbers to every digit written.
+    r = env.tessera(2, "train", *common, "--metrics", env.path("m.jsonl"))
+    expect_ok(r, "step 10/10")
+    import json
+    j = [json.loads(line) for line in env.path("m.jsonl").read_text().splitlines()]
+    for x, y in zip(a, j):
+        for key in ("loss", "accuracy", "mean_iou", "lr"):
+            if float(x[key]) != y[key]:
+                fail(f"step {x['step']} {x['split']}: {key} is {x[key]} in CSV, {y[key]!r} in "
+                     "JSON lines")
+
+
+@scenario
+def train_images_per_second(env):
+    """Images per second count training steps only: not the validation before them."""
+    r = env.tessera(2, "train", "--height", "32", "--width", "32", "--samples", "16",
+                    "--val-samples", "160", "--batch", "4", "--epochs", "3", "--log-every", "1",
+                    "--progress", "plain", "--metrics", env.path("m.csv"))
+    expect_ok(r, "validation after epoch 3")
+    ips = {int(row["step"]): float(row["images_per_s"]) for row in read_metrics(env.path("m.csv"))}
+    after = [ips[5], ips[9]]  # the first windows after a validation of 40 batches
+    others = sorted(v for k, v in ips.items() if k not in (1, 5, 9))
+    median = others[len(others) // 2]
+    if max(after) < 0.4 * median:
+        fail(f"expected the steps after a validation at about the speed of the others "
+             f"({median:.0f} img/s), got {after}", r)
 
 
 @scenario
@@ -116,6 +193,16 @@ def train_refuses_foreign_checkpoint(env):
     r = env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt, "--resume",
                     "--dtype", "float64")
     expect_error(r, "float32", "float64")
+    # Another seed, batch or training set would not continue exactly: another data order.
+    r = env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt, "--resume",
+                    "--seed", "2")
+    expect_error(r, "--seed 1", "this run has 2")
+    r = env.tessera(2, "train", *SMALL[:-2], "--batch", "2", "--steps", "2", "--checkpoint-dir",
+                    ckpt, "--resume")
+    expect_error(r, "--batch 4", "this run has 2")
+    small = SMALL[:6] + ["--samples", "12"] + SMALL[8:]
+    r = env.tessera(2, "train", *small, "--steps", "2", "--checkpoint-dir", ckpt, "--resume")
+    expect_error(r, "training samples", "16", "this run has 12")
 
 
 @scenario
@@ -127,6 +214,36 @@ def train_errors(env):
                  "larger than")
     expect_error(env.tessera(2, "train", "--height", "30", "--width", "32"), "concat")
     expect_error(env.tessera(2, "train", "--grid", "1x2x2"), "has 4 ranks")
+    # An unwritable metrics file or a bad option value: one message, not an abort on rank 0.
+    expect_error(env.tessera(2, "train", *SMALL, "--steps", "1", "--metrics",
+                             env.path("no-such-dir") / "m.csv"), "cannot write the metrics file")
+    expect_error(env.tessera(2, "train", *SMALL, "--checkpoint-every", "2"),
+                 "--checkpoint-every needs --checkpoint-dir")
+    expect_error(env.tessera(2, "train", *SMALL, "--checkpoint-dir", env.path("c"),
+                             "--checkpoint-every", "-1"), "--checkpoint-every", "negative")
+    expect_error(env.tessera(2, "train", *SMALL, "--val-fraction", "-0.5"), "--val-fraction",
+                 "[0, 1)")
+    # Bad optimizer and schedule values are refused before the first step, not mid-run.
+    expect_error(env.tessera(2, "train", *SMALL, "--lr", "-1"), "--lr", ">= 0")
+    expect_error(env.tessera(2, "train", *SMALL, "--lr-schedule", "step", "--lr-step-size", "0"),
+                 "--lr-step-size")
+    expect_error(env.tessera(2, "train", *SMALL, "--lr-schedule", "step", "--lr-gamma", "-1"),
+                 "--lr-gamma")
+    expect_error(env.tessera(2, "train", *SMALL, "--optimizer", "sgd", "--momentum", "-1"),
+                 "momentum", ">= 0")
+    expect_error(env.tessera(2, "train", *SMALL, "--weight-decay", "nan"), "weight_decay")
+    # A model file that differs between nodes (here: between ranks) is named, not a hang.
+    base.write_json(env.path("m0.json"), {
+        "input_channels": 3, "layers": [
+            {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1}]})
+    base.write_json(env.path("m1.json"), {
+        "input_channels": 3, "layers": [
+            {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 5, "padding": 2}]})
+    r = env.run_cmd([env.mpiexec, "-n", "2", "/bin/sh", "-c",
+                     '"$0" "$@" --model m${PMI_RANK}.json', env.exe, "train", *SMALL[2:],
+                     "--steps", "1"])
+    r.ranks = None
+    expect_error(r, "the ranks disagree", "rank(s) 1")
     # A loss that diverges stops every rank with one message.
     r = env.tessera(2, "train", *SMALL, "--steps", "20", "--optimizer", "sgd", "--lr", "1e30",
                     "--progress", "plain")
@@ -148,6 +265,17 @@ def train_metrics_and_config(env):
         fail(f"expected train and val records in the JSON lines, got {lines}")
     if any("mean_iou" in l for l in lines):
         fail("a classifier's metrics should not report mean IoU")
+    # The help shows defaults as a user would type them.
+    r = env.tessera(1, "train", "--help")
+    expect_ok(r, "--epochs arg (=1)", "--momentum arg (=0.9)", "--lr-gamma arg (=0.1)")
+    if "0000000" in r.output:
+        fail("expected no rounding noise in the help's defaults", r)
+    # --val-samples 0: no validation, said so.
+    r = env.tessera(2, "train", *SMALL[:8], "--val-samples", "0", "--steps", "1",
+                    "--progress", "plain")
+    expect_ok(r, "no validation (--val-samples 0)", "step 1/1")
+    if "validation after" in r.output or "validation at" in r.output:
+        fail("expected no validation with --val-samples 0", r)
     # The command line wins over the file.
     r = env.tessera(2, "train", "--config", ini, "--steps", "2", "--progress", "plain")
     expect_ok(r, "step 2/2")

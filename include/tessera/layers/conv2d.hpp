@@ -2,8 +2,10 @@
 // and in the backward pass accumulates window gradients back into their owners.
 #pragma once
 
+#include <memory>
 #include <optional>
 
+#include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/fields.hpp"
 #include "tessera/layers/window.hpp"
@@ -40,11 +42,18 @@ class Conv2d final : public WindowLayer<T> {
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
   std::optional<WindowMap> window() const override;
+  // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
+  // tests; null before bind(). Local.
+  const ConvKernel<T>* kernel() const { return kernel_.get(); }
 
  private:
+  // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
+  void bind_kernel(const Box& window) override;
+
   Conv2dSpec spec_;
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
+  std::unique_ptr<ConvKernel<T>> kernel_;
 };
 
 }  // namespace tessera

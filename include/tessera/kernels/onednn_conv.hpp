@@ -1,0 +1,51 @@
+// The oneDNN (libdnnl) 2-D convolution, float32: forward, backward-data and backward-weights
+// (with bias) primitives planned once for fixed shapes, executed every step (STYLE.md 4). Built
+// only when TESSERA_HAVE_ONEDNN; layers reach it through make_conv_kernel (kernels/backend.hpp).
+//
+// Tensors stay in Tessera's plain NCHW / OIHW layout; each primitive picks its own layout
+// (format_tag::any) and a reorder planned with it converts on the way in and out when the two
+// differ. Weights are converted at every call (they change every step; they are small).
+// Activations are converted at every call too, into buffers that live for the call only. Keeping
+// blocked layouts between layers would save those reorders, and is not done here.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/kernels/conv_kernel.hpp"
+
+namespace tessera {
+
+class OneDnnConv final : public ConvKernel<float> {
+ public:
+  // Plans the three primitives for `shapes` and `g`, or returns nullptr when oneDNN does not take
+  // the case, as its own implementation lists decline: negative padding (a window that starts
+  // inside the input, as transposed convs use), more unused trailing input rows or columns than
+  // one stride, shapes that do not fit `g`, or a case only oneDNN's own reference implementation
+  // accepts (then Tessera's reference is as good and is the oracle). Never throws for a case it
+  // declines. Local.
+  static std::unique_ptr<OneDnnConv> create(const ConvShapes& shapes,
+                                            const reference::ConvGeometry& g);
+  ~OneDnnConv() override;
+
+  void forward(const Tensor<float>& x, const Tensor<float>& w, std::span<const float> bias,
+               Tensor<float>& y) override;
+  void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override;
+  void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
+                       std::span<float> dbias) override;
+  // "onednn " and the implementations oneDNN chose for forward / backward-data /
+  // backward-weights, e.g. "onednn jit:avx512_core/jit:avx512_core/jit:avx512_core".
+  std::string name() const override;
+
+ private:
+  struct Plan;
+  explicit OneDnnConv(std::unique_ptr<Plan> plan);
+  std::unique_ptr<Plan> plan_;
+};
+
+// oneDNN's version, CPU threading runtime and the threads it uses, e.g. "oneDNN 2.6.3, OpenMP,
+// 2 threads per rank: 8 cores / 4 ranks on this node". Applies kernel_threads() to the runtime if
+// that has not happened yet. Local.
+std::string onednn_description();
+
+}  // namespace tessera

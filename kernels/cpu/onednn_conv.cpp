@@ -1,0 +1,345 @@
+#include "tessera/kernels/onednn_conv.hpp"
+
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
+
+namespace tessera {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+const char* runtime_name(unsigned runtime) {
+  switch (runtime) {
+    case DNNL_RUNTIME_OMP:
+      return "OpenMP";
+    case DNNL_RUNTIME_TBB:
+      return "TBB";
+    case DNNL_RUNTIME_SEQ:
+      return "sequential";
+    case DNNL_RUNTIME_THREADPOOL:
+      return "threadpool";
+    default:
+      return "unknown runtime";
+  }
+}
+
+// Hands kernel_threads() to the runtime once, before the first primitive runs; returns whether
+// the runtime took it. Only OpenMP can be told from here (a TBB or threadpool build keeps its own
+// count, a sequential one uses 1). The OpenMP library is the one libdnnl loaded (libgomp, libomp or
+// libiomp5), so its omp_set_num_threads is looked up rather than linked.
+bool apply_threads() {
+  static const bool applied = [] {
+    if (dnnl_version()->cpu_runtime != DNNL_RUNTIME_OMP) return false;
+    using SetThreads = void (*)(int);
+    auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    if (set == nullptr) return false;
+    set(kernel_threads().count);
+    return true;
+  }();
+  return applied;
+}
+
+// A oneDNN failure at run time (out of memory, ...) becomes Tessera's one exception type.
+template <typename F>
+void run_dnnl(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const dnnl::error& e) {
+    throw Error(std::string("oneDNN ") + what + ": " + e.what() + " (status " +
+                std::to_string(static_cast<int>(e.status)) + ")");
+  }
+}
+
+memory::dims dims_of(const Shape4& s) {
+  return {s.n, s.c, s.h, s.w};
+}
+
+// PyTorch's [O, C/groups, KH, KW] is oneDNN's goihw with the groups split off O: same bytes.
+// `tag`: any (the primitive chooses), or anything else for that plain layout.
+memory::desc weight_desc(const Shape4& w, std::int64_t groups, Tag tag) {
+  if (groups == 1)
+    return {dims_of(w), memory::data_type::f32, tag == Tag::any ? Tag::any : Tag::oihw};
+  return {{groups, w.n / groups, w.c, w.h, w.w},
+          memory::data_type::f32,
+          tag == Tag::any ? Tag::any : Tag::goihw};
+}
+
+// One tensor argument of a primitive: Tessera's plain layout, the layout the primitive chose, and
+// the reorder between them (user -> primitive for inputs, primitive -> user for outputs), planned
+// once; no reorder when the two agree.
+struct Port {
+  memory::desc user, prim;
+  std::optional<dnnl::reorder> reorder;
+
+  static Port input(const memory::desc& user, const memory::desc& prim) {
+    Port p{user, prim, {}};
+    if (user != prim)
+      p.reorder.emplace(dnnl::reorder::primitive_desc(cpu_engine(), user, cpu_engine(), prim));
+    return p;
+  }
+  static Port output(const memory::desc& prim, const memory::desc& user) {
+    Port p{user, prim, {}};
+    if (user != prim)
+      p.reorder.emplace(dnnl::reorder::primitive_desc(cpu_engine(), prim, cpu_engine(), user));
+    return p;
+  }
+
+  // `data` in the primitive's layout: the caller's buffer itself, or a reorder of it into `into`
+  // (a fresh buffer when empty).
+  memory read(const float* data, dnnl::stream& s, memory into = {}) const {
+    memory mine(user, cpu_engine(), const_cast<float*>(data));
+    if (!reorder) return mine;
+    if (!into) into = memory(prim, cpu_engine());
+    reorder->execute(s, mine, into);
+    return into;
+  }
+  // Where the primitive writes `data`: the caller's buffer itself, or a fresh buffer that finish()
+  // reorders into it. Fresh buffers cost page faults (a reorder into a fresh 512 MiB buffer took
+  // 100 ms here, into a reused one 44 ms), but buffers kept between calls would add two of the
+  // largest activation to the memory of every rank.
+  memory target(float* data) const {
+    return reorder ? memory(prim, cpu_engine()) : memory(user, cpu_engine(), data);
+  }
+  void finish(memory& written, float* data, dnnl::stream& s) const {
+    if (!reorder) return;
+    memory mine(user, cpu_engine(), data);
+    reorder->execute(s, written, mine);
+  }
+};
+
+// oneDNN's padding for one axis, or nothing when oneDNN cannot express the reference's semantics
+// (an output size taken from the output tensor, zeros read outside the input).
+struct AxisPad {
+  std::int64_t begin = 0, end = 0;
+};
+std::optional<AxisPad> axis_pad(std::int64_t in, std::int64_t out, std::int64_t kernel,
+                                std::int64_t stride, std::int64_t dilation, std::int64_t begin) {
+  if (begin < 0 || in <= 0 || out <= 0) return std::nullopt;
+  // Rows past the input's end that the last output reads; negative: rows no output reads.
+  const std::int64_t end = (out - 1) * stride + dilation * (kernel - 1) + 1 - in - begin;
+  // oneDNN derives the output size as (in + begin + end - span) / stride + 1 (rounding down), so
+  // fewer than `stride` unread trailing rows are padding 0; more would give it more outputs.
+  if (end <= -stride) return std::nullopt;
+  return AxisPad{begin, std::max<std::int64_t>(end, 0)};
+}
+
+bool is_onednn_reference(const dnnl::primitive_desc& pd) {
+  return std::string_view(pd.impl_info_str()).starts_with("ref");
+}
+
+}  // namespace
+
+struct OneDnnConv::Plan {
+  ConvShapes shapes;
+  dnnl::stream stream{cpu_engine()};
+  memory::desc bias;
+
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_backward_data::primitive_desc data_pd;
+  dnnl::convolution_backward_weights::primitive_desc weights_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data data;
+  dnnl::convolution_backward_weights weights;
+
+  Port fwd_src, fwd_weights, fwd_dst;
+  Port data_diff_dst, data_weights, data_diff_src;
+  Port weights_src, weights_diff_dst, weights_diff_weights;
+
+  // Small buffers kept from call to call: weights in the forward and backward-data layouts, the
+  // weight and bias gradients as oneDNN writes them, and the weight gradient in OIHW.
+  memory fwd_w, data_w, diff_w, diff_w_plain, diff_b;
+};
+
+std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
+                                               const reference::ConvGeometry& g) {
+  const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
+  if (g.groups <= 0 || x.c % g.groups != 0 || w.n % g.groups != 0 || w.c * g.groups != x.c ||
+      y.c != w.n || y.n != x.n || x.n <= 0 || g.stride_h <= 0 || g.stride_w <= 0 ||
+      g.dilation_h <= 0 || g.dilation_w <= 0)
+    return nullptr;
+  const std::optional<AxisPad> ph = axis_pad(x.h, y.h, w.h, g.stride_h, g.dilation_h, g.pad_top);
+  const std::optional<AxisPad> pw = axis_pad(x.w, y.w, w.w, g.stride_w, g.dilation_w, g.pad_left);
+  if (!ph || !pw) return nullptr;
+  apply_threads();
+
+  auto plan = std::make_unique<Plan>();
+  plan->shapes = shapes;
+  try {
+    using namespace dnnl;
+    const memory::dims strides{g.stride_h, g.stride_w};
+    const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};  // oneDNN: 0 is dense
+    const memory::dims pad_l{ph->begin, pw->begin}, pad_r{ph->end, pw->end};
+    const auto f32 = memory::data_type::f32;
+    const memory::desc x_any(dims_of(x), f32, Tag::any), y_any(dims_of(y), f32, Tag::any);
+    const memory::desc w_any = weight_desc(w, g.groups, Tag::any);
+    const memory::desc x_user(dims_of(x), f32, Tag::nchw), y_user(dims_of(y), f32, Tag::nchw);
+    const memory::desc w_user = weight_desc(w, g.groups, Tag::oihw);
+    const memory::desc no_bias;
+    plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
+
+    const convolution_forward::desc fwd(prop_kind::forward_training, algorithm::convolution_direct,
+                                        x_any, w_any, plan->bias, y_any, strides, dilates, pad_l,
+                                        pad_r);
+    plan->fwd_pd = convolution_forward::primitive_desc(fwd, cpu_engine(), true);
+    if (!plan->fwd_pd) return nullptr;
+    const convolution_backward_data::desc data(algorithm::convolution_direct, x_any, w_any, y_any,
+                                               strides, dilates, pad_l, pad_r);
+    plan->data_pd =
+        convolution_backward_data::primitive_desc(data, cpu_engine(), plan->fwd_pd, true);
+    if (!plan->data_pd) return nullptr;
+    const convolution_backward_weights::desc weights(algorithm::convolution_direct, x_any, w_any,
+                                                     plan->bias, y_any, strides, dilates, pad_l,
+                                                     pad_r);
+    plan->weights_pd =
+        convolution_backward_weights::primitive_desc(weights, cpu_engine(), plan->fwd_pd, true);
+    if (!plan->weights_pd) return nullptr;
+    if (is_onednn_reference(plan->fwd_pd) || is_onednn_reference(plan->data_pd) ||
+        is_onednn_reference(plan->weights_pd))
+      return nullptr;
+
+    plan->fwd = convolution_forward(plan->fwd_pd);
+    plan->data = convolution_backward_data(plan->data_pd);
+    plan->weights = convolution_backward_weights(plan->weights_pd);
+    plan->fwd_src = Port::input(x_user, plan->fwd_pd.src_desc());
+    plan->fwd_weights = Port::input(w_user, plan->fwd_pd.weights_desc());
+    plan->fwd_dst = Port::output(plan->fwd_pd.dst_desc(), y_user);
+    plan->data_diff_dst = Port::input(y_user, plan->data_pd.diff_dst_desc());
+    plan->data_weights = Port::input(w_user, plan->data_pd.weights_desc());
+    plan->data_diff_src = Port::output(plan->data_pd.diff_src_desc(), x_user);
+    plan->weights_src = Port::input(x_user, plan->weights_pd.src_desc());
+    plan->weights_diff_dst = Port::input(y_user, plan->weights_pd.diff_dst_desc());
+    plan->weights_diff_weights = Port::output(plan->weights_pd.diff_weights_desc(), w_user);
+
+    if (plan->fwd_weights.reorder) plan->fwd_w = memory(plan->fwd_weights.prim, cpu_engine());
+    if (plan->data_weights.reorder) plan->data_w = memory(plan->data_weights.prim, cpu_engine());
+    plan->diff_w = memory(plan->weights_pd.diff_weights_desc(), cpu_engine());
+    plan->diff_w_plain = memory(w_user, cpu_engine());
+    if (shapes.bias) plan->diff_b = memory(plan->weights_pd.diff_bias_desc(), cpu_engine());
+  } catch (const dnnl::error&) {
+    // Shapes or parameters oneDNN rejects: declined, the reference takes the case.
+    return nullptr;
+  }
+  return std::unique_ptr<OneDnnConv>(new OneDnnConv(std::move(plan)));
+}
+
+OneDnnConv::OneDnnConv(std::unique_ptr<Plan> plan) : plan_(std::move(plan)) {}
+OneDnnConv::~OneDnnConv() = default;
+
+namespace {
+
+void check_shape(const char* what, const Shape4& got, const Shape4& planned) {
+  TESSERA_CHECK(got == planned, std::string("oneDNN conv planned for ") + what + " " +
+                                    planned.str() + ", called with " + got.str());
+}
+
+}  // namespace
+
+void OneDnnConv::forward(const Tensor<float>& x, const Tensor<float>& w,
+                         std::span<const float> bias, Tensor<float>& y) {
+  Plan& p = *plan_;
+  check_shape("input", x.shape(), p.shapes.x);
+  check_shape("weight", w.shape(), p.shapes.w);
+  check_shape("output", y.shape(), p.shapes.y);
+  TESSERA_CHECK(static_cast<std::int64_t>(bias.size()) == (p.shapes.bias ? p.shapes.w.n : 0),
+                "oneDNN conv forward: bias of " + std::to_string(bias.size()) + " values for " +
+                    std::to_string(p.shapes.w.n) + " output channels" +
+                    (p.shapes.bias ? "" : " (planned without bias)"));
+  run_dnnl("convolution forward", [&] {
+    memory src = p.fwd_src.read(x.data(), p.stream);
+    memory weights = p.fwd_weights.read(w.data(), p.stream, p.fwd_w);
+    memory dst = p.fwd_dst.target(y.data());
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
+    if (p.shapes.bias)
+      args.insert({DNNL_ARG_BIAS, memory(p.bias, cpu_engine(), const_cast<float*>(bias.data()))});
+    p.fwd.execute(p.stream, args);
+    p.fwd_dst.finish(dst, y.data(), p.stream);
+    p.stream.wait();
+  });
+}
+
+void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) {
+  Plan& p = *plan_;
+  check_shape("output gradient", dy.shape(), p.shapes.y);
+  check_shape("weight", w.shape(), p.shapes.w);
+  check_shape("input gradient", dx.shape(), p.shapes.x);
+  run_dnnl("convolution backward-data", [&] {
+    memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream);
+    memory weights = p.data_weights.read(w.data(), p.stream, p.data_w);
+    memory diff_src = p.data_diff_src.target(dx.data());
+    p.data.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                              {DNNL_ARG_WEIGHTS, weights},
+                              {DNNL_ARG_DIFF_SRC, diff_src}});
+    p.data_diff_src.finish(diff_src, dx.data(), p.stream);
+    p.stream.wait();
+  });
+}
+
+void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
+                                 std::span<float> dbias) {
+  Plan& p = *plan_;
+  check_shape("input", x.shape(), p.shapes.x);
+  check_shape("output gradient", dy.shape(), p.shapes.y);
+  check_shape("weight gradient", dw.shape(), p.shapes.w);
+  TESSERA_CHECK(
+      dbias.empty() || (p.shapes.bias && static_cast<std::int64_t>(dbias.size()) == p.shapes.w.n),
+      "oneDNN conv backward-filter: bias gradient of " + std::to_string(dbias.size()) +
+          " values for " + std::to_string(p.shapes.w.n) + " output channels" +
+          (p.shapes.bias ? "" : " (planned without bias)"));
+  run_dnnl("convolution backward-weights", [&] {
+    memory src = p.weights_src.read(x.data(), p.stream);
+    memory diff_dst = p.weights_diff_dst.read(dy.data(), p.stream);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, p.diff_w}};
+    if (p.shapes.bias) args.insert({DNNL_ARG_DIFF_BIAS, p.diff_b});
+    p.weights.execute(p.stream, args);
+    // oneDNN overwrites its gradients; the kernel contract adds into the caller's.
+    p.weights_diff_weights.finish(p.diff_w, static_cast<float*>(p.diff_w_plain.get_data_handle()),
+                                  p.stream);
+    p.stream.wait();
+  });
+  const float* grad = static_cast<const float*>(
+      (p.weights_diff_weights.reorder ? p.diff_w_plain : p.diff_w).get_data_handle());
+  float* out = dw.data();
+  for (std::int64_t k = 0; k < dw.numel(); ++k)
+    out[k] += grad[k];
+  if (!dbias.empty()) {
+    const float* b = static_cast<const float*>(p.diff_b.get_data_handle());
+    for (std::size_t k = 0; k < dbias.size(); ++k)
+      dbias[k] += b[k];
+  }
+}
+
+std::string OneDnnConv::name() const {
+  return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
+         plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str();
+}
+
+std::string onednn_description() {
+  const bool applied = apply_threads();
+  const dnnl_version_t* v = dnnl_version();
+  const std::string text = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
+                           "." + std::to_string(v->patch) + ", " + runtime_name(v->cpu_runtime);
+  if (applied)
+    return text + ", " + std::to_string(kernel_threads().count) +
+           (kernel_threads().count == 1 ? " thread" : " threads") +
+           " per rank: " + kernel_threads().reason;
+  if (v->cpu_runtime == DNNL_RUNTIME_SEQ) return text + ", 1 thread per rank";
+  return text + ", the runtime's own thread count";
+}
+
+}  // namespace tessera

@@ -1,0 +1,299 @@
+// The oneDNN convolution against the reference kernels (computed in float64 on the same
+// float32-rounded data), over kernels 1/2/3/5, strides 1/2/3, dilations 1/2, groups 1/2/depthwise,
+// odd sizes, 1 to 3 samples, 3 to 32 channels; and the cases it declines, which must fall back to
+// the reference. Single process.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/reference.hpp"
+#include "tessera/layers/conv2d.hpp"
+#include "tessera/process_grid.hpp"
+#include "tessera/random.hpp"
+#include "tessera_config.h"
+
+#if TESSERA_HAVE_ONEDNN
+#include "tessera/kernels/onednn_conv.hpp"
+#endif
+
+namespace tessera {
+namespace {
+
+using reference::ConvGeometry;
+
+constexpr std::uint64_t kSeed = 20240923;
+constexpr double kTolerance = 1e-4;  // float32, relative to the largest reference value
+
+Tensor<float> random_tensor(Shape4 s, std::uint64_t stream) {
+  Tensor<float> t(s);
+  for (std::int64_t k = 0; k < t.numel(); ++k)
+    t.data()[k] =
+        static_cast<float>(2.0 * uniform01(kSeed, stream, static_cast<std::uint64_t>(k)) - 1.0);
+  return t;
+}
+
+Tensor<double> to_double(const Tensor<float>& t) {
+  Tensor<double> out(t.shape());
+  for (std::int64_t k = 0; k < t.numel(); ++k)
+    out.data()[k] = t.data()[k];
+  return out;
+}
+
+// max |a - b| / max |b|.
+double rel_error(std::span<const float> a, std::span<const double> b) {
+  double diff = 0, scale = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    diff = std::max(diff, std::abs(double(a[k]) - b[k]));
+    scale = std::max(scale, std::abs(b[k]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+struct Case {
+  std::int64_t n, c, o, groups, kernel, stride, dilation, pad;
+  std::int64_t out_h, out_w;
+  std::int64_t trailing;  // unread input rows and columns past the last window, < stride
+  bool bias;
+
+  Shape4 x() const {
+    const std::int64_t span = dilation * (kernel - 1) + 1;
+    return {n, c, (out_h - 1) * stride + span - 2 * pad + trailing,
+            (out_w - 1) * stride + span - 2 * pad + trailing};
+  }
+  Shape4 w() const { return {o, c / groups, kernel, kernel}; }
+  Shape4 y() const { return {n, o, out_h, out_w}; }
+  ConvGeometry geometry() const {
+    return {.stride_h = stride,
+            .stride_w = stride,
+            .dilation_h = dilation,
+            .dilation_w = dilation,
+            .pad_top = pad,
+            .pad_left = pad,
+            .groups = groups};
+  }
+  ConvShapes shapes() const { return {.x = x(), .w = w(), .y = y(), .bias = bias}; }
+  std::string str() const {
+    return "n" + std::to_string(n) + " c" + std::to_string(c) + " o" + std::to_string(o) + " g" +
+           std::to_string(groups) + " k" + std::to_string(kernel) + " s" + std::to_string(stride) +
+           " d" + std::to_string(dilation) + " p" + std::to_string(pad) + " x" + x().str() +
+           (bias ? " bias" : "");
+  }
+};
+
+// Kernels 1/2/3/5 x strides 1/2/3 x dilations 1/2 x groups 1/2/depthwise; the other sizes cycle
+// so that every combination sees a different one.
+std::vector<Case> sweep() {
+  const std::int64_t plain[] = {3, 5, 8, 16, 32}, plain_out[] = {4, 7, 16, 32, 3};
+  const std::int64_t paired[] = {4, 6, 16, 32}, paired_out[] = {2, 6, 32, 8};
+  const std::int64_t depthwise[] = {3, 8, 16, 32};
+  std::vector<Case> cases;
+  std::int64_t i = 0;
+  for (std::int64_t kernel : {1, 2, 3, 5})
+    for (std::int64_t stride : {1, 2, 3})
+      for (std::int64_t dilation : {1, 2})
+        for (int kind = 0; kind < 3; ++kind, ++i) {
+          Case c{};
+          c.n = 1 + i % 3;
+          if (kind == 0) {
+            c.c = plain[i % 5], c.o = plain_out[(i / 5) % 5], c.groups = 1;
+          } else if (kind == 1) {
+            c.c = paired[i % 4], c.o = paired_out[(i / 4) % 4], c.groups = 2;
+          } else {
+            c.c = depthwise[i % 4], c.o = c.c * (1 + i % 2), c.groups = c.c;
+          }
+          c.kernel = kernel, c.stride = stride, c.dilation = dilation;
+          // Most layers see a window with the padding materialised; some pad inside the kernel.
+          c.pad = (i % 4 == 3 && kernel > 1) ? 1 : 0;
+          c.out_h = 3 + 2 * (i % 4);
+          c.out_w = 5 + 2 * (i % 3);
+          c.trailing = i % stride;
+          c.bias = i % 5 != 2;
+          cases.push_back(c);
+        }
+  return cases;
+}
+
+// Runs `kernel` on the case's seeded data and compares forward, backward-data and
+// backward-weights (which must add into what dw and dbias held) with the float64 reference.
+void expect_matches_reference(ConvKernel<float>& kernel, const Case& c) {
+  const ConvGeometry g = c.geometry();
+  const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+  const Tensor<float> dy = random_tensor(c.y(), 3);
+  const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
+  const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy), bd = to_double(b);
+
+  Tensor<float> y(c.y(), 7.0f);
+  kernel.forward(x, w, b.span(), y);
+  Tensor<double> yd(c.y());
+  reference::conv2d_forward(xd, wd, bd.span(), yd, g);
+  EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << c.str();
+
+  Tensor<float> dx(c.x(), 7.0f);
+  kernel.backward_data(dy, w, dx);
+  Tensor<double> dxd(c.x());
+  reference::conv2d_backward_data(dyd, wd, dxd, g);
+  EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << c.str();
+
+  Tensor<float> dw = random_tensor(c.w(), 5);
+  Tensor<double> dwd = to_double(dw);
+  Tensor<float> db = c.bias ? random_tensor({c.o, 1, 1, 1}, 6) : Tensor<float>();
+  Tensor<double> dbd = to_double(db);
+  kernel.backward_filter(x, dy, dw, db.span());
+  reference::conv2d_backward_filter(xd, dyd, dwd, dbd.span(), g);
+  EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << c.str();
+  EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "backward-bias, " << c.str();
+}
+
+Case declinable_base() {
+  return {.n = 2,
+          .c = 4,
+          .o = 6,
+          .groups = 1,
+          .kernel = 3,
+          .stride = 2,
+          .dilation = 1,
+          .pad = 0,
+          .out_h = 5,
+          .out_w = 7,
+          .trailing = 0,
+          .bias = true};
+}
+
+// Cases oneDNN cannot express.
+std::vector<Case> declined_cases() {
+  // A window that starts inside the input (negative padding, as transposed convs use).
+  Case inside = declinable_base();
+  inside.pad = -1;
+  // More unread trailing rows than one stride: oneDNN would derive a larger output.
+  Case trailing = declinable_base();
+  trailing.trailing = 2;
+  return {inside, trailing};
+}
+
+TEST(KernelBackend, ParsesAndRefuses) {
+  EXPECT_EQ(parse_kernel_backend("reference"), KernelBackend::reference);
+  EXPECT_THROW(parse_kernel_backend("mkl"), Error);
+  EXPECT_THROW(parse_kernel_backend(""), Error);
+  if (TESSERA_HAVE_ONEDNN) {
+    EXPECT_EQ(parse_kernel_backend("onednn"), KernelBackend::onednn);
+  } else {
+    EXPECT_THROW(parse_kernel_backend("onednn"), Error);
+  }
+  EXPECT_GE(kernel_threads().count, 1);
+  EXPECT_FALSE(kernel_threads().reason.empty());
+}
+
+TEST(KernelBackend, Float64AlwaysUsesTheReference) {
+  const Case c = sweep()[5];
+  EXPECT_EQ(make_conv_kernel<double>(c.shapes(), c.geometry())->name(), "reference");
+}
+
+// Whatever the build and TESSERA_KERNELS, the float32 kernel handed out computes what the
+// reference does; cases a fast backend declines get the reference itself.
+TEST(KernelBackend, FloatKernelsMatchTheReferenceAndDeclinedCasesFallBack) {
+  const std::vector<Case> cases = sweep();
+  for (std::size_t i = 0; i < cases.size(); i += 7) {
+    std::unique_ptr<ConvKernel<float>> k =
+        make_conv_kernel<float>(cases[i].shapes(), cases[i].geometry());
+    expect_matches_reference(*k, cases[i]);
+  }
+  for (const Case& c : declined_cases()) {
+    std::unique_ptr<ConvKernel<float>> k = make_conv_kernel<float>(c.shapes(), c.geometry());
+    EXPECT_EQ(k->name(), "reference") << c.str();
+    expect_matches_reference(*k, c);
+  }
+}
+
+// Conv2d<float> plans the active backend's kernel at bind(), for its window; float64 the
+// reference.
+TEST(KernelBackend, Conv2dPlansItsKernelAtBind) {
+  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Distribution in{{2, 3, 17, 15}, single.shape(), single.coords()};
+  const Conv2dSpec spec{
+      .out_channels = 8, .kernel = {3, 3}, .pad_begin = {1, 1}, .pad_end = {1, 1}};
+  Conv2d<float> f("c1", spec, 1);
+  f.setup(in);
+  EXPECT_EQ(f.kernel(), nullptr);
+  f.bind(single);
+  ASSERT_NE(f.kernel(), nullptr);
+  const bool fast = kernel_backend() == KernelBackend::onednn;
+  EXPECT_EQ(f.kernel()->name().starts_with("onednn"), fast) << f.kernel()->name();
+  Conv2d<double> d("c1", spec, 1);
+  d.setup(in);
+  d.bind(single);
+  EXPECT_EQ(d.kernel()->name(), "reference");
+}
+
+#if TESSERA_HAVE_ONEDNN
+
+TEST(OneDnnConv, MatchesReferenceOverSweep) {
+  std::map<std::string, int> chosen;
+  int declined = 0;
+  for (const Case& c : sweep()) {
+    std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
+    if (!k) {
+      ++declined;
+      std::cout << "  declined: " << c.str() << "\n";
+      continue;
+    }
+    ++chosen[k->name()];
+    expect_matches_reference(*k, c);
+    // Planned once, executed many times: a second run gives the same results.
+    expect_matches_reference(*k, c);
+  }
+  // Which implementations oneDNN picked, for the record (they depend on the CPU).
+  for (const auto& [name, count] : chosen)
+    std::cout << "  " << count << " case(s): " << name << "\n";
+  std::cout << "  " << declined << " case(s) declined\n";
+  // Plain convolutions (groups 1, no padding) are the common case and must take the fast path.
+  for (const Case& c : sweep()) {
+    if (c.groups == 1 && c.pad == 0) {
+      EXPECT_NE(OneDnnConv::create(c.shapes(), c.geometry()), nullptr) << c.str();
+    }
+  }
+}
+
+TEST(OneDnnConv, DeclinesWhatItCannotExpress) {
+  const Case base = declinable_base();
+  ASSERT_NE(OneDnnConv::create(base.shapes(), base.geometry()), nullptr);
+  for (const Case& c : declined_cases())
+    EXPECT_EQ(OneDnnConv::create(c.shapes(), c.geometry()), nullptr) << c.str();
+  // Shapes that do not fit the geometry are declined too (the reference then reports them).
+  ConvShapes bad = base.shapes();
+  bad.w.n = 5;
+  EXPECT_EQ(OneDnnConv::create(bad, base.geometry()), nullptr);
+  ConvGeometry groups = base.geometry();
+  groups.groups = 3;
+  EXPECT_EQ(OneDnnConv::create(base.shapes(), groups), nullptr);
+}
+
+TEST(OneDnnConv, RefusesTensorsOfOtherShapes) {
+  const Case c = sweep()[7];
+  std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
+  ASSERT_NE(k, nullptr);
+  const Tensor<float> w = random_tensor(c.w(), 2), b({c.o, 1, 1, 1});
+  Shape4 other = c.x();
+  other.h += 1;
+  Tensor<float> y(c.y());
+  EXPECT_THROW(k->forward(Tensor<float>(other), w, c.bias ? b.span() : std::span<const float>(), y),
+               Error);
+}
+
+#else
+
+TEST(OneDnnConv, NotBuilt) {
+  GTEST_SKIP() << "built without oneDNN (libdnnl)";
+}
+
+#endif
+
+}  // namespace
+}  // namespace tessera
