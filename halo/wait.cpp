@@ -19,14 +19,14 @@ std::atomic<WaitPolicy> g_policy{WaitPolicy::spin};
 // the rank that has work.
 constexpr auto kPollSleep = std::chrono::microseconds(20);
 
+}  // namespace
+
 int available_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   const unsigned n = std::thread::hardware_concurrency();
   return n > 0 ? static_cast<int>(n) : 1;
 }
-
-}  // namespace
 
 WaitPolicy parse_wait_policy(const std::string& text) {
   if (text == "spin") return WaitPolicy::spin;

@@ -1,4 +1,5 @@
 #include "tessera/kernels/backend.hpp"
+#include "tessera/wait.hpp"
 
 #include <sched.h>
 
@@ -18,13 +19,6 @@ namespace tessera {
 namespace {
 
 constexpr bool kHaveOneDnn = TESSERA_HAVE_ONEDNN;
-
-int available_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? static_cast<int>(n) : 1;
-}
 
 // A positive integer from the environment, else 0. OMP_NUM_THREADS may be a list ("4,2"): its
 // first entry is the outer level's count.

@@ -12,6 +12,9 @@ namespace tessera {
 
 enum class WaitPolicy { spin, sleep };
 
+// Cores this process may run on (its affinity mask; srun --cpu-bind narrows it). Local.
+int available_cores();
+
 WaitPolicy parse_wait_policy(const std::string& text);  // "spin" | "sleep"; local
 const char* to_string(WaitPolicy p);
 

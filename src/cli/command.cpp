@@ -21,6 +21,13 @@ po::options_description common_options() {
   return o;
 }
 
+GridShape grid_or_default(const std::string& text, MPI_Comm world) {
+  if (!text.empty()) return parse_grid(text);
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  return GridShape{1, 1, size};
+}
+
 bool is_root(MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);

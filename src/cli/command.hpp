@@ -4,8 +4,10 @@
 #include <mpi.h>
 
 #include <boost/program_options.hpp>
+
 #include <string>
 #include <vector>
+#include "tessera/process_grid.hpp"
 
 namespace tessera::cli {
 
@@ -22,6 +24,10 @@ bool parse(const std::string& command, const std::string& summary,
            po::variables_map& vm, MPI_Comm world);
 
 bool is_root(MPI_Comm world);
+
+// The grid given as NxHxW, or 1x1xP for the P ranks of `world` when `text` is empty. Local; a
+// bad string throws (call it inside agree()).
+GridShape grid_or_default(const std::string& text, MPI_Comm world);
 
 int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
 // Collective over `world` (errors are agreed): every rank computes the same plan, rank 0 prints

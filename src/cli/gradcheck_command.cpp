@@ -45,12 +45,7 @@ int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world) {
           "gradient.\nExits 1 when a relative error exceeds the tolerance.",
           d, args, vm, world))
     return 0;
-  int size = 1;
-  MPI_Comm_size(world, &size);
-  o.grid = GridShape{1, 1, size};
-  agree(world, [&] {
-    if (!grid.empty()) o.grid = parse_grid(grid);
-  });
+  agree(world, [&] { o.grid = grid_or_default(grid, world); });
   return run_gradcheck(o, world, std::cout);
 }
 

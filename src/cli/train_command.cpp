@@ -66,11 +66,8 @@ int train_command(const std::vector<std::string>& args, MPI_Comm world) {
              "an INI file\ngiven with --config (key = value; the command line wins).",
              d, args, vm, world))
     return 0;
-  int size = 1;
-  MPI_Comm_size(world, &size);
-  o.grid = GridShape{1, 1, size};
   agree(world, [&] {
-    if (!grid.empty()) o.grid = parse_grid(grid);
+    o.grid = grid_or_default(grid, world);
     o.optimizer.kind = parse_optimizer(optimizer);
     o.schedule.kind = parse_schedule(schedule);
     TESSERA_CHECK(progress == "auto" || progress == "line" || progress == "plain",
