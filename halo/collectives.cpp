@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tessera/error.hpp"
+#include "tessera/profile.hpp"
 #include "tessera/random.hpp"
 #include "tessera/wait.hpp"
 
@@ -37,12 +38,21 @@ void allreduce_sum(std::span<T> data, MPI_Comm comm) {
   MPI_Request r = MPI_REQUEST_NULL;
   TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()),
                                    mpi_type<T>(), MPI_SUM, comm, &r));
+  Timed timed(Activity::allreduce);
   wait(r);
 }
 
 template void allreduce_sum<float>(std::span<float>, MPI_Comm);
 template void allreduce_sum<double>(std::span<double>, MPI_Comm);
 template void allreduce_sum<long long>(std::span<long long>, MPI_Comm);
+
+void allreduce_max(std::span<double> data, MPI_Comm comm) {
+  if (data.empty()) return;
+  MPI_Request r = MPI_REQUEST_NULL;
+  TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()),
+                                   MPI_DOUBLE, MPI_MAX, comm, &r));
+  wait(r);
+}
 
 namespace {
 

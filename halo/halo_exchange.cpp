@@ -1,7 +1,10 @@
 #include "tessera/halo_exchange.hpp"
 
+#include <algorithm>
+
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/profile.hpp"
 #include "tessera/wait.hpp"
 
 namespace tessera {
@@ -48,14 +51,65 @@ void unpack(const T* in, const Box& box, Tensor<T>& t, const Box& origin, Direct
     }
 }
 
-// Copies (fill) or adds (accumulate) `box` from one tensor to another without a message.
+// Copies (fill) or adds (accumulate) `box` from one tensor to another without a message, row by
+// row.
 template <typename T>
 void move_local(const Tensor<T>& from, const Box& from_origin, Tensor<T>& to, const Box& to_origin,
                 const Box& box, Direction how) {
   if (box.empty()) return;
-  std::vector<T> buffer(static_cast<std::size_t>(from.shape().n * from.shape().c * box.size()));
-  pack(from, from_origin, box, buffer.data());
-  unpack(buffer.data(), box, to, to_origin, how);
+  const std::int64_t planes = from.shape().n * from.shape().c;
+  const std::int64_t width = box.w.size();
+  for (std::int64_t p = 0; p < planes; ++p)
+    for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
+      const T* in = plane_row(from, p, from_origin, r, box.w.begin);
+      T* out = plane_row(to, p, to_origin, r, box.w.begin);
+      if (how == Direction::fill) {
+        std::copy(in, in + width, out);
+      } else {
+        for (std::int64_t k = 0; k < width; ++k)
+          out[k] += in[k];
+      }
+    }
+}
+
+// Zeroes the elements of `t` (spatial origin `origin`) outside `keep`: the window's padding,
+// which no tile owns. Everything inside `keep` is written by the exchange.
+template <typename T>
+void zero_outside(Tensor<T>& t, const Box& origin, const Box& keep) {
+  const Shape4& s = t.shape();
+  const std::int64_t planes = s.n * s.c;
+  const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);
+  for (std::int64_t p = 0; p < planes; ++p) {
+    T* plane = t.data() + p * s.h * s.w;
+    for (std::int64_t r = 0; r < s.h; ++r) {
+      T* row = plane + r * s.w;
+      const std::int64_t global = origin.h.begin + r;
+      if (!rows.contains(global) || cols.empty()) {
+        std::fill(row, row + s.w, T(0));
+        continue;
+      }
+      std::fill(row, row + (cols.begin - origin.w.begin), T(0));
+      std::fill(row + (cols.end - origin.w.begin), row + s.w, T(0));
+    }
+  }
+}
+
+// The part of the window that tiles own: the self box and every received box tile it exactly
+// (the plan's invariant), so it is their hull.
+Box covered(const HaloPlan& plan) {
+  Box hull = plan.self;
+  auto extend = [&hull](const Box& b) {
+    if (b.empty()) return;
+    if (hull.empty()) {
+      hull = b;
+      return;
+    }
+    hull.h = {std::min(hull.h.begin, b.h.begin), std::max(hull.h.end, b.h.end)};
+    hull.w = {std::min(hull.w.begin, b.w.begin), std::max(hull.w.end, b.w.end)};
+  };
+  for (const HaloTransfer& t : plan.recv)
+    extend(t.box);
+  return hull;
 }
 
 Shape4 with_box(const Shape4& s, const Box& b) {
@@ -105,6 +159,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
                     source.shape().str() + " / target " + target.shape().str() +
                     " do not match the plan's " + to_string(from) + " / " + to_string(to));
+  Timed timed(Activity::halo);
   HaloRequest<T> request;
   auto s = std::make_unique<typename HaloRequest<T>::State>();
   s->how = how;
@@ -129,7 +184,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
     s->requests.push_back(r);
   }
   // Zero padding and the local part overlap the messages.
-  if (fill) target.fill(T(0));
+  if (fill) zero_outside(target, to, covered(plan_));
   move_local(source, from, target, to, plan_.self, how);
   in_flight_ = true;
   s->in_flight = &in_flight_;
@@ -141,7 +196,11 @@ template <typename T>
 void HaloExchange<T>::finish(HaloRequest<T>& request) {
   TESSERA_CHECK(request.state_ != nullptr, "halo finish: the request is empty or already finished");
   auto s = std::move(request.state_);
-  wait_all(s->requests);
+  {
+    Timed timed(Activity::waiting);
+    wait_all(s->requests);
+  }
+  Timed timed(Activity::halo);
   // Received boxes are added in ascending peer order, so results do not depend on timing.
   for (std::size_t k = 0; k < s->incoming.size(); ++k)
     unpack(s->recv_buffers[k].data(), s->incoming[k], *s->target, s->target_origin, s->how);

@@ -97,6 +97,16 @@ std::string kernel_backend_description() {
 #endif
 }
 
+double sgemm_gflops(std::int64_t n, int repeats) {
+#if TESSERA_HAVE_ONEDNN
+  return onednn_sgemm_gflops(n, repeats);
+#else
+  (void)n;
+  (void)repeats;
+  return 0;
+#endif
+}
+
 template <typename T>
 std::unique_ptr<ConvKernel<T>> make_conv_kernel(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g) {

@@ -1,5 +1,6 @@
 #include "tessera/model.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include "tessera/collectives.hpp"
@@ -7,6 +8,7 @@
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/random.hpp"
+#include "tessera/wait.hpp"
 
 namespace tessera {
 namespace {
@@ -18,6 +20,30 @@ void add_into(Tensor<T>& to, const Tensor<T>& from) {
   for (std::int64_t k = 0; k < to.numel(); ++k)
     a[k] += b[k];
 }
+
+// A gradient bucket closes once it holds this much: small enough that the last layers'
+// reduction starts while the first layers still run backward, large enough that a deep model
+// does not pay one message latency per layer.
+constexpr std::size_t kBucketBytes = 64 * 1024;
+
+// Adds the wall time and communication of a scope to `t`.
+class PassTimer {
+ public:
+  explicit PassTimer(PassTiming& t)
+      : t_(t), start_(std::chrono::steady_clock::now()), comm_(activity_totals()) {}
+  ~PassTimer() {
+    t_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    t_.comm += activity_totals() - comm_;
+    ++t_.calls;
+  }
+  PassTimer(const PassTimer&) = delete;
+  PassTimer& operator=(const PassTimer&) = delete;
+
+ private:
+  PassTiming& t_;
+  std::chrono::steady_clock::time_point start_;
+  ActivityTimes comm_;
+};
 
 }  // namespace
 
@@ -54,8 +80,14 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
     }
     node.out = node.layer->setup(ins);
     node.layer->bind(grid);
+    timings_.push_back({.name = l.name,
+                        .type = l.type,
+                        .flops = node.layer->flops(),
+                        .forward = {},
+                        .backward = {}});
     nodes_.push_back(std::move(node));
   }
+  build_buckets();
   const Distribution& out = nodes_.back().out;
   const std::string who = "model '" + spec.name + "'";
   if (spec.loss == LossKind::pixel_cross_entropy)
@@ -84,7 +116,10 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& x) {
     std::vector<const DistTensor<T>*> ins;
     for (int i : nodes_[k].inputs)
       ins.push_back(i >= 0 ? &*outputs[i] : &x);
-    outputs[k] = nodes_[k].layer->forward(ins, state_);
+    {
+      PassTimer timer(timings_[k].forward);
+      outputs[k] = nodes_[k].layer->forward(ins, state_);
+    }
     for (int i : nodes_[k].inputs)
       if (i >= 0 && --pending[i] == 0 && static_cast<std::size_t>(i) + 1 != nodes_.size())
         outputs[i].reset();
@@ -104,15 +139,22 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
     }
   };
   grads.back() = dy;
+  std::size_t next_bucket = 0;
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     // A node whose output reaches no loss has no gradient: its parameters get none either.
-    if (!grads[k]) continue;
-    std::vector<DistTensor<T>> g = nodes_[k].layer->backward(*grads[k], state_);
-    grads[k].reset();
-    for (std::size_t j = 0; j < g.size(); ++j) {
-      const int i = nodes_[k].inputs[j];
-      add(i >= 0 ? grads[i] : input_grad, std::move(g[j]));
+    if (grads[k]) {
+      PassTimer timer(timings_[k].backward);
+      std::vector<DistTensor<T>> g = nodes_[k].layer->backward(*grads[k], state_);
+      grads[k].reset();
+      for (std::size_t j = 0; j < g.size(); ++j) {
+        const int i = nodes_[k].inputs[j];
+        add(i >= 0 ? grads[i] : input_grad, std::move(g[j]));
+      }
     }
+    // Every rank walks the same graph, so the buckets start in the same order everywhere.
+    for (; next_bucket < buckets_.size() && buckets_[next_bucket].first == k; ++next_bucket)
+      start_bucket(buckets_[next_bucket]);
+    poll_buckets();
   }
   if (!input_grad) return DistTensor<T>(input_);  // nothing depends on the input
   return std::move(*input_grad);
@@ -125,18 +167,77 @@ void Model<T>::zero_grad() {
 }
 
 template <typename T>
-void Model<T>::reduce_gradients() {
-  // One message for all parameters: the model's gradients are small next to its activations.
-  std::vector<T> flat;
-  for (auto& p : params())
-    flat.insert(flat.end(), p.param->grad.span().begin(), p.param->grad.span().end());
-  allreduce_sum(std::span<T>(flat), grid_.comm());
-  std::size_t at = 0;
-  for (auto& p : params()) {
-    std::span<T> g = p.param->grad.span();
-    std::copy(flat.begin() + at, flat.begin() + at + g.size(), g.begin());
-    at += g.size();
+void Model<T>::build_buckets() {
+  Bucket b;
+  b.last = nodes_.size();
+  std::size_t count = 0;
+  for (std::size_t k = nodes_.size(); k-- > 0;) {
+    for (Param<T>* p : nodes_[k].layer->params())
+      count += static_cast<std::size_t>(p->grad.numel());
+    if (count * sizeof(T) >= kBucketBytes || k == 0) {
+      b.first = k;
+      b.flat.resize(count);
+      if (count > 0) buckets_.push_back(std::move(b));
+      b = Bucket{};
+      b.last = k;
+      count = 0;
+    }
   }
+}
+
+template <typename T>
+void Model<T>::start_bucket(Bucket& b) {
+  T* at = b.flat.data();
+  for (std::size_t k = b.first; k < b.last; ++k)
+    for (Param<T>* p : nodes_[k].layer->params())
+      at = std::copy(p->grad.data(), p->grad.data() + p->grad.numel(), at);
+  TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, b.flat.data(), static_cast<int>(b.flat.size()),
+                                   mpi_type<T>(), MPI_SUM, grid_.comm(), &b.request));
+  b.started = true;
+}
+
+template <typename T>
+void Model<T>::poll_buckets() {
+  // MPICH moves a nonblocking collective on only inside MPI calls: a test between layers lets
+  // the reductions proceed while the next layer computes.
+  for (Bucket& b : buckets_)
+    if (b.request != MPI_REQUEST_NULL) {
+      int done = 0;
+      TESSERA_CHECK_MPI(MPI_Test(&b.request, &done, MPI_STATUS_IGNORE));
+    }
+}
+
+template <typename T>
+void Model<T>::reduce_gradients() {
+  PassTimer timer(reduce_timing_);
+  // Buckets backward() did not start (no backward since the last reduction) start now, so this
+  // always sums every gradient.
+  for (Bucket& b : buckets_)
+    if (!b.started) start_bucket(b);
+  std::vector<MPI_Request> requests;
+  for (Bucket& b : buckets_)
+    requests.push_back(b.request);
+  {
+    Timed timed(Activity::allreduce);
+    wait_all(requests);
+  }
+  for (Bucket& b : buckets_) {
+    b.request = MPI_REQUEST_NULL;
+    b.started = false;
+    const T* at = b.flat.data();
+    for (std::size_t k = b.first; k < b.last; ++k)
+      for (Param<T>* p : nodes_[k].layer->params()) {
+        std::copy(at, at + p->grad.numel(), p->grad.data());
+        at += p->grad.numel();
+      }
+  }
+}
+
+template <typename T>
+void Model<T>::reset_timings() {
+  for (LayerTiming& t : timings_)
+    t.forward = t.backward = {};
+  reduce_timing_ = {};
 }
 
 template <typename T>

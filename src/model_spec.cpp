@@ -87,10 +87,27 @@ constexpr const char* kConvnetSmall = R"({
     {"name": "fc", "type": "linear", "out_features": 10}],
   "loss": "cross_entropy" })";
 
+// The speed benchmark of `tessera bench` and scripts/bench/: four 3x3 convolutions to 32
+// channels with ReLU and a 1x1 head, the model PyTorch is timed on beside it.
+constexpr const char* kConvBench = R"({
+  "name": "conv-bench", "input_channels": 3,
+  "layers": [
+    {"name": "c1", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},
+    {"name": "r1", "type": "relu"},
+    {"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},
+    {"name": "r2", "type": "relu"},
+    {"name": "c3", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},
+    {"name": "r3", "type": "relu"},
+    {"name": "c4", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},
+    {"name": "r4", "type": "relu"},
+    {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}],
+  "loss": "pixel_cross_entropy" })";
+
 const std::map<std::string, const char*>& builtins() {
   static const std::map<std::string, const char*> models = {{"convstack-small", kConvstackSmall},
                                                             {"unet-small", kUnetSmall},
-                                                            {"convnet-small", kConvnetSmall}};
+                                                            {"convnet-small", kConvnetSmall},
+                                                            {"conv-bench", kConvBench}};
   return models;
 }
 

@@ -16,6 +16,9 @@ MPI_Datatype mpi_type();
 template <typename T>
 void allreduce_sum(std::span<T> data, MPI_Comm comm);
 
+// In-place elementwise MAX over `comm`. Collective over `comm`.
+void allreduce_max(std::span<double> data, MPI_Comm comm);
+
 // Returns the maximum / minimum of `value` over `comm`. Collective over `comm`.
 int allreduce_max(int value, MPI_Comm comm);
 int allreduce_min(int value, MPI_Comm comm);

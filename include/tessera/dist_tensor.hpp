@@ -40,6 +40,8 @@ struct DistTensor {
 
   DistTensor() = default;
   explicit DistTensor(const Distribution& d) : dist(d), local(d.local_shape()) {}
+  DistTensor(const Distribution& d, Uninitialized)
+      : dist(d), local(d.local_shape(), uninitialized) {}
 };
 
 }  // namespace tessera

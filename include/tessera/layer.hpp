@@ -38,6 +38,14 @@ struct RunState {
   std::int64_t step = 0;
 };
 
+// Arithmetic of one forward and one backward pass on this rank's tiles, in floating-point
+// operations (a multiply-add is 2), for GFLOP/s in `tessera bench`. Zero for layers whose time is
+// memory traffic (pointwise, pooling, batch norm).
+struct LayerFlops {
+  double forward = 0;
+  double backward = 0;
+};
+
 // For halo layers: the input rows (columns) that a range of output rows (columns) reads, not
 // clipped to the image. The same map serves the exchange and `tessera plan`.
 struct WindowMap {
@@ -76,6 +84,8 @@ class Layer {
   virtual std::vector<Buffer<T>*> masks() { return {}; }
   // Halo layers say which inputs each output reads; pointwise layers return nothing.
   virtual std::optional<WindowMap> window() const { return std::nullopt; }
+  // Valid after setup(). Local.
+  virtual LayerFlops flops() const { return {}; }
 
  private:
   std::string name_;

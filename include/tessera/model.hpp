@@ -1,6 +1,8 @@
 // A model distributed over a process grid: a graph of layers, set up for one global input shape.
 #pragma once
 
+#include <mpi.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -8,6 +10,7 @@
 
 #include "tessera/layer.hpp"
 #include "tessera/model_spec.hpp"
+#include "tessera/profile.hpp"
 
 namespace tessera {
 
@@ -25,6 +28,20 @@ struct NamedBuffer {
   std::string key() const { return layer + "/" + buffer->name; }  // "bn1/running_mean"
 };
 
+// Wall time of one layer's passes since the last reset_timings(), and the part of it spent on
+// communication (profile.hpp); compute is the rest.
+struct PassTiming {
+  double seconds = 0;
+  ActivityTimes comm;
+  int calls = 0;
+  double compute() const { return seconds - comm.communication(); }
+};
+struct LayerTiming {
+  std::string name, type;
+  LayerFlops flops;  // per call
+  PassTiming forward, backward;
+};
+
 template <typename T>
 class Model {
  public:
@@ -40,14 +57,22 @@ class Model {
 
   // Collective over the grid's communicator (halos over the spatial one, batch norm over all).
   DistTensor<T> forward(const DistTensor<T>& x);
-  // Returns dL/dinput; parameter gradients hold this rank's partial sums until
-  // reduce_gradients. Collective over the grid's communicator.
+  // Returns dL/dinput. Parameter gradients are summed over all ranks of the grid (spatial and
+  // sample) in buckets of consecutive layers, each started (MPI_Iallreduce) as soon as the
+  // backward pass has left its layers, so the reduction overlaps the rest of the backward pass;
+  // until reduce_gradients() they hold unspecified values. Collective over the grid's
+  // communicator.
   DistTensor<T> backward(const DistTensor<T>& dy);
 
   void zero_grad();  // local
-  // Sums every parameter gradient over all ranks of the grid (spatial and sample), so that each
-  // rank holds the gradient of the global loss. Collective over the grid's communicator.
+  // Completes the reductions backward() started: every rank then holds the gradient of the
+  // global loss. Collective over the grid's communicator.
   void reduce_gradients();
+
+  // Per layer, in model order; and the part of reduce_gradients() that was not hidden. Local.
+  const std::vector<LayerTiming>& timings() const { return timings_; }
+  const PassTiming& reduce_timing() const { return reduce_timing_; }
+  void reset_timings();
 
   std::vector<NamedParam<T>> params();
   std::vector<NamedBuffer<T>> buffers();
@@ -66,11 +91,25 @@ class Model {
     Distribution out;
     int consumers = 0;  // how many inputs name this node (the last node also feeds the loss)
   };
+  // Gradients of the layers [first, last) of nodes_, reduced as one message.
+  struct Bucket {
+    std::size_t first = 0, last = 0;
+    std::vector<T> flat;
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool started = false;
+  };
+  void build_buckets();
+  void start_bucket(Bucket& b);
+  void poll_buckets();
+
   ModelSpec spec_;
   const ProcessGrid& grid_;
   Distribution input_;
   std::vector<Node> nodes_;
   RunState state_;
+  std::vector<Bucket> buckets_;  // in backward order: the last layers first
+  std::vector<LayerTiming> timings_;
+  PassTiming reduce_timing_;
 };
 
 // The loss over the global batch and its gradient. `labels` is this rank's part of the labels:

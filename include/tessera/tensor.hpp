@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace tessera {
@@ -20,12 +23,40 @@ struct Shape4 {
   friend bool operator==(const Shape4&, const Shape4&) = default;
 };
 
+// Asks for a tensor whose values the caller overwrites before reading: it is not zeroed (a pass
+// over the memory saved, 35 ms for a 512 MiB activation here).
+struct Uninitialized {};
+inline constexpr Uninitialized uninitialized{};
+
+// std::allocator, except that resize() and the size constructor default-initialise (leave
+// floats as they are) instead of value-initialising (zeroing).
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 template <typename T>
 class Tensor {
  public:
   Tensor() = default;
   explicit Tensor(Shape4 shape, T fill = T(0))
       : shape_(shape), data_(static_cast<std::size_t>(shape.numel()), fill) {}
+  Tensor(Shape4 shape, Uninitialized)
+      : shape_(shape), data_(static_cast<std::size_t>(shape.numel())) {}
 
   const Shape4& shape() const { return shape_; }
   std::int64_t numel() const { return shape_.numel(); }
@@ -47,7 +78,7 @@ class Tensor {
 
  private:
   Shape4 shape_;
-  std::vector<T> data_;
+  std::vector<T, DefaultInitAllocator<T>> data_;
 };
 
 }  // namespace tessera

@@ -4,9 +4,11 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
@@ -327,6 +329,25 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
 std::string OneDnnConv::name() const {
   return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
          plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str();
+}
+
+double onednn_sgemm_gflops(std::int64_t n, int repeats) {
+  apply_threads();
+  const auto size = static_cast<std::size_t>(n * n);
+  std::vector<float> a(size, 0.5f), b(size, 0.25f), c(size, 0.0f);
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    const dnnl_status_t status =
+        dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    TESSERA_CHECK(status == dnnl_success,
+                  "oneDNN dnnl_sgemm failed (status " + std::to_string(status) + ")");
+    // The first product also pays for first-touch page faults of c; the best one does not.
+    best = std::max(best, 2.0 * static_cast<double>(n) * static_cast<double>(n * n) / s / 1e9);
+  }
+  return best;
 }
 
 std::string onednn_description() {

@@ -1,5 +1,6 @@
 #include "command.hpp"
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -26,6 +27,26 @@ GridShape grid_or_default(const std::string& text, MPI_Comm world) {
   int size = 1;
   MPI_Comm_size(world, &size);
   return GridShape{1, 1, size};
+}
+
+Shape4 parse_image(const std::string& text) {
+  const std::string help = "bad image '" + text +
+                           "': expected CxHxW, three positive integers (channels x height x "
+                           "width), e.g. 3x1024x1024";
+  std::int64_t v[3] = {0, 0, 0};
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  for (int k = 0; k < 3; ++k) {
+    auto [next, ec] = std::from_chars(p, end, v[k]);
+    TESSERA_CHECK(ec == std::errc() && next != p && v[k] > 0, help);
+    p = next;
+    if (k < 2) {
+      TESSERA_CHECK(p != end && (*p == 'x' || *p == 'X'), help);
+      ++p;
+    }
+  }
+  TESSERA_CHECK(p == end, help);
+  return {0, v[0], v[1], v[2]};
 }
 
 bool is_root(MPI_Comm world) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 #include "tessera/process_grid.hpp"
+#include "tessera/tensor.hpp"
 
 namespace tessera::cli {
 
@@ -29,12 +30,18 @@ bool is_root(MPI_Comm world);
 // bad string throws (call it inside agree()).
 GridShape grid_or_default(const std::string& text, MPI_Comm world);
 
+// "CxHxW": channels, height and width, three positive integers; returned with n = 0. Local; a bad
+// string throws (call it inside agree()).
+Shape4 parse_image(const std::string& text);
+
 int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
 // Collective over `world` (errors are agreed): every rank computes the same plan, rank 0 prints
 // it. Needs no mpiexec: one process plans a grid of any size.
 int plan_command(const std::vector<std::string>& args, MPI_Comm world);
 // Collective over `world`: trains; rank 0 prints progress.
 int train_command(const std::vector<std::string>& args, MPI_Comm world);
+// Collective over `world`: times training steps; rank 0 prints the table.
+int bench_command(const std::vector<std::string>& args, MPI_Comm world);
 // Collective over `world` (errors are agreed): rank 0 writes the synthetic dataset file, the
 // other ranks wait for its outcome.
 int datagen_command(const std::vector<std::string>& args, MPI_Comm world);

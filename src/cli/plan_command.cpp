@@ -1,4 +1,3 @@
-#include <charconv>
 #include <iostream>
 
 #include "command.hpp"
@@ -8,30 +7,6 @@
 #include "tessera/plan.hpp"
 
 namespace tessera::cli {
-namespace {
-
-// "CxHxW": three positive integers.
-Shape4 parse_image(const std::string& text) {
-  const std::string help = "bad image '" + text +
-                           "': expected CxHxW, three positive integers (channels x height x "
-                           "width), e.g. 3x1024x1024";
-  std::int64_t v[3] = {0, 0, 0};
-  const char* p = text.data();
-  const char* end = text.data() + text.size();
-  for (int k = 0; k < 3; ++k) {
-    auto [next, ec] = std::from_chars(p, end, v[k]);
-    TESSERA_CHECK(ec == std::errc() && next != p && v[k] > 0, help);
-    p = next;
-    if (k < 2) {
-      TESSERA_CHECK(p != end && (*p == 'x' || *p == 'X'), help);
-      ++p;
-    }
-  }
-  TESSERA_CHECK(p == end, help);
-  return {0, v[0], v[1], v[2]};
-}
-
-}  // namespace
 
 int plan_command(const std::vector<std::string>& args, MPI_Comm world) {
   std::string model = "convstack-small", grid, image, dtype = "float32";

@@ -104,19 +104,29 @@ void Conv2d<T>::bind_kernel(const Box& window) {
 template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist());
+  DistTensor<T> y(this->out_dist(), uninitialized);  // the kernel overwrites it
   kernel_->forward(window, weight_.value, std::span<const T>(bias_.value.span()), y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad = this->window_grad_zeros();
+  // backward_data overwrites it.
+  Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
   kernel_->backward_data(dy.local, weight_.value, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange.
   return this->accumulate_window(window_grad, [&] {
     kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad, bias_.grad.span());
   });
+}
+
+template <typename T>
+LayerFlops Conv2d<T>::flops() const {
+  const Shape4 y = this->out_dist().local_shape();
+  const Shape4& w = weight_.value.shape();
+  const double forward =
+      2.0 * static_cast<double>(y.numel()) * static_cast<double>(w.c * w.h * w.w);
+  return {forward, 2 * forward};
 }
 
 template <typename T>

@@ -22,24 +22,47 @@ ActivationSpec parse_activation(const LayerSpec& spec) {
 
 template <typename T>
 DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
-  DistTensor<T> y(x.dist);
+  DistTensor<T> y(x.dist, uninitialized);
   if (spec_.kind == ActivationKind::sigmoid) {
     reference::sigmoid_forward<T>(x.local.span(), y.local.span());
-  } else {
-    reference::leaky_relu_forward<T>(x.local.span(), static_cast<T>(spec_.slope), y.local.span());
+    y_ = y.local;
+    return y;
   }
-  y_ = y.local;
+  // (Leaky) ReLU's backward needs only which elements were positive: one byte each instead of a
+  // copy of the output (a 512 MiB copy per layer per step at 32 x 2048 x 2048).
+  // Branch-free over restrict pointers, so that it vectorises: with a branch, signs that change
+  // at random cost a misprediction every other element (4 ns per element here).
+  const T slope = static_cast<T>(spec_.slope);
+  const T* __restrict in = x.local.data();
+  T* __restrict out = y.local.data();
+  const auto n = static_cast<std::size_t>(x.local.numel());
+  positive_.resize(n);
+  std::uint8_t* __restrict mask = positive_.data();
+  for (std::size_t k = 0; k < n; ++k) {
+    // The product is taken unconditionally: a multiply under the condition is not if-converted.
+    const T v = in[k], scaled = slope * v;
+    mask[k] = v > T(0);
+    out[k] = v > T(0) ? v : scaled;
+  }
   return y;
 }
 
 template <typename T>
 DistTensor<T> Activation<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  DistTensor<T> dx(dy.dist);
+  DistTensor<T> dx(dy.dist, uninitialized);
   if (spec_.kind == ActivationKind::sigmoid) {
     reference::sigmoid_backward<T>(std::as_const(y_).span(), dy.local.span(), dx.local.span());
-  } else {
-    reference::leaky_relu_backward<T>(std::as_const(y_).span(), dy.local.span(),
-                                      static_cast<T>(spec_.slope), dx.local.span());
+    return dx;
+  }
+  // The same rule as reference::leaky_relu_backward, with y > 0 read from the mask.
+  const T slope = static_cast<T>(spec_.slope);
+  const T* __restrict g = dy.local.data();
+  T* __restrict out = dx.local.data();
+  const std::uint8_t* __restrict mask = positive_.data();
+  const auto n = static_cast<std::size_t>(dx.local.numel());
+  for (std::size_t k = 0; k < n; ++k) {
+    const T scaled = slope * g[k];
+    out[k] = mask[k] ? g[k] : scaled;
   }
   return dx;
 }

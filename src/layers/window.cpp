@@ -75,7 +75,10 @@ void WindowLayer<T>::bind(const ProcessGrid& grid) {
 
 template <typename T>
 const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
-  window_ = Tensor<T>(window_shape(in_, exchange_->plan()));
+  // The exchange writes every element: the tiles' values and zeros outside the image. The
+  // buffer is reused from step to step.
+  const Shape4 shape = window_shape(in_, exchange_->plan());
+  if (window_.shape() != shape) window_ = Tensor<T>(shape, uninitialized);
   exchange_->fill(x.local, window_);
   return window_;
 }

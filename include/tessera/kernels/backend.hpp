@@ -34,6 +34,12 @@ const KernelThreads& kernel_threads();
 // One line for `tessera --version`: the backend, its library and threads. Local.
 std::string kernel_backend_description();
 
+// The float32 matrix-multiply rate of the fast backend's GEMM (oneDNN's dnnl_sgemm) on this
+// rank with kernel_threads(), in GFLOP/s: the best of `repeats` products of two n x n matrices.
+// The yardstick the convolutions are measured against. Returns 0 in a build without oneDNN.
+// Local.
+double sgemm_gflops(std::int64_t n = 2048, int repeats = 5);
+
 // A conv kernel planned for `shapes` and `g`: the fast one of the active backend when it accepts
 // the case (float32 only: oneDNN has no float64 on CPU), else the reference. Never null. Local.
 template <typename T>

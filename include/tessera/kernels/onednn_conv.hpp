@@ -48,4 +48,7 @@ class OneDnnConv final : public ConvKernel<float> {
 // that has not happened yet. Local.
 std::string onednn_description();
 
+// dnnl_sgemm's rate on n x n matrices, best of `repeats`, in GFLOP/s (see sgemm_gflops). Local.
+double onednn_sgemm_gflops(std::int64_t n, int repeats);
+
 }  // namespace tessera

@@ -42,6 +42,9 @@ class Conv2d final : public WindowLayer<T> {
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
   std::optional<WindowMap> window() const override;
+  // Forward 2 * N * O * OH * OW * (C / groups) * KH * KW on this rank's output tile; backward
+  // twice that (backward-data and backward-filter).
+  LayerFlops flops() const override;
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
   const ConvKernel<T>* kernel() const { return kernel_.get(); }

@@ -1,6 +1,9 @@
 // Pointwise layers: no halo, no communication. Local.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "tessera/layer.hpp"
 #include "tessera/layers/fields.hpp"
 
@@ -29,7 +32,8 @@ class Activation final : public UnaryLayer<T> {
 
  private:
   ActivationSpec spec_;
-  Tensor<T> y_;  // both backward rules need only the output
+  Tensor<T> y_;                                                             // sigmoid's output
+  std::vector<std::uint8_t, DefaultInitAllocator<std::uint8_t>> positive_;  // (leaky) ReLU: x > 0
 };
 
 struct DropoutSpec {

@@ -1,0 +1,34 @@
+// `tessera bench`: times training steps (forward, loss, backward, gradient reduction, SGD update)
+// of a model on a grid, per layer and per step, split into compute, halo work, waiting for halos
+// and exposed reductions, with GFLOP/s of the convolutions against the machine's SGEMM rate.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "tessera/process_grid.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+struct BenchOptions {
+  std::string model = "conv-bench";
+  GridShape grid;
+  Shape4 image{1, 3, 2048, 2048};  // n: the global batch
+  std::string dtype = "float32";
+  std::int64_t steps = 3;   // timed
+  std::int64_t warmup = 1;  // untimed, first (plans, page faults, caches)
+  std::uint64_t seed = 1;
+  double lr = 0.01;
+  bool sgemm = true;  // also measure the SGEMM rate
+  std::string json;   // write the results here as JSON
+};
+
+// Collective over `world`. Rank 0 prints to `out`; bad input throws an agreed Error on every
+// rank. Returns 0.
+int run_bench(const BenchOptions& options, MPI_Comm world, std::ostream& out);
+
+}  // namespace tessera

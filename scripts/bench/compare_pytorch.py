@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Time one training step of the same model, image and cores in PyTorch and in Tessera, in one run.
+
+Usage: scripts/bench/compare_pytorch.py [--image 3x2048x2048] [--cores N] [--steps 3]
+                                        [--tessera build/tessera] [--no-scaling] [--json OUT]
+
+The model is Tessera's built-in `conv-bench`: four 3x3 convolutions to 32 channels with ReLU
+(padding 1) and a 1x1 head to 2 classes, per-pixel cross-entropy, one image. A step is forward,
+loss, backward and a plain SGD update, in both tools. In order, one after the other on an otherwise
+idle machine:
+
+  1. PyTorch (float32) with torch.set_num_threads(cores);
+  2. `tessera bench` on 1 rank with `cores` kernel threads (it also measures oneDNN's SGEMM rate
+     with the same threads, the yardstick of the conv GFLOP/s);
+  3. unless --no-scaling: `tessera bench` on 1 rank x 1 thread and on 2 ranks x 1 thread
+     (grid 1x1x2, the image split in two tiles), for spatial strong scaling.
+
+It prints each step time, the ratio PyTorch / Tessera, the convolutions' GFLOP/s against SGEMM,
+the 1 -> 2 rank speedup and how much of the 2-rank step is communication not hidden behind
+compute. Each step time is the mean over --steps steps after one warm-up step.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_image(text):
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"compare_pytorch: bad --image '{text}': expected CxHxW, e.g. 3x2048x2048")
+    return tuple(int(p) for p in parts)
+
+
+def pytorch_step(image, cores, steps, seed=1):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(cores)
+    torch.manual_seed(seed)
+    c, h, w = image
+    layers = []
+    channels = c
+    for _ in range(4):
+        layers += [torch.nn.Conv2d(channels, 32, 3, padding=1), torch.nn.ReLU()]
+        channels = 32
+    layers.append(torch.nn.Conv2d(32, 2, 1))
+    model = torch.nn.Sequential(*layers)
+    x = torch.rand(1, c, h, w)
+    y = torch.randint(0, 2, (1, h, w))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = []
+    for s in range(steps + 1):
+        began = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if s > 0:
+            times.append(time.perf_counter() - began)
+        print(f"  pytorch step {s}{' (warm-up)' if s == 0 else ''}: "
+              f"{time.perf_counter() - began:.3f} s", flush=True)
+    return sum(times) / len(times), torch.__version__
+
+
+def tessera_bench(exe, ranks, threads, image, steps, sgemm):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        cmd = ["mpiexec", "-n", str(ranks), exe, "bench", "--grid", f"1x1x{ranks}",
+               "--image", "x".join(map(str, image)), "--steps", str(steps), "--warmup", "1",
+               "--sgemm", "1" if sgemm else "0", "--json", out]
+        print(f"  $ OMP_NUM_THREADS={threads} {' '.join(cmd[:-2])}", flush=True)
+        run = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        for line in run.stdout.splitlines():
+            print("    " + line)
+        if run.returncode != 0:
+            raise SystemExit(f"compare_pytorch: tessera bench failed (exit {run.returncode})")
+        with open(out) as f:
+            return json.load(f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--image", default="3x2048x2048", help="CxHxW (default 3x2048x2048)")
+    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
+                   help="threads for PyTorch and for the 1-rank Tessera run (default: all)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
+    p.add_argument("--tessera", default=os.path.join(ROOT, "build", "tessera"))
+    p.add_argument("--no-scaling", action="store_true", help="skip the 1 -> 2 rank runs")
+    p.add_argument("--json", help="also write the results here")
+    a = p.parse_args()
+    image = parse_image(a.image)
+    if not os.access(a.tessera, os.X_OK):
+        raise SystemExit(f"compare_pytorch: no tessera binary at {a.tessera} (build first: "
+                         "scripts/setup.sh)")
+
+    print(f"compare_pytorch: conv-bench, image {a.image}, {a.cores} cores, "
+          f"{a.steps} timed steps each", flush=True)
+    torch_s, torch_version = pytorch_step(image, a.cores, a.steps)
+    t = tessera_bench(a.tessera, 1, a.cores, image, a.steps, sgemm=True)
+    r = {"image": a.image, "cores": a.cores, "pytorch_version": torch_version,
+         "pytorch_step_seconds": torch_s, "tessera_step_seconds": t["step_seconds"],
+         "speedup_vs_pytorch": torch_s / t["step_seconds"],
+         "conv_gflop_per_step": t["conv_gflop_per_step"],
+         "pytorch_gflops": t["conv_gflop_per_step"] / torch_s,
+         "tessera_gflops": t["conv_gflop_per_step"] / t["step_seconds"],
+         "tessera_conv32_gflops": t["conv32_gflops"],
+         "sgemm_gflops": t["sgemm_gflops_per_rank"],
+         "conv32_fraction_of_sgemm": t["conv32_gflops"] / t["sgemm_gflops_per_rank"],
+         "split": t["split"]}
+    if not a.no_scaling:
+        one = tessera_bench(a.tessera, 1, 1, image, a.steps, sgemm=False)
+        two = tessera_bench(a.tessera, 2, 1, image, a.steps, sgemm=False)
+        r.update({"one_rank_step_seconds": one["step_seconds"],
+                  "two_rank_step_seconds": two["step_seconds"],
+                  "scaling_1_to_2": one["step_seconds"] / two["step_seconds"],
+                  "two_rank_exposed_fraction": two["exposed_fraction"],
+                  "two_rank_split": two["split"]})
+
+    print()
+    print(f"{'':34}{'step s':>10}{'GFLOP/s':>10}")
+    print(f"{'PyTorch ' + torch_version + f' ({a.cores} threads)':34}{torch_s:10.3f}"
+          f"{r['pytorch_gflops']:10.1f}")
+    print(f"{f'Tessera (1 rank x {a.cores} threads)':34}{t['step_seconds']:10.3f}"
+          f"{r['tessera_gflops']:10.1f}")
+    print(f"Tessera is {r['speedup_vs_pytorch']:.2f}x faster than PyTorch "
+          f"(target >= 2.5x; {r['conv_gflop_per_step']:.0f} GFLOP of convolutions per step)")
+    print(f"convolutions with >= 32 channels: {r['tessera_conv32_gflops']:.1f} GFLOP/s of compute "
+          f"time = {100 * r['conv32_fraction_of_sgemm']:.0f}% of oneDNN SGEMM "
+          f"{r['sgemm_gflops']:.1f} GFLOP/s on the same {a.cores} threads (target >= 50%)")
+    s = t["split"]
+    print("Tessera step split: " + ", ".join(f"{k} {v:.3f} s" for k, v in s.items()))
+    if not a.no_scaling:
+        print(f"spatial strong scaling, 1 thread per rank: 1 rank {r['one_rank_step_seconds']:.3f} s, "
+              f"2 ranks {r['two_rank_step_seconds']:.3f} s: {r['scaling_1_to_2']:.2f}x "
+              f"(target >= 1.8x); exposed halo + allreduce "
+              f"{100 * r['two_rank_exposed_fraction']:.1f}% of the 2-rank step (target <= 5%)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(r, f, indent=2)
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#include <iostream>
+
+#include "command.hpp"
+#include "tessera/bench.hpp"
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/model_spec.hpp"
+
+namespace tessera::cli {
+
+int bench_command(const std::vector<std::string>& args, MPI_Comm world) {
+  BenchOptions o;
+  std::string grid, image = "3x2048x2048";
+  std::int64_t batch = 1;
+  std::string models;
+  for (const auto& n : builtin_model_names())
+    models += (models.empty() ? "" : ", ") + n;
+  po::options_description d("Bench options");
+  d.add_options()("model", po::value(&o.model)->default_value(o.model),
+                  ("model JSON file or built-in name (" + models + ")").c_str())(
+      "grid", po::value(&grid),
+      "process grid NxHxW: N data-parallel groups of HxW spatial ranks; default: 1x1xP for P "
+      "ranks")("image", po::value(&image)->default_value(image),
+               "image size CxHxW; C is the model's input channels")(
+      "batch", po::value(&batch)->default_value(batch),
+      "samples per step, split over the N groups")(
+      "dtype", po::value(&o.dtype)->default_value(o.dtype), "float32 or float64")(
+      "steps", po::value(&o.steps)->default_value(o.steps), "timed steps")(
+      "warmup", po::value(&o.warmup)->default_value(o.warmup),
+      "untimed steps first (planning, first-touch page faults)")(
+      "lr", po::value(&o.lr)->default_value(o.lr), "SGD learning rate")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random batch and parameters")(
+      "sgemm", po::value(&o.sgemm)->default_value(o.sgemm),
+      "also measure oneDNN's SGEMM rate per rank, the yardstick of the conv GFLOP/s")(
+      "json", po::value(&o.json), "also write the results to this JSON file");
+  po::variables_map vm;
+  if (!parse("bench",
+             "Times training steps (forward, loss, backward, gradient reduction, SGD update) of a "
+             "model on\nrandom data, per layer and per step: compute, halo work, waiting for "
+             "halos, exposed\nreductions, and the convolutions' GFLOP/s against the SGEMM rate. "
+             "Every number is the\nmaximum over ranks. Default: the issue-5 benchmark, conv-bench "
+             "on one 3x2048x2048 image.",
+             d, args, vm, world))
+    return 0;
+  agree(world, [&] {
+    o.grid = grid_or_default(grid, world);
+    o.image = parse_image(image);
+    o.image.n = batch;
+    TESSERA_CHECK(batch >= 1, "--batch must be at least 1, got " + std::to_string(batch));
+  });
+  return run_bench(o, world, std::cout);
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""End-to-end tests of `tessera bench` and scripts/bench/compare_pytorch.py:
+bench_tests.py BUILD_DIR SCENARIO (exit 0 pass, 1 fail, 77 skip).
+
+Shares the driver of cli_tests.py (every rank's exit code, one error line, no hang). Timings are
+never asserted: only that they are there, add up and count the right work.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli_tests as base  # noqa: E402
+from cli_tests import fail, expect_ok, expect_error, scenario  # noqa: E402
+
+
+def conv_flops(tile_h, tile_w, layers):
+    """Forward + backward FLOPs (backward = 2 x forward) of stride-1 'same' convs on one tile."""
+    return sum(3 * 2.0 * tile_h * tile_w * o * c * k * k for c, o, k in layers)
+
+
+@scenario
+def bench_runs(env):
+    out = env.path("b.json")
+    r = env.tessera(2, "bench", "--image", "3x32x48", "--steps", "2", "--json", out)
+    expect_ok(r, "tessera bench: model conv-bench", "grid 1x1x2", "c1", "forward", "backward",
+              "head", "exposed communication", "convolutions:", "sgemm:", "peak memory")
+    j = json.loads(out.read_text())
+    if j["grid"] != "1x1x2" or j["ranks"] != 2 or j["image"] != [3, 32, 48]:
+        fail(f"wrong run settings in the JSON: {j}")
+    if len(j["layers"]) != 2 * 9:
+        fail(f"expected forward and backward rows for 9 layers, got {len(j['layers'])}")
+    # Rank 0's tile is 32 x 24: the FLOP count is exact.
+    want = conv_flops(32, 24, [(3, 32, 3), (32, 32, 3), (32, 32, 3), (32, 32, 3), (32, 2, 1)])
+    if abs(j["conv_gflop_per_step"] * 1e9 - want) > 1e-6 * want:
+        fail(f"expected {want / 1e9} GFLOP of convolutions per step, got "
+             f"{j['conv_gflop_per_step']}")
+    split = j["split"]
+    if min(split.values()) < 0 or j["step_seconds"] <= 0:
+        fail(f"negative or zero times: {j}")
+    total = sum(split.values())
+    if abs(total - j["step_seconds"]) > 0.05 * j["step_seconds"] + 1e-3:
+        fail(f"the split {split} does not add up to the step {j['step_seconds']}")
+    # Two ranks exchange halos in every conv with a 3x3 kernel: the exchange is measured.
+    if split["halo"] <= 0:
+        fail(f"expected halo time on 2 ranks, got {split}")
+    if j["sgemm_gflops_per_rank"] <= 0:
+        fail("expected an SGEMM rate")
+
+    # Batch norm reduces statistics over the grid: reductions are measured too.
+    r = env.tessera(4, "bench", "--model", "unet-small", "--grid", "1x2x2", "--image",
+                    "3x32x32", "--batch", "2", "--steps", "1", "--sgemm", "0", "--json", out)
+    expect_ok(r, "model unet-small", "e1a_bn", "batchnorm2d", "gradients")
+    j = json.loads(out.read_text())
+    if j["split"]["allreduce"] <= 0:
+        fail(f"expected reduction time with batch norm on 4 ranks, got {j['split']}")
+    if "sgemm:" in r.output:
+        fail("--sgemm 0 still measured SGEMM", r)
+
+
+@scenario
+def bench_errors(env):
+    expect_error(env.tessera(2, "bench", "--steps", "0"), "--steps must be at least 1")
+    expect_error(env.tessera(2, "bench", "--grid", "1x1x3"), "grid 1x1x3 has 3 ranks",
+                 "mpiexec -n 3")
+    expect_error(env.tessera(2, "bench", "--image", "3x32"), "bad image '3x32'")
+    expect_error(env.tessera(2, "bench", "--model", "nosuch"), "nosuch")
+    expect_error(env.tessera(2, "bench", "--image", "3x32x1"), "cannot be split")
+    expect_error(env.tessera(2, "bench", "--json", env.path("no/such/dir/b.json"), "--image",
+                             "3x16x16"), "cannot write")
+
+
+@scenario
+def bench_compare_pytorch(env):
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("SKIP: no PyTorch (Debian's python3-torch)")
+        sys.exit(base.SKIP)
+    script = base.REPO / "scripts" / "bench" / "compare_pytorch.py"
+    out = env.path("c.json")
+    r = env.run_cmd([sys.executable, script, "--image", "3x64x64", "--steps", "1",
+                     "--cores", "1", "--tessera", env.exe, "--json", out])
+    if r.rc != 0:
+        fail("compare_pytorch.py failed", r)
+    for phrase in ["faster than PyTorch", "of oneDNN SGEMM", "spatial strong scaling"]:
+        if phrase not in r.output:
+            fail(f"expected {phrase!r} in the output", r)
+    j = json.loads(out.read_text())
+    for key in ["pytorch_step_seconds", "tessera_step_seconds", "speedup_vs_pytorch",
+                "scaling_1_to_2", "two_rank_exposed_fraction", "sgemm_gflops"]:
+        if not j.get(key, 0) > 0:
+            fail(f"expected a positive {key} in the JSON, got {j.get(key)}")
+
+
+if __name__ == "__main__":
+    sys.exit(base.main(sys.argv))
