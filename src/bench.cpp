@@ -126,6 +126,15 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
   }
   append(v, model->reduce_timing(), steps);
   v.push_back(step_seconds / steps);
+  // This rank's compute and waiting per step, for the balance between ranks: a rank that waits
+  // long for halos waits for a slower peer.
+  std::vector<double> balance(2 * static_cast<std::size_t>(size), 0.0);
+  for (std::size_t at = 0; at < layers.size() * 2 * kPerPass; at += kPerPass) {
+    const PassRow r = row_at(v, at);
+    balance[2 * static_cast<std::size_t>(rank)] += r.compute();
+    balance[2 * static_cast<std::size_t>(rank) + 1] += r.waiting;
+  }
+  allreduce_sum(std::span<double>(balance), world);
   // Each number's maximum over ranks: the slowest rank sets the pace.
   allreduce_max(std::span<double>(v), world);
   double sgemm_min = sgemm;
@@ -213,6 +222,13 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
       << fixed(sum.halo, 3) << " + waiting " << fixed(sum.waiting, 3) << " + allreduce "
       << fixed(sum.allreduce + reduce.seconds, 3) << " + other " << fixed(other, 3)
       << " (loss, optimizer)\n";
+  if (size > 1) {
+    out << "  per rank, compute + waiting for halos per step:";
+    for (int k = 0; k < size; ++k)
+      out << (k == 0 ? " " : ", ") << fixed(balance[2 * k], 3) << " + "
+          << fixed(balance[2 * k + 1], 3) << " s";
+    out << "\n";
+  }
   out << "  exposed communication (halo + waiting + allreduce): " << fixed(100 * exposed / step, 1)
       << "% of the step\n";
   const double conv_rate = conv_seconds > 0 ? conv_flops / conv_seconds / 1e9 : 0;
@@ -240,6 +256,12 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
                 {"allreduce", sum.allreduce + reduce.seconds},
                 {"other", other}};
   j["exposed_fraction"] = exposed / step;
+  j["compute_per_rank"] = nlohmann::json::array();
+  j["waiting_per_rank"] = nlohmann::json::array();
+  for (int k = 0; k < size; ++k) {
+    j["compute_per_rank"].push_back(balance[2 * k]);
+    j["waiting_per_rank"].push_back(balance[2 * k + 1]);
+  }
   j["conv_gflop_per_step"] = conv_flops / 1e9;
   j["conv_gflops"] = conv_rate;
   j["conv32_gflops"] = wide_rate;
