@@ -1,6 +1,7 @@
 #include "tessera/halo_exchange.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
@@ -159,7 +160,6 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
                     source.shape().str() + " / target " + target.shape().str() +
                     " do not match the plan's " + to_string(from) + " / " + to_string(to));
-  Timed timed(Activity::halo);
   HaloRequest<T> request;
   auto s = std::make_unique<typename HaloRequest<T>::State>();
   s->how = how;
@@ -167,6 +167,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   s->target_origin = to;
   const std::int64_t planes = source.shape().n * source.shape().c;
   const int tag = 2 * tag_ + (fill ? 0 : 1);
+  std::optional<Timed> timed(std::in_place, Activity::halo);
   for (const HaloTransfer& t : incoming) {
     s->incoming.push_back(t.box);
     auto& buf = s->recv_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
@@ -184,6 +185,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
     s->requests.push_back(r);
   }
   // Zero padding and the local part overlap the messages.
+  timed.emplace(Activity::window);
   if (fill) zero_outside(target, to, covered(plan_));
   move_local(source, from, target, to, plan_.self, how);
   in_flight_ = true;

@@ -116,8 +116,7 @@ std::unique_ptr<ConvKernel<T>> make_conv_kernel(const ConvShapes& shapes,
     if (kernel_backend() == KernelBackend::onednn)
       if (std::unique_ptr<OneDnnConv> fast = OneDnnConv::create(shapes, g)) return fast;
 #endif
-  (void)shapes;
-  return std::make_unique<ReferenceConv<T>>(g);
+  return std::make_unique<ReferenceConv<T>>(g, shapes);
 }
 
 template std::unique_ptr<ConvKernel<float>> make_conv_kernel(const ConvShapes&,

@@ -26,9 +26,9 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 // The numbers one rank measured, flattened so that one reduction gives their maximum over ranks:
-// per layer and pass [seconds, halo, waiting, allreduce], then the gradient reduction's
-// [seconds, halo, waiting, allreduce], then the step time.
-constexpr int kPerPass = 4;
+// per layer and pass [seconds, window, halo, waiting, allreduce], then the gradient reduction's,
+// then the step time.
+constexpr int kPerPass = 1 + kActivities;
 
 void append(std::vector<double>& v, const PassTiming& t, double steps) {
   v.push_back(t.seconds / steps);
@@ -37,13 +37,28 @@ void append(std::vector<double>& v, const PassTiming& t, double steps) {
 }
 
 struct PassRow {
-  double seconds = 0, halo = 0, waiting = 0, allreduce = 0;
-  double compute() const { return seconds - halo - waiting - allreduce; }
+  double seconds = 0;
+  ActivityTimes parts;
+  double compute() const { return seconds - parts.overhead(); }
+  double operator[](Activity a) const { return parts[a]; }
+  PassRow& operator+=(const PassRow& o) {
+    seconds += o.seconds;
+    parts += o.parts;
+    return *this;
+  }
 };
 
 PassRow row_at(const std::vector<double>& v, std::size_t at) {
-  return {v[at], v[at + 1], v[at + 2], v[at + 3]};
+  PassRow r{v[at], {}};
+  for (int k = 0; k < kActivities; ++k)
+    r.parts.seconds[k] = v[at + 1 + k];
+  return r;
 }
+
+// One rank's step: [compute, window, halo, waiting, allreduce, other, step].
+constexpr int kSplit = 7;
+constexpr const char* kSplitNames[kSplit] = {"compute",   "window", "halo", "waiting",
+                                             "allreduce", "other",  "step"};
 
 std::string fixed(double v, int digits) {
   std::ostringstream s;
@@ -126,15 +141,21 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
   }
   append(v, model->reduce_timing(), steps);
   v.push_back(step_seconds / steps);
-  // This rank's compute and waiting per step, for the balance between ranks: a rank that waits
-  // long for halos waits for a slower peer.
-  std::vector<double> balance(2 * static_cast<std::size_t>(size), 0.0);
-  for (std::size_t at = 0; at < layers.size() * 2 * kPerPass; at += kPerPass) {
-    const PassRow r = row_at(v, at);
-    balance[2 * static_cast<std::size_t>(rank)] += r.compute();
-    balance[2 * static_cast<std::size_t>(rank) + 1] += r.waiting;
+  // This rank's own split of its step (its numbers add up, unlike maxima over ranks), gathered
+  // on every rank: a rank that waits long for halos waits for a slower peer.
+  std::vector<double> split(kSplit * static_cast<std::size_t>(size), 0.0);
+  {
+    PassRow mine;
+    for (std::size_t at = 0; at + 1 < v.size(); at += kPerPass)
+      mine += row_at(v, at);  // every layer's passes and the gradient reduction
+    double* me = split.data() + kSplit * rank;
+    me[0] = mine.compute();
+    for (int k = 0; k < kActivities; ++k)
+      me[1 + k] = mine.parts.seconds[k];
+    me[6] = v.back();
+    me[5] = std::max(0.0, me[6] - mine.seconds);
   }
-  allreduce_sum(std::span<double>(balance), world);
+  allreduce_sum(std::span<double>(split), world);
   // Each number's maximum over ranks: the slowest rank sets the pace.
   allreduce_max(std::span<double>(v), world);
   double sgemm_min = sgemm;
@@ -170,19 +191,23 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
   out << "  per layer, ms per step (each the maximum over ranks); GFLOP/s of this rank's work\n"
       << "  over its compute time\n";
   out << "  " << pad("layer", 8, true) << " " << pad("type", 12, true) << " "
-      << pad("pass", 8, true) << pad("total", 10) << pad("compute", 10) << pad("halo", 9)
-      << pad("waiting", 9) << pad("allreduce", 10) << pad("GFLOP/s", 9) << "\n";
+      << pad("pass", 8, true) << pad("total", 9) << pad("compute", 9) << pad("window", 8)
+      << pad("halo", 8) << pad("waiting", 8) << pad("allreduce", 10) << pad("GFLOP/s", 9) << "\n";
+  auto print_row = [&](const std::string& name, const std::string& type, const std::string& pass,
+                       const PassRow& r, double gflops) {
+    out << "  " << pad(name, 8, true) << " " << pad(type, 12, true) << " " << pad(pass, 8, true)
+        << pad(fixed(r.seconds * 1e3, 1), 9) << pad(fixed(r.compute() * 1e3, 1), 9)
+        << pad(fixed(r[Activity::window] * 1e3, 1), 8) << pad(fixed(r[Activity::halo] * 1e3, 1), 8)
+        << pad(fixed(r[Activity::waiting] * 1e3, 1), 8)
+        << pad(fixed(r[Activity::allreduce] * 1e3, 1), 10)
+        << pad(gflops > 0 ? fixed(gflops, 1) : "-", 9) << "\n";
+  };
   double conv_flops = 0, conv_seconds = 0, wide_flops = 0, wide_seconds = 0;
-  PassRow sum;
   std::size_t at = 0;
   j["layers"] = nlohmann::json::array();
   for (const LayerTiming& t : layers) {
     for (int pass = 0; pass < 2; ++pass, at += kPerPass) {
       const PassRow r = row_at(v, at);
-      sum.seconds += r.seconds;
-      sum.halo += r.halo;
-      sum.waiting += r.waiting;
-      sum.allreduce += r.allreduce;
       const double flops = pass == 0 ? t.flops.forward : t.flops.backward;
       const double gflops = flops > 0 && r.compute() > 0 ? flops / r.compute() / 1e9 : 0;
       if (flops > 0) {
@@ -194,43 +219,49 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
         }
       }
       const char* name = pass == 0 ? "forward" : "backward";
-      out << "  " << pad(pass == 0 ? t.name : "", 8, true) << " "
-          << pad(pass == 0 ? t.type : "", 12, true) << " " << pad(name, 8, true)
-          << pad(fixed(r.seconds * 1e3, 1), 10) << pad(fixed(r.compute() * 1e3, 1), 10)
-          << pad(fixed(r.halo * 1e3, 1), 9) << pad(fixed(r.waiting * 1e3, 1), 9)
-          << pad(fixed(r.allreduce * 1e3, 1), 10) << pad(gflops > 0 ? fixed(gflops, 1) : "-", 9)
-          << "\n";
+      print_row(pass == 0 ? t.name : "", pass == 0 ? t.type : "", name, r, gflops);
       j["layers"].push_back({{"name", t.name},
                              {"type", t.type},
                              {"pass", name},
                              {"seconds", r.seconds},
                              {"compute", r.compute()},
-                             {"halo", r.halo},
-                             {"waiting", r.waiting},
-                             {"allreduce", r.allreduce},
+                             {"window", r[Activity::window]},
+                             {"halo", r[Activity::halo]},
+                             {"waiting", r[Activity::waiting]},
+                             {"allreduce", r[Activity::allreduce]},
                              {"gflops", gflops}});
     }
   }
-  const PassRow reduce = row_at(v, at);
-  const double step = v[at + kPerPass];
-  const double exposed = sum.halo + sum.waiting + sum.allreduce + reduce.seconds;
-  const double other = std::max(0.0, step - sum.seconds - reduce.seconds);
-  out << "  " << pad("", 8, true) << " " << pad("gradients", 12, true) << " "
-      << pad("reduce", 8, true) << pad(fixed(reduce.seconds * 1e3, 1), 10) << pad("", 10)
-      << pad("", 9) << pad("", 9) << pad(fixed(reduce.seconds * 1e3, 1), 10) << "\n";
-  out << "  step " << fixed(step, 3) << " s: compute " << fixed(sum.compute(), 3) << " + halo "
-      << fixed(sum.halo, 3) << " + waiting " << fixed(sum.waiting, 3) << " + allreduce "
-      << fixed(sum.allreduce + reduce.seconds, 3) << " + other " << fixed(other, 3)
-      << " (loss, optimizer)\n";
-  if (size > 1) {
-    out << "  per rank, compute + waiting for halos per step:";
-    for (int k = 0; k < size; ++k)
-      out << (k == 0 ? " " : ", ") << fixed(balance[2 * k], 3) << " + "
-          << fixed(balance[2 * k + 1], 3) << " s";
-    out << "\n";
+  print_row("", "gradients", "reduce", row_at(v, at), 0);
+  const double step = v.back();
+
+  // The critical rank computes longest: its waiting is the communication the step could not
+  // hide; the others' waiting is mostly load imbalance (they wait for it).
+  int critical = 0;
+  for (int k = 1; k < size; ++k)
+    if (split[kSplit * k] > split[kSplit * critical]) critical = k;
+  auto exposed_of = [&](int k) {
+    const double* r = split.data() + kSplit * k;
+    return r[6] > 0 ? (r[2] + r[3] + r[4]) / r[6] : 0.0;
+  };
+  out << "  per rank, s per step" << (size > 1 ? " (* the critical rank: most compute)" : "")
+      << "\n  " << pad("rank", 5);
+  for (const char* name : kSplitNames)
+    out << pad(name, 10);
+  out << pad("exposed", 9) << "\n";
+  double exposed_max = 0;
+  for (int k = 0; k < size; ++k) {
+    out << "  " << pad(std::to_string(k) + (k == critical && size > 1 ? "*" : " "), 5);
+    for (int c = 0; c < kSplit; ++c)
+      out << pad(fixed(split[kSplit * k + c], 3), 10);
+    out << pad(fixed(100 * exposed_of(k), 1) + "%", 9) << "\n";
+    exposed_max = std::max(exposed_max, exposed_of(k));
   }
-  out << "  exposed communication (halo + waiting + allreduce): " << fixed(100 * exposed / step, 1)
-      << "% of the step\n";
+  out << "  step " << fixed(step, 3) << " s (slowest rank); exposed communication (halo + waiting "
+      << "+ allreduce): " << fixed(100 * exposed_of(critical), 1)
+      << "% of the critical rank's step";
+  if (size > 1) out << ", at most " << fixed(100 * exposed_max, 1) << "% on any rank";
+  out << "\n";
   const double conv_rate = conv_seconds > 0 ? conv_flops / conv_seconds / 1e9 : 0;
   const double wide_rate = wide_seconds > 0 ? wide_flops / wide_seconds / 1e9 : 0;
   out << "  convolutions: " << fixed(conv_flops / 1e9, 1) << " GFLOP per step on rank 0, "
@@ -250,17 +281,18 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
       << " images/s; peak memory per rank " << fixed(peak_kib / 1024.0, 1) << " MiB\n";
 
   j["step_seconds"] = step;
-  j["split"] = {{"compute", sum.compute()},
-                {"halo", sum.halo},
-                {"waiting", sum.waiting},
-                {"allreduce", sum.allreduce + reduce.seconds},
-                {"other", other}};
-  j["exposed_fraction"] = exposed / step;
-  j["compute_per_rank"] = nlohmann::json::array();
-  j["waiting_per_rank"] = nlohmann::json::array();
+  j["critical_rank"] = critical;
+  j["split"] = nlohmann::json::object();
+  for (int c = 0; c < kSplit - 1; ++c)
+    j["split"][kSplitNames[c]] = split[kSplit * critical + c];
+  j["exposed_fraction"] = exposed_of(critical);
+  j["exposed_fraction_max"] = exposed_max;
+  j["per_rank"] = nlohmann::json::array();
   for (int k = 0; k < size; ++k) {
-    j["compute_per_rank"].push_back(balance[2 * k]);
-    j["waiting_per_rank"].push_back(balance[2 * k + 1]);
+    nlohmann::json r;
+    for (int c = 0; c < kSplit; ++c)
+      r[kSplitNames[c]] = split[kSplit * k + c];
+    j["per_rank"].push_back(r);
   }
   j["conv_gflop_per_step"] = conv_flops / 1e9;
   j["conv_gflops"] = conv_rate;

@@ -29,12 +29,12 @@ struct NamedBuffer {
 };
 
 // Wall time of one layer's passes since the last reset_timings(), and the part of it spent on
-// communication (profile.hpp); compute is the rest.
+// windows and communication (profile.hpp); compute is the rest.
 struct PassTiming {
   double seconds = 0;
   ActivityTimes comm;
   int calls = 0;
-  double compute() const { return seconds - comm.communication(); }
+  double compute() const { return seconds - comm.overhead(); }
 };
 struct LayerTiming {
   std::string name, type;

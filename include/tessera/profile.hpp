@@ -10,17 +10,22 @@
 namespace tessera {
 
 enum class Activity {
+  window,     // assembling a halo layer's window from its own tile: the local copy and the zero
+              // padding (local work that a single rank does too)
   halo,       // packing, posting and unpacking halo messages (CPU work of the exchange)
   waiting,    // blocked until halo messages arrive: the part of the exchange not hidden
   allreduce,  // blocked in reductions over ranks: gradients, batch norm statistics, the loss
 };
-inline constexpr int kActivities = 3;
+inline constexpr int kActivities = 4;
 
 struct ActivityTimes {
   std::array<double, kActivities> seconds{};
 
   double operator[](Activity a) const { return seconds[static_cast<int>(a)]; }
-  double communication() const { return seconds[0] + seconds[1] + seconds[2]; }
+  // Everything but compute: window assembly and communication.
+  double overhead() const { return seconds[0] + seconds[1] + seconds[2] + seconds[3]; }
+  // Communication with other ranks: halo work, waiting and reductions.
+  double communication() const { return seconds[1] + seconds[2] + seconds[3]; }
   ActivityTimes& operator+=(const ActivityTimes& o) {
     for (int k = 0; k < kActivities; ++k)
       seconds[k] += o.seconds[k];

@@ -70,6 +70,13 @@ memory::dims dims_of(const Shape4& s) {
   return {s.n, s.c, s.h, s.w};
 }
 
+// Tessera's NCHW layout of `s`: dense, or a box of a dense tensor of shape `outer`.
+memory::desc plain_desc(const Shape4& s, const Shape4& outer) {
+  if (outer.numel() == 0) return {dims_of(s), memory::data_type::f32, Tag::nchw};
+  return {dims_of(s), memory::data_type::f32,
+          memory::dims{outer.c * outer.h * outer.w, outer.h * outer.w, outer.w, 1}};
+}
+
 // PyTorch's [O, C/groups, KH, KW] is oneDNN's goihw with the groups split off O: same bytes.
 // `tag`: any (the primitive chooses), or anything else for that plain layout.
 memory::desc weight_desc(const Shape4& w, std::int64_t groups, Tag tag) {
@@ -188,7 +195,8 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const auto f32 = memory::data_type::f32;
     const memory::desc x_any(dims_of(x), f32, Tag::any), y_any(dims_of(y), f32, Tag::any);
     const memory::desc w_any = weight_desc(w, g.groups, Tag::any);
-    const memory::desc x_user(dims_of(x), f32, Tag::nchw), y_user(dims_of(y), f32, Tag::nchw);
+    const memory::desc x_user = plain_desc(x, shapes.x_outer),
+                       y_user = plain_desc(y, shapes.y_outer);
     const memory::desc w_user = weight_desc(w, g.groups, Tag::oihw);
     const memory::desc no_bias;
     plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
@@ -198,6 +206,16 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
                                         pad_r);
     plan->fwd_pd = convolution_forward::primitive_desc(fwd, cpu_engine(), true);
     if (!plan->fwd_pd) return nullptr;
+    if (shapes.is_box()) {
+      // Box kernels run forward only.
+      if (is_onednn_reference(plan->fwd_pd)) return nullptr;
+      plan->fwd = convolution_forward(plan->fwd_pd);
+      plan->fwd_src = Port::input(x_user, plan->fwd_pd.src_desc());
+      plan->fwd_weights = Port::input(w_user, plan->fwd_pd.weights_desc());
+      plan->fwd_dst = Port::output(plan->fwd_pd.dst_desc(), y_user);
+      if (plan->fwd_weights.reorder) plan->fwd_w = memory(plan->fwd_weights.prim, cpu_engine());
+      return std::unique_ptr<OneDnnConv>(new OneDnnConv(std::move(plan)));
+    }
     const convolution_backward_data::desc data(algorithm::convolution_direct, x_any, w_any, y_any,
                                                strides, dilates, pad_l, pad_r);
     plan->data_pd =
@@ -252,30 +270,51 @@ void check_shape(const char* what, const Shape4& got, const Shape4& planned) {
 
 void OneDnnConv::forward(const Tensor<float>& x, const Tensor<float>& w,
                          std::span<const float> bias, Tensor<float>& y) {
-  Plan& p = *plan_;
+  const Plan& p = *plan_;
+  TESSERA_CHECK(!p.shapes.is_box(), "oneDNN conv: a box kernel runs forward_box only");
   check_shape("input", x.shape(), p.shapes.x);
-  check_shape("weight", w.shape(), p.shapes.w);
   check_shape("output", y.shape(), p.shapes.y);
+  run_forward(x.data(), w, bias, y.data());
+}
+
+void OneDnnConv::forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<float>& w,
+                             std::span<const float> bias, Tensor<float>& y, BoxAt y_at) {
+  const Plan& p = *plan_;
+  TESSERA_CHECK(p.shapes.is_box(), "oneDNN conv: forward_box on a kernel planned for tensors");
+  check_shape("outer input", x.shape(), p.shapes.x_outer);
+  check_shape("outer output", y.shape(), p.shapes.y_outer);
+  const Shape4 &xs = p.shapes.x, &ys = p.shapes.y, &xo = x.shape(), &yo = y.shape();
+  TESSERA_CHECK(x_at.h >= 0 && x_at.w >= 0 && x_at.h + xs.h <= xo.h && x_at.w + xs.w <= xo.w &&
+                    y_at.h >= 0 && y_at.w >= 0 && y_at.h + ys.h <= yo.h && y_at.w + ys.w <= yo.w,
+                "oneDNN conv forward_box: a box does not fit in its tensor");
+  run_forward(x.data() + x_at.h * xo.w + x_at.w, w, bias, y.data() + y_at.h * yo.w + y_at.w);
+}
+
+void OneDnnConv::run_forward(const float* x, const Tensor<float>& w, std::span<const float> bias,
+                             float* y) {
+  Plan& p = *plan_;
+  check_shape("weight", w.shape(), p.shapes.w);
   TESSERA_CHECK(static_cast<std::int64_t>(bias.size()) == (p.shapes.bias ? p.shapes.w.n : 0),
                 "oneDNN conv forward: bias of " + std::to_string(bias.size()) + " values for " +
                     std::to_string(p.shapes.w.n) + " output channels" +
                     (p.shapes.bias ? "" : " (planned without bias)"));
   run_dnnl("convolution forward", [&] {
-    memory src = p.fwd_src.read(x.data(), p.stream);
+    memory src = p.fwd_src.read(x, p.stream);
     memory weights = p.fwd_weights.read(w.data(), p.stream, p.fwd_w);
-    memory dst = p.fwd_dst.target(y.data());
+    memory dst = p.fwd_dst.target(y);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
     if (p.shapes.bias)
       args.insert({DNNL_ARG_BIAS, memory(p.bias, cpu_engine(), const_cast<float*>(bias.data()))});
     p.fwd.execute(p.stream, args);
-    p.fwd_dst.finish(dst, y.data(), p.stream);
+    p.fwd_dst.finish(dst, y, p.stream);
     p.stream.wait();
   });
 }
 
 void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) {
   Plan& p = *plan_;
+  TESSERA_CHECK(!p.shapes.is_box(), "oneDNN conv: a box kernel runs forward_box only");
   check_shape("output gradient", dy.shape(), p.shapes.y);
   check_shape("weight", w.shape(), p.shapes.w);
   check_shape("input gradient", dx.shape(), p.shapes.x);
@@ -294,6 +333,7 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
 void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
                                  std::span<float> dbias) {
   Plan& p = *plan_;
+  TESSERA_CHECK(!p.shapes.is_box(), "oneDNN conv: a box kernel runs forward_box only");
   check_shape("input", x.shape(), p.shapes.x);
   check_shape("output gradient", dy.shape(), p.shapes.y);
   check_shape("weight gradient", dw.shape(), p.shapes.w);
@@ -327,6 +367,7 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
 }
 
 std::string OneDnnConv::name() const {
+  if (plan_->shapes.is_box()) return std::string("onednn ") + plan_->fwd_pd.impl_info_str();
   return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
          plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str();
 }

@@ -94,18 +94,62 @@ template <typename T>
 void Conv2d<T>::bind_kernel(const Box& window) {
   // The model is built for one global batch, so every shape here is fixed for the layer's life.
   const Shape4 in = this->in_dist().local_shape();
-  kernel_ = make_conv_kernel<T>({.x = {in.n, in.c, window.h.size(), window.w.size()},
-                                 .w = weight_.value.shape(),
-                                 .y = this->out_dist().local_shape(),
-                                 .bias = spec_.bias},
+  const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
+  const Shape4 y = this->out_dist().local_shape();
+  kernel_ = make_conv_kernel<T>({.x = x, .w = weight_.value.shape(), .y = y, .bias = spec_.bias},
                                 geometry_);
+
+  regions_.clear();
+  const HaloPlan& plan = this->plan();
+  if (!halo_overlap() || plan.recv.empty()) return;
+  const WindowMap map = *this->window();
+  const Box tile = this->out_dist().tile();
+  const Shape4& image = this->in_dist().global;
+  const Range ready_h = ready_without_halo(window.h, plan.owned.h, image.h);
+  const Range ready_w = ready_without_halo(window.w, plan.owned.w, image.w);
+  const Range ih = outputs_reading_within(tile.h, ready_h, map.rows);
+  const Range iw = outputs_reading_within(tile.w, ready_w, map.cols);
+  if (ih.empty() || iw.empty()) return;  // no interior to hide the halos behind
+  const Box boxes[] = {{ih, iw},
+                       {{tile.h.begin, ih.begin}, tile.w},
+                       {{ih.end, tile.h.end}, tile.w},
+                       {ih, {tile.w.begin, iw.begin}},
+                       {ih, {iw.end, tile.w.end}}};
+  for (const Box& b : boxes) {
+    if (b.empty()) continue;
+    const Box footprint{map.rows(b.h), map.cols(b.w)};
+    regions_.push_back(
+        {.in = {footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin},
+         .out = {b.h.begin - tile.h.begin, b.w.begin - tile.w.begin},
+         .kernel = make_conv_kernel<T>({.x = {in.n, in.c, footprint.h.size(), footprint.w.size()},
+                                        .w = weight_.value.shape(),
+                                        .y = {y.n, y.c, b.h.size(), b.w.size()},
+                                        .bias = spec_.bias,
+                                        .x_outer = x,
+                                        .y_outer = y},
+                                       geometry_)});
+  }
 }
 
 template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
-  const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist(), uninitialized);  // the kernel overwrites it
-  kernel_->forward(window, weight_.value, std::span<const T>(bias_.value.span()), y.local);
+  DistTensor<T> y(this->out_dist(), uninitialized);  // the kernels overwrite it
+  const std::span<const T> bias(bias_.value.span());
+  if (regions_.empty()) {
+    kernel_->forward(this->fill_window(x), weight_.value, bias, y.local);
+    return y;
+  }
+  // The interior reads only the rank's own tile and the padding, in place when the exchange
+  // starts; the border strips read the halos.
+  HaloRequest<T> request = this->start_window(x);
+  const Tensor<T>& window = this->kept_window();
+  auto run = [&](Region& r) {
+    r.kernel->forward_box(window, r.in, weight_.value, bias, y.local, r.out);
+  };
+  run(regions_.front());
+  this->finish_window(request);
+  for (std::size_t k = 1; k < regions_.size(); ++k)
+    run(regions_[k]);
   return y;
 }
 

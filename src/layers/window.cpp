@@ -1,5 +1,6 @@
 #include "tessera/layers/window.hpp"
 
+#include <cstdlib>
 #include <utility>
 
 #include "tessera/error.hpp"
@@ -32,6 +33,35 @@ HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan) {
   const Shape4 l = in.local_shape();
   return {l.n, l.c, plan.window.h.size(), plan.window.w.size()};
+}
+
+bool halo_overlap() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_OVERLAP");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
+Range outputs_reading_within(Range out, Range ready, const std::function<Range(Range)>& map) {
+  Range r{out.end, out.end};
+  for (std::int64_t o = out.begin; o < out.end; ++o) {
+    const Range in = map({o, o + 1});
+    if (in.begin >= ready.begin && in.end <= ready.end) {
+      if (r.begin == out.end) r.begin = o;
+      r.end = o + 1;
+    }
+  }
+  if (r.begin == out.end) return {out.begin, out.begin};
+  return r;
+}
+
+Range ready_without_halo(Range window, Range tile, std::int64_t extent) {
+  // Rows before the tile inside the image come from peers; rows before row 0 are padding.
+  const std::int64_t begin =
+      window.begin < tile.begin && tile.begin > 0 ? tile.begin : window.begin;
+  const std::int64_t end = window.end > tile.end && tile.end < extent ? tile.end : window.end;
+  return {begin, end};
 }
 
 void require_spatial(const std::string& who, const Distribution& in) {
@@ -75,11 +105,22 @@ void WindowLayer<T>::bind(const ProcessGrid& grid) {
 
 template <typename T>
 const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
+  HaloRequest<T> request = start_window(x);
+  return finish_window(request);
+}
+
+template <typename T>
+HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // The exchange writes every element: the tiles' values and zeros outside the image. The
   // buffer is reused from step to step.
   const Shape4 shape = window_shape(in_, exchange_->plan());
   if (window_.shape() != shape) window_ = Tensor<T>(shape, uninitialized);
-  exchange_->fill(x.local, window_);
+  return exchange_->start_fill(x.local, window_);
+}
+
+template <typename T>
+const Tensor<T>& WindowLayer<T>::finish_window(HaloRequest<T>& request) {
+  exchange_->finish(request);
   return window_;
 }
 

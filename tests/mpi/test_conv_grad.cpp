@@ -8,6 +8,7 @@
 #include "mpi_test.hpp"
 #include "tessera/batch.hpp"
 #include "tessera/error.hpp"
+#include "tessera/layers/conv2d.hpp"
 #include "tessera/model.hpp"
 
 namespace tessera {
@@ -58,6 +59,27 @@ TEST(ConvGrad, MatrixFloat64) {
 TEST(ConvGrad, MatrixFloat32) {
   for (const ConvCase& c : conv_cases())
     test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+}
+
+// The matrices above run with the interior computed while halos travel: on a grid with more
+// than one spatial rank a 3x3 conv splits its tile into the interior and the strips next to its
+// neighbours, and alone it does not.
+TEST(ConvGrad, InteriorOverlapsTheHalos) {
+  const ProcessGrid& grid = test::world_grid();
+  const Distribution in{{3, 2, 17, 15}, grid.shape(), grid.coords()};
+  const Conv2dSpec spec{
+      .out_channels = 4, .kernel = {3, 3}, .pad_begin = {1, 1}, .pad_end = {1, 1}};
+  Conv2d<float> conv("c", spec, 1);
+  conv.setup(in);
+  conv.bind(grid);
+  const GridShape g = grid.shape();
+  // Neighbours above and below add top and bottom strips; left and right add side strips.
+  const std::size_t strips = (g.h > 1 ? (grid.coords().i > 0) + (grid.coords().i + 1 < g.h) : 0) +
+                             (g.w > 1 ? (grid.coords().j > 0) + (grid.coords().j + 1 < g.w) : 0);
+  if (halo_overlap())
+    EXPECT_EQ(conv.overlap_regions(), strips == 0 ? 0 : 1 + strips);
+  else
+    EXPECT_EQ(conv.overlap_regions(), 0u);
 }
 
 TEST(ConvGrad, BuiltinModelBothDtypes) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -152,6 +153,40 @@ void expect_matches_reference(ConvKernel<float>& kernel, const Case& c) {
   EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "backward-bias, " << c.str();
 }
 
+// A box kernel reads its input from a box of a larger tensor and writes its output into a box of
+// another, leaving the rest untouched; the box's values equal the whole-tensor reference's.
+void expect_box_kernel_matches(
+    const Case& c,
+    const std::function<std::unique_ptr<ConvKernel<float>>(const ConvShapes&)>& make) {
+  const ConvGeometry g = c.geometry();
+  const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+  const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
+  // x and y sit at offsets (2, 3) and (1, 4) of tensors 5 rows and 7 columns larger.
+  const BoxAt x_at{2, 3}, y_at{1, 4};
+  const Shape4 xs = c.x(), ys = c.y();
+  Tensor<float> x_outer = random_tensor({xs.n, xs.c, xs.h + 5, xs.w + 7}, 8);
+  copy_box_in(x, x_outer, x_at);
+  Tensor<float> y_outer({ys.n, ys.c, ys.h + 5, ys.w + 7}, -3.0f);
+  ConvShapes shapes = c.shapes();
+  shapes.x_outer = x_outer.shape();
+  shapes.y_outer = y_outer.shape();
+  std::unique_ptr<ConvKernel<float>> k = make(shapes);
+  if (!k) return;  // declined
+  k->forward_box(x_outer, x_at, w, b.span(), y_outer, y_at);
+
+  Tensor<double> yd(ys);
+  const Tensor<double> bd = to_double(b);
+  reference::conv2d_forward(to_double(x), to_double(w), bd.span(), yd, g);
+  Tensor<float> y(ys);
+  copy_box_out(y_outer, y_at, y);
+  EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << k->name() << " box, " << c.str();
+  // Outside the box nothing changed.
+  Tensor<float> blank(ys, -3.0f);
+  copy_box_in(blank, y_outer, y_at);
+  for (float v : y_outer.span())
+    ASSERT_EQ(v, -3.0f) << k->name() << " wrote outside its box, " << c.str();
+}
+
 Case declinable_base() {
   return {.n = 2,
           .c = 4,
@@ -212,6 +247,13 @@ TEST(KernelBackend, FloatKernelsMatchTheReferenceAndDeclinedCasesFallBack) {
   }
 }
 
+TEST(ReferenceConv, BoxKernelsMatchTheWholeTensor) {
+  for (const Case& c : sweep())
+    expect_box_kernel_matches(c, [&](const ConvShapes& s) {
+      return std::make_unique<ReferenceConv<float>>(c.geometry(), s);
+    });
+}
+
 // Conv2d<float> plans the active backend's kernel at bind(), for its window; float64 the
 // reference.
 TEST(KernelBackend, Conv2dPlansItsKernelAtBind) {
@@ -259,6 +301,25 @@ TEST(OneDnnConv, MatchesReferenceOverSweep) {
       EXPECT_NE(OneDnnConv::create(c.shapes(), c.geometry()), nullptr) << c.str();
     }
   }
+}
+
+TEST(OneDnnConv, BoxKernelsMatchTheReference) {
+  int planned = 0;
+  for (const Case& c : sweep())
+    expect_box_kernel_matches(c, [&](const ConvShapes& s) -> std::unique_ptr<ConvKernel<float>> {
+      std::unique_ptr<OneDnnConv> k = OneDnnConv::create(s, c.geometry());
+      planned += k != nullptr;
+      if (k && c.groups == 1) {
+        // A box kernel runs forward_box only.
+        Tensor<float> y(c.y());
+        EXPECT_THROW(
+            k->forward(Tensor<float>(c.x()), Tensor<float>(c.w()),
+                       c.bias ? Tensor<float>({c.o, 1, 1, 1}).span() : std::span<float>(), y),
+            Error);
+      }
+      return k;
+    });
+  EXPECT_GT(planned, 30);  // the strided descriptors are the common case, not a fallback
 }
 
 TEST(OneDnnConv, DeclinesWhatItCannotExpress) {

@@ -14,9 +14,23 @@ namespace tessera {
 
 // The shapes a kernel is planned for: input x [N, C, H, W], weight [O, C/groups, KH, KW] (PyTorch
 // layout), output y [N, O, OH, OW]; `bias` says whether the layer has one.
+//
+// A box kernel (forward_box) reads x from a box of a larger tensor of shape `x_outer` and writes y
+// into a box of one of shape `y_outer` (same N and channels, larger or equal H and W): a halo
+// layer computes the interior of its tile and its border strips that way, from one window, with no
+// copies. Box kernels serve the forward pass only.
 struct ConvShapes {
   Shape4 x, w, y;
   bool bias = true;
+  Shape4 x_outer{}, y_outer{};  // box kernels only; empty otherwise
+  bool is_box() const { return x_outer.numel() > 0; }
+};
+
+// Where a box starts in its outer tensor: local row and column (half-open boxes of the planned
+// shape from there).
+struct BoxAt {
+  std::int64_t h = 0;
+  std::int64_t w = 0;
 };
 
 // Same contracts as the reference functions of the same names (kernels/reference.hpp): forward
@@ -31,6 +45,10 @@ class ConvKernel {
   virtual void backward_data(const Tensor<T>& dy, const Tensor<T>& w, Tensor<T>& dx) = 0;
   virtual void backward_filter(const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& dw,
                                std::span<T> dbias) = 0;
+  // Box kernels: y's box at `y_at` = conv of x's box at `x_at`, + bias; the rest of y is left
+  // as it is. x and y have the planned outer shapes.
+  virtual void forward_box(const Tensor<T>& x, BoxAt x_at, const Tensor<T>& w,
+                           std::span<const T> bias, Tensor<T>& y, BoxAt y_at) = 0;
   // Which implementation runs ("reference", "onednn jit:avx512_core", ...), for logs and tests.
   virtual std::string name() const = 0;
 };
@@ -39,7 +57,9 @@ class ConvKernel {
 template <typename T>
 class ReferenceConv final : public ConvKernel<T> {
  public:
-  explicit ReferenceConv(const reference::ConvGeometry& g) : g_(g) {}
+  // `shapes` matter to box kernels only.
+  ReferenceConv(const reference::ConvGeometry& g, const ConvShapes& shapes)
+      : g_(g), shapes_(shapes) {}
   void forward(const Tensor<T>& x, const Tensor<T>& w, std::span<const T> bias,
                Tensor<T>& y) override {
     reference::conv2d_forward(x, w, bias, y, g_);
@@ -51,10 +71,21 @@ class ReferenceConv final : public ConvKernel<T> {
                        std::span<T> dbias) override {
     reference::conv2d_backward_filter(x, dy, dw, dbias, g_);
   }
+  // The oracle through copies: the box in, the whole conv, the result out. Each output sums its
+  // taps in the same order as in the whole tensor, so the values are bit-identical.
+  void forward_box(const Tensor<T>& x, BoxAt x_at, const Tensor<T>& w, std::span<const T> bias,
+                   Tensor<T>& y, BoxAt y_at) override;
   std::string name() const override { return "reference"; }
 
  private:
   reference::ConvGeometry g_;
+  ConvShapes shapes_;
 };
+
+// Copies the box of `outer` at `at` of `box`'s shape into `box`, or back. Local.
+template <typename T>
+void copy_box_out(const Tensor<T>& outer, BoxAt at, Tensor<T>& box);
+template <typename T>
+void copy_box_in(const Tensor<T>& box, Tensor<T>& outer, BoxAt at);
 
 }  // namespace tessera

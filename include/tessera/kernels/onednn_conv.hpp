@@ -5,7 +5,9 @@
 // Tensors stay in Tessera's plain NCHW / OIHW layout; each primitive picks its own layout
 // (format_tag::any) and a reorder planned with it converts on the way in and out when the two
 // differ. Weights are converted at every call (they change every step; they are small).
-// Activations are converted at every call too, into buffers that live for the call only. Keeping
+// Activations are converted at every call too, into buffers that live for the call only. A box
+// kernel (ConvShapes::x_outer) reads and writes boxes of larger tensors through strided
+// descriptors: the reorder into the primitive's layout is the only copy. Keeping
 // blocked layouts between layers would save those reorders, and is not done here.
 #pragma once
 
@@ -33,6 +35,8 @@ class OneDnnConv final : public ConvKernel<float> {
   void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override;
   void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
                        std::span<float> dbias) override;
+  void forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<float>& w,
+                   std::span<const float> bias, Tensor<float>& y, BoxAt y_at) override;
   // "onednn " and the implementations oneDNN chose for forward / backward-data /
   // backward-weights, e.g. "onednn jit:avx512_core/jit:avx512_core/jit:avx512_core".
   std::string name() const override;
@@ -40,6 +44,8 @@ class OneDnnConv final : public ConvKernel<float> {
  private:
   struct Plan;
   explicit OneDnnConv(std::unique_ptr<Plan> plan);
+  // x and y point at the first element of the planned (possibly strided) boxes.
+  void run_forward(const float* x, const Tensor<float>& w, std::span<const float> bias, float* y);
   std::unique_ptr<Plan> plan_;
 };
 

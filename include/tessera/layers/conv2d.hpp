@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/reference.hpp"
@@ -48,6 +49,9 @@ class Conv2d final : public WindowLayer<T> {
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
   const ConvKernel<T>* kernel() const { return kernel_.get(); }
+  // How many boxes the forward pass computes separately: 0 when it computes the whole tile after
+  // the halos arrived; else the interior (while they travel) and the border strips. Local.
+  std::size_t overlap_regions() const { return regions_.size(); }
 
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
@@ -57,6 +61,14 @@ class Conv2d final : public WindowLayer<T> {
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
   std::unique_ptr<ConvKernel<T>> kernel_;
+  // With halo_overlap() and halos to receive: the interior of the output tile (regions_[0]),
+  // computed from the window while the halos travel, then the border strips (top, bottom, left,
+  // right; the empty ones left out). Each a box kernel planned at bind. Empty: no split.
+  struct Region {
+    BoxAt in, out;  // local offsets in the window and in the output tile
+    std::unique_ptr<ConvKernel<T>> kernel;
+  };
+  std::vector<Region> regions_;
 };
 
 }  // namespace tessera

@@ -29,6 +29,19 @@ HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
 // Shape of the local window buffer: my samples and channels, the plan's window box.
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan);
 
+// Whether halo layers compute the interior of their tile while halos travel and the border strips
+// after (default on; TESSERA_OVERLAP=0 turns it off, to measure what it hides). Read once. Local.
+bool halo_overlap();
+
+// The outputs of `out` (a range of output rows or columns) whose inputs, through `map`, all lie
+// in `ready`: a contiguous range, possibly empty (map is monotone). Local and pure.
+Range outputs_reading_within(Range out, Range ready, const std::function<Range(Range)>& map);
+
+// The rows (columns) of a window `window` that hold the rank's own tile `tile` or zero padding
+// outside [0, extent), as far as they form one range with the tile: what is ready when a fill
+// starts, before any halo arrives. Local and pure.
+Range ready_without_halo(Range window, Range tile, std::int64_t extent);
+
 // Setup checks with messages naming the layer (`who` = "layer 'c1' (conv2d)"):
 // the input must be an image (not the N x C output of global pooling) ...
 void require_spatial(const std::string& who, const Distribution& in);
@@ -67,6 +80,13 @@ class WindowLayer : public UnaryLayer<T> {
   // Allocates the window, fills it from x's tiles (zeros outside the image) and keeps it until
   // the next forward. Neighbour-wise collective over the spatial communicator.
   const Tensor<T>& fill_window(const DistTensor<T>& x);
+  // fill_window in two phases: when start_window returns, the window holds the rank's own tile
+  // and the zero padding (the box of ready_without_halo on each axis); finish_window waits for
+  // the halos. Neighbour-wise collective over the spatial communicator.
+  HaloRequest<T> start_window(const DistTensor<T>& x);
+  const Tensor<T>& finish_window(HaloRequest<T>& request);
+  // This rank's plan; valid after bind(). Local.
+  const HaloPlan& plan() const { return exchange_->plan(); }
   // The window the last fill_window filled (backward-filter reads it). Local.
   const Tensor<T>& kept_window() const { return window_; }
 
