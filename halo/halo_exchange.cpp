@@ -5,6 +5,7 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/parallel.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/wait.hpp"
 
@@ -60,17 +61,23 @@ void move_local(const Tensor<T>& from, const Box& from_origin, Tensor<T>& to, co
   if (box.empty()) return;
   const std::int64_t planes = from.shape().n * from.shape().c;
   const std::int64_t width = box.w.size();
-  for (std::int64_t p = 0; p < planes; ++p)
-    for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
-      const T* in = plane_row(from, p, from_origin, r, box.w.begin);
-      T* out = plane_row(to, p, to_origin, r, box.w.begin);
-      if (how == Direction::fill) {
-        std::copy(in, in + width, out);
-      } else {
-        for (std::int64_t k = 0; k < width; ++k)
-          out[k] += in[k];
-      }
-    }
+  // Planes are independent: split over the kernel threads when they are large.
+  parallel_for(
+      planes,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t p = first; p < last; ++p)
+          for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
+            const T* in = plane_row(from, p, from_origin, r, box.w.begin);
+            T* out = plane_row(to, p, to_origin, r, box.w.begin);
+            if (how == Direction::fill) {
+              std::copy(in, in + width, out);
+            } else {
+              for (std::int64_t k = 0; k < width; ++k)
+                out[k] += in[k];
+            }
+          }
+      },
+      std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(box.size(), 1)));
 }
 
 // Zeroes the elements of `t` (spatial origin `origin`) outside `keep`: the window's padding,
@@ -80,19 +87,24 @@ void zero_outside(Tensor<T>& t, const Box& origin, const Box& keep) {
   const Shape4& s = t.shape();
   const std::int64_t planes = s.n * s.c;
   const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);
-  for (std::int64_t p = 0; p < planes; ++p) {
-    T* plane = t.data() + p * s.h * s.w;
-    for (std::int64_t r = 0; r < s.h; ++r) {
-      T* row = plane + r * s.w;
-      const std::int64_t global = origin.h.begin + r;
-      if (!rows.contains(global) || cols.empty()) {
-        std::fill(row, row + s.w, T(0));
-        continue;
-      }
-      std::fill(row, row + (cols.begin - origin.w.begin), T(0));
-      std::fill(row + (cols.end - origin.w.begin), row + s.w, T(0));
-    }
-  }
+  parallel_for(
+      planes,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t p = first; p < last; ++p) {
+          T* plane = t.data() + p * s.h * s.w;
+          for (std::int64_t r = 0; r < s.h; ++r) {
+            T* row = plane + r * s.w;
+            const std::int64_t global = origin.h.begin + r;
+            if (!rows.contains(global) || cols.empty()) {
+              std::fill(row, row + s.w, T(0));
+              continue;
+            }
+            std::fill(row, row + (cols.begin - origin.w.begin), T(0));
+            std::fill(row + (cols.end - origin.w.begin), row + s.w, T(0));
+          }
+        }
+      },
+      std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(s.h * s.w, 1)));
 }
 
 // The part of the window that tiles own: the self box and every received box tile it exactly

@@ -95,6 +95,7 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
   if (input.c == 0) input.c = spec.input_channels;
   agree(world, [&] { model.emplace(spec, grid, input); });
   model->init_params(o.seed);
+  model->set_input_grad(false);  // as in training
   Optimizer<T> optimizer({.kind = OptimizerKind::sgd, .momentum = 0}, *model);
 
   DistTensor<T> x(model->input_distribution());

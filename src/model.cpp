@@ -1,5 +1,6 @@
 #include "tessera/model.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -7,6 +8,7 @@
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/registry.hpp"
+#include "tessera/parallel.hpp"
 #include "tessera/random.hpp"
 #include "tessera/wait.hpp"
 
@@ -15,10 +17,12 @@ namespace {
 
 template <typename T>
 void add_into(Tensor<T>& to, const Tensor<T>& from) {
-  T* a = to.data();
-  const T* b = from.data();
-  for (std::int64_t k = 0; k < to.numel(); ++k)
-    a[k] += b[k];
+  parallel_for(to.numel(), [&](std::int64_t begin, std::int64_t end) {
+    T* __restrict a = to.data();
+    const T* __restrict b = from.data();
+    for (std::int64_t k = begin; k < end; ++k)
+      a[k] += b[k];
+  });
 }
 
 // A gradient bucket closes once it holds this much: small enough that the last layers'
@@ -148,6 +152,7 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
       grads[k].reset();
       for (std::size_t j = 0; j < g.size(); ++j) {
         const int i = nodes_[k].inputs[j];
+        if (i < 0 && !input_grad_) continue;  // not asked for (the layer may have skipped it)
         add(i >= 0 ? grads[i] : input_grad, std::move(g[j]));
       }
     }
@@ -156,8 +161,21 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
       start_bucket(buckets_[next_bucket]);
     poll_buckets();
   }
+  if (!input_grad_) return {};
   if (!input_grad) return DistTensor<T>(input_);  // nothing depends on the input
   return std::move(*input_grad);
+}
+
+template <typename T>
+void Model<T>::set_input_grad(bool needed) {
+  input_grad_ = needed;
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    const std::vector<int>& ins = nodes_[k].inputs;
+    if (std::all_of(ins.begin(), ins.end(), [](int i) { return i < 0; })) {
+      nodes_[k].layer->set_input_grad(needed);
+      timings_[k].flops = nodes_[k].layer->flops();
+    }
+  }
 }
 
 template <typename T>

@@ -419,6 +419,7 @@ int Trainer<T>::run() {
   schedule_.total_steps = total_steps_;
 
   model_->init_params(o_.seed);
+  model_->set_input_grad(false);  // training never reads dL/dimages
   agree(world_, [&] {
     TESSERA_CHECK(std::isfinite(o_.lr) && o_.lr >= 0,
                   "--lr must be a finite number >= 0, not " + std::to_string(o_.lr));

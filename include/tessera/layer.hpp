@@ -87,8 +87,15 @@ class Layer {
   // Valid after setup(). Local.
   virtual LayerFlops flops() const { return {}; }
 
+  // Whether backward() must return dL/dinput. The model clears it for the layers that read only
+  // the model's input when nobody asks for its gradient (training): such a layer may then return
+  // empty tensors (DistTensor{}) for its inputs and skip the work. Every rank sets the same.
+  void set_input_grad(bool needed) { input_grad_ = needed; }
+  bool input_grad() const { return input_grad_; }
+
  private:
   std::string name_;
+  bool input_grad_ = true;
 };
 
 // A layer with one input.

@@ -65,6 +65,11 @@ class Model {
   DistTensor<T> backward(const DistTensor<T>& dy);
 
   void zero_grad();  // local
+
+  // Whether backward() computes dL/dinput (default true; gradcheck compares it). Training does
+  // not need it: off, the layers that read only the model's input skip their backward-data and
+  // its halo exchange, and backward() returns an empty tensor. Local; set the same on every rank.
+  void set_input_grad(bool needed);
   // Completes the reductions backward() started: every rank then holds the gradient of the
   // global loss. Collective over the grid's communicator.
   void reduce_gradients();
@@ -107,6 +112,7 @@ class Model {
   Distribution input_;
   std::vector<Node> nodes_;
   RunState state_;
+  bool input_grad_ = true;
   std::vector<Bucket> buckets_;  // in backward order: the last layers first
   std::vector<LayerTiming> timings_;
   PassTiming reduce_timing_;

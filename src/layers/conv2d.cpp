@@ -155,6 +155,11 @@ DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
 
 template <typename T>
 DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  if (!this->input_grad()) {
+    // The first layer in training: no input gradient, no exchange, only the filter gradient.
+    kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad, bias_.grad.span());
+    return {};
+  }
   // backward_data overwrites it.
   Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
   kernel_->backward_data(dy.local, weight_.value, window_grad);
@@ -170,7 +175,7 @@ LayerFlops Conv2d<T>::flops() const {
   const Shape4& w = weight_.value.shape();
   const double forward =
       2.0 * static_cast<double>(y.numel()) * static_cast<double>(w.c * w.h * w.w);
-  return {forward, 2 * forward};
+  return {forward, this->input_grad() ? 2 * forward : forward};
 }
 
 template <typename T>

@@ -3,9 +3,38 @@
 #include <utility>
 
 #include "tessera/kernels/reference.hpp"
+#include "tessera/parallel.hpp"
 #include "tessera/random.hpp"
 
 namespace tessera {
+
+namespace {
+
+// y = x > 0 ? x : slope * x, and which x were positive. Branch-free over restrict pointers, so
+// that GCC vectorises it (the product is taken unconditionally: a multiply under the condition is
+// not if-converted); with a branch, signs that change at random cost a misprediction every other
+// element (4 ns per element here).
+template <typename T>
+void leaky_relu_mask(const T* __restrict x, T* __restrict y, std::uint8_t* __restrict positive,
+                     std::int64_t n, T slope) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    const T v = x[k], scaled = slope * v;
+    positive[k] = v > T(0);
+    y[k] = v > T(0) ? v : scaled;
+  }
+}
+
+// The rule of reference::leaky_relu_backward, with y > 0 read from the mask.
+template <typename T>
+void leaky_relu_mask_backward(const T* __restrict dy, const std::uint8_t* __restrict positive,
+                              T* __restrict dx, std::int64_t n, T slope) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    const T scaled = slope * dy[k];
+    dx[k] = positive[k] ? dy[k] : scaled;
+  }
+}
+
+}  // namespace
 
 ActivationSpec parse_activation(const LayerSpec& spec) {
   Fields f(spec);
@@ -30,20 +59,12 @@ DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
   }
   // (Leaky) ReLU's backward needs only which elements were positive: one byte each instead of a
   // copy of the output (a 512 MiB copy per layer per step at 32 x 2048 x 2048).
-  // Branch-free over restrict pointers, so that it vectorises: with a branch, signs that change
-  // at random cost a misprediction every other element (4 ns per element here).
   const T slope = static_cast<T>(spec_.slope);
-  const T* __restrict in = x.local.data();
-  T* __restrict out = y.local.data();
-  const auto n = static_cast<std::size_t>(x.local.numel());
-  positive_.resize(n);
-  std::uint8_t* __restrict mask = positive_.data();
-  for (std::size_t k = 0; k < n; ++k) {
-    // The product is taken unconditionally: a multiply under the condition is not if-converted.
-    const T v = in[k], scaled = slope * v;
-    mask[k] = v > T(0);
-    out[k] = v > T(0) ? v : scaled;
-  }
+  positive_.resize(static_cast<std::size_t>(x.local.numel()));
+  parallel_for(x.local.numel(), [&](std::int64_t begin, std::int64_t end) {
+    leaky_relu_mask(x.local.data() + begin, y.local.data() + begin, positive_.data() + begin,
+                    end - begin, slope);
+  });
   return y;
 }
 
@@ -54,16 +75,11 @@ DistTensor<T> Activation<T>::backward_one(const DistTensor<T>& dy, const RunStat
     reference::sigmoid_backward<T>(std::as_const(y_).span(), dy.local.span(), dx.local.span());
     return dx;
   }
-  // The same rule as reference::leaky_relu_backward, with y > 0 read from the mask.
   const T slope = static_cast<T>(spec_.slope);
-  const T* __restrict g = dy.local.data();
-  T* __restrict out = dx.local.data();
-  const std::uint8_t* __restrict mask = positive_.data();
-  const auto n = static_cast<std::size_t>(dx.local.numel());
-  for (std::size_t k = 0; k < n; ++k) {
-    const T scaled = slope * g[k];
-    out[k] = mask[k] ? g[k] : scaled;
-  }
+  parallel_for(dx.local.numel(), [&](std::int64_t begin, std::int64_t end) {
+    leaky_relu_mask_backward(dy.local.data() + begin, positive_.data() + begin,
+                             dx.local.data() + begin, end - begin, slope);
+  });
   return dx;
 }
 

@@ -16,8 +16,11 @@ from cli_tests import fail, expect_ok, expect_error, scenario  # noqa: E402
 
 
 def conv_flops(tile_h, tile_w, layers):
-    """Forward + backward FLOPs (backward = 2 x forward) of stride-1 'same' convs on one tile."""
-    return sum(3 * 2.0 * tile_h * tile_w * o * c * k * k for c, o, k in layers)
+    """Forward + backward FLOPs of stride-1 'same' convs on one tile: backward is backward-data
+    and backward-filter (2 x forward), except for the first layer, which has no input gradient
+    to compute in training."""
+    return sum((2 if i == 0 else 3) * 2.0 * tile_h * tile_w * o * c * k * k
+               for i, (c, o, k) in enumerate(layers))
 
 
 @scenario

@@ -2,6 +2,7 @@
 // DESIGN.md section 8: every rank compares its own tiles with the reference it computes itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "check_model.hpp"
@@ -80,6 +81,32 @@ TEST(ConvGrad, InteriorOverlapsTheHalos) {
     EXPECT_EQ(conv.overlap_regions(), strips == 0 ? 0 : 1 + strips);
   else
     EXPECT_EQ(conv.overlap_regions(), 0u);
+}
+
+// Training does not ask for dL/dimages: the first conv then skips its backward-data and the
+// exchange after it, and every parameter gradient is the same, bit for bit.
+TEST(ConvGrad, SkippingTheInputGradientChangesNoParameterGradient) {
+  const ProcessGrid& grid = test::world_grid();
+  const ModelSpec spec = load_model("convstack-small");
+  const Shape4 input{3, 3, 17, 15};
+  Model<double> with(spec, grid, input), without(spec, grid, input);
+  with.init_params(7);
+  without.init_params(7);
+  without.set_input_grad(false);
+  DistTensor<double> x(with.input_distribution());
+  x.local = random_image_tile<double>(x.dist, 7);
+  const std::vector<std::int32_t> labels = random_label_tile(with.output_distribution(), 7);
+  const StepResult<double> a = forward_backward(with, x, labels, grid);
+  const StepResult<double> b = forward_backward(without, x, labels, grid);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.input_grad.local.numel(), x.local.numel());
+  EXPECT_EQ(b.input_grad.local.numel(), 0);
+  const auto pa = with.params(), pb = without.params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t k = 0; k < pa.size(); ++k) {
+    const std::span<const double> ga = pa[k].param->grad.span(), gb = pb[k].param->grad.span();
+    EXPECT_TRUE(std::equal(ga.begin(), ga.end(), gb.begin(), gb.end())) << pa[k].key();
+  }
 }
 
 TEST(ConvGrad, BuiltinModelBothDtypes) {

@@ -44,7 +44,7 @@ class Conv2d final : public WindowLayer<T> {
   std::vector<Param<T>*> params() override;
   std::optional<WindowMap> window() const override;
   // Forward 2 * N * O * OH * OW * (C / groups) * KH * KW on this rank's output tile; backward
-  // twice that (backward-data and backward-filter).
+  // twice that (backward-data and backward-filter), or once without an input gradient.
   LayerFlops flops() const override;
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.

@@ -1,0 +1,38 @@
+// Splits a loop over the threads a rank's kernels use (kernel_threads()), for the memory-bound
+// loops outside oneDNN (pointwise layers, window assembly, gradient sums). The threads are the
+// ones oneDNN uses (one OpenMP runtime), so the two never run at the same time. Local.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tessera/kernels/backend.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace tessera {
+
+// Calls f(begin, end) on disjoint ranges covering [0, n), in parallel when n is at least `grain`
+// per thread; each element belongs to exactly one call, so a loop whose iterations are
+// independent gives the same results on any thread count.
+template <typename F>
+void parallel_for(std::int64_t n, F&& f, std::int64_t grain = std::int64_t{1} << 16) {
+#ifdef _OPENMP
+  const int threads = static_cast<int>(
+      std::min<std::int64_t>(kernel_threads().count, std::max<std::int64_t>(n / grain, 1)));
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const std::int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+      const std::int64_t begin = n * t / count, end = n * (t + 1) / count;
+      if (begin < end) f(begin, end);
+    }
+    return;
+  }
+#endif
+  if (n > 0) f(std::int64_t{0}, n);
+}
+
+}  // namespace tessera
