@@ -171,6 +171,11 @@ struct OneDnnConv::Plan {
   // Small buffers kept from call to call: weights in the forward and backward-data layouts, the
   // weight and bias gradients as oneDNN writes them, and the weight gradient in OIHW.
   memory fwd_w, data_w, diff_w, diff_w_plain, diff_b;
+
+  // backward-data's conversion of dy, kept for the backward_filter that follows on the same dy
+  // when both primitives read one layout: one reorder of the largest tensor instead of two.
+  memory dy_converted;
+  const float* dy_source = nullptr;
 };
 
 std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
@@ -320,6 +325,9 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
   check_shape("input gradient", dx.shape(), p.shapes.x);
   run_dnnl("convolution backward-data", [&] {
     memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream);
+    const bool shared = p.data_diff_dst.reorder && p.data_diff_dst.prim == p.weights_diff_dst.prim;
+    p.dy_converted = shared ? diff_dst : memory();
+    p.dy_source = shared ? dy.data() : nullptr;
     memory weights = p.data_weights.read(w.data(), p.stream, p.data_w);
     memory diff_src = p.data_diff_src.target(dx.data());
     p.data.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
@@ -344,7 +352,10 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
           (p.shapes.bias ? "" : " (planned without bias)"));
   run_dnnl("convolution backward-weights", [&] {
     memory src = p.weights_src.read(x.data(), p.stream);
-    memory diff_dst = p.weights_diff_dst.read(dy.data(), p.stream);
+    memory diff_dst =
+        p.dy_source == dy.data() ? p.dy_converted : p.weights_diff_dst.read(dy.data(), p.stream);
+    p.dy_converted = memory();  // released after this call
+    p.dy_source = nullptr;
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, p.diff_w}};
     if (p.shapes.bias) args.insert({DNNL_ARG_DIFF_BIAS, p.diff_b});

@@ -35,7 +35,8 @@ struct BoxAt {
 
 // Same contracts as the reference functions of the same names (kernels/reference.hpp): forward
 // and backward_data overwrite their output, backward_filter adds into dw and dbias. Tensors must
-// have the planned shapes. Local.
+// have the planned shapes. A backward_filter right after backward_data on the same dy tensor may
+// reuse what backward_data derived from it, so dy must not change between the two. Local.
 template <typename T>
 class ConvKernel {
  public:
