@@ -44,6 +44,13 @@ class HaloExchange {
 
   const HaloPlan& plan() const { return plan_; }
 
+  // The memory layout of the window (fill's target, accumulate's source); tiles are always NCHW.
+  // nchw16c (channels a multiple of 16) lets a oneDNN convolution read the window, and write
+  // its gradient, with no reorder: the exchange converts while it copies. Local; not while an
+  // exchange is in flight.
+  void set_window_layout(Layout layout);
+  Layout window_layout() const { return window_layout_; }
+
   // Forward. `tile` holds plan.owned, `window` (same N and C) is sized to plan.window; on
   // finish, window holds the tile's values, the peers' values, and zeros outside the image.
   // Neighbour-wise collective over the spatial communicator (every rank must start one).
@@ -76,6 +83,7 @@ class HaloExchange {
   HaloPlan plan_;
   MPI_Comm comm_;
   int tag_;
+  Layout window_layout_ = Layout::nchw;
   bool in_flight_ = false;
 };
 

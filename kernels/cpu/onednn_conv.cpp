@@ -70,11 +70,17 @@ memory::dims dims_of(const Shape4& s) {
   return {s.n, s.c, s.h, s.w};
 }
 
-// Tessera's NCHW layout of `s`: dense, or a box of a dense tensor of shape `outer`.
-memory::desc plain_desc(const Shape4& s, const Shape4& outer) {
-  if (outer.numel() == 0) return {dims_of(s), memory::data_type::f32, Tag::nchw};
-  return {dims_of(s), memory::data_type::f32,
-          memory::dims{outer.c * outer.h * outer.w, outer.h * outer.w, outer.w, 1}};
+// Tessera's layout of `s`: a dense tensor, or a box at `at` of a dense tensor of shape `outer`.
+// An NCHW box is a strided view whose first element the caller points at; an nchw16c box is a
+// sub-memory of its outer tensor, whose first element the caller points at.
+memory::desc user_desc(const Shape4& s, Layout layout, const Shape4& outer = {}, BoxAt at = {}) {
+  const Tag tag = layout == Layout::nchw16c ? Tag::nChw16c : Tag::nchw;
+  if (outer.numel() == 0) return {dims_of(s), memory::data_type::f32, tag};
+  if (layout == Layout::nchw)
+    return {dims_of(s), memory::data_type::f32,
+            memory::dims{outer.c * outer.h * outer.w, outer.h * outer.w, outer.w, 1}};
+  return memory::desc(dims_of(outer), memory::data_type::f32, tag)
+      .submemory_desc(dims_of(s), {0, 0, at.h, at.w});
 }
 
 // PyTorch's [O, C/groups, KH, KW] is oneDNN's goihw with the groups split off O: same bytes.
@@ -200,8 +206,8 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const auto f32 = memory::data_type::f32;
     const memory::desc x_any(dims_of(x), f32, Tag::any), y_any(dims_of(y), f32, Tag::any);
     const memory::desc w_any = weight_desc(w, g.groups, Tag::any);
-    const memory::desc x_user = plain_desc(x, shapes.x_outer),
-                       y_user = plain_desc(y, shapes.y_outer);
+    const memory::desc x_user = user_desc(x, shapes.x_layout, shapes.x_outer, shapes.x_at);
+    const memory::desc y_user = user_desc(y, Layout::nchw, shapes.y_outer);
     const memory::desc w_user = weight_desc(w, g.groups, Tag::oihw);
     const memory::desc no_bias;
     plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
@@ -292,7 +298,12 @@ void OneDnnConv::forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<fl
   TESSERA_CHECK(x_at.h >= 0 && x_at.w >= 0 && x_at.h + xs.h <= xo.h && x_at.w + xs.w <= xo.w &&
                     y_at.h >= 0 && y_at.w >= 0 && y_at.h + ys.h <= yo.h && y_at.w + ys.w <= yo.w,
                 "oneDNN conv forward_box: a box does not fit in its tensor");
-  run_forward(x.data() + x_at.h * xo.w + x_at.w, w, bias, y.data() + y_at.h * yo.w + y_at.w);
+  // An nchw16c box's descriptor holds its offset (planned); an NCHW box is pointed at.
+  const bool blocked = p.shapes.x_layout == Layout::nchw16c;
+  TESSERA_CHECK(!blocked || x_at == p.shapes.x_at,
+                "oneDNN conv forward_box: an nchw16c box must be at its planned place");
+  run_forward(blocked ? x.data() : x.data() + x_at.h * xo.w + x_at.w, w, bias,
+              y.data() + y_at.h * yo.w + y_at.w);
 }
 
 void OneDnnConv::run_forward(const float* x, const Tensor<float>& w, std::span<const float> bias,

@@ -96,12 +96,30 @@ void Conv2d<T>::bind_kernel(const Box& window) {
   const Shape4 in = this->in_dist().local_shape();
   const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
   const Shape4 y = this->out_dist().local_shape();
-  kernel_ = make_conv_kernel<T>({.x = x, .w = weight_.value.shape(), .y = y, .bias = spec_.bias},
-                                geometry_);
+  // The window in nchw16c when a fast kernel takes it: the exchange then assembles it in the
+  // layout oneDNN computes in, and two reorders of it per step (forward and backward-filter) and
+  // one of its gradient disappear. Else NCHW, which every kernel takes.
+  for (Layout layout : {Layout::nchw16c, Layout::nchw}) {
+    if (layout == Layout::nchw16c && in.c % kBlock != 0) continue;
+    kernel_ = make_conv_kernel<T>(
+        {.x = x, .w = weight_.value.shape(), .y = y, .bias = spec_.bias, .x_layout = layout},
+        geometry_);
+    if (kernel_ && plan_regions(window, layout)) {
+      this->set_window_layout(layout);
+      return;
+    }
+  }
+  TESSERA_CHECK(kernel_ != nullptr, "no conv kernel for layer '" + this->name() + "'");
+}
 
+template <typename T>
+bool Conv2d<T>::plan_regions(const Box& window, Layout layout) {
   regions_.clear();
   const HaloPlan& plan = this->plan();
-  if (!halo_overlap() || plan.recv.empty()) return;
+  if (!halo_overlap() || plan.recv.empty()) return true;
+  const Shape4 in = this->in_dist().local_shape();
+  const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
+  const Shape4 y = this->out_dist().local_shape();
   const WindowMap map = *this->window();
   const Box tile = this->out_dist().tile();
   const Shape4& image = this->in_dist().global;
@@ -109,7 +127,7 @@ void Conv2d<T>::bind_kernel(const Box& window) {
   const Range ready_w = ready_without_halo(window.w, plan.owned.w, image.w);
   const Range ih = outputs_reading_within(tile.h, ready_h, map.rows);
   const Range iw = outputs_reading_within(tile.w, ready_w, map.cols);
-  if (ih.empty() || iw.empty()) return;  // no interior to hide the halos behind
+  if (ih.empty() || iw.empty()) return true;  // no interior to hide the halos behind
   const Box boxes[] = {{ih, iw},
                        {{tile.h.begin, ih.begin}, tile.w},
                        {{ih.end, tile.h.end}, tile.w},
@@ -118,17 +136,26 @@ void Conv2d<T>::bind_kernel(const Box& window) {
   for (const Box& b : boxes) {
     if (b.empty()) continue;
     const Box footprint{map.rows(b.h), map.cols(b.w)};
-    regions_.push_back(
-        {.in = {footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin},
-         .out = {b.h.begin - tile.h.begin, b.w.begin - tile.w.begin},
-         .kernel = make_conv_kernel<T>({.x = {in.n, in.c, footprint.h.size(), footprint.w.size()},
-                                        .w = weight_.value.shape(),
-                                        .y = {y.n, y.c, b.h.size(), b.w.size()},
-                                        .bias = spec_.bias,
-                                        .x_outer = x,
-                                        .y_outer = y},
-                                       geometry_)});
+    const BoxAt at{footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin};
+    Region r{
+        .in = at,
+        .out = {b.h.begin - tile.h.begin, b.w.begin - tile.w.begin},
+        .kernel = make_conv_kernel<T>({.x = {in.n, in.c, footprint.h.size(), footprint.w.size()},
+                                       .w = weight_.value.shape(),
+                                       .y = {y.n, y.c, b.h.size(), b.w.size()},
+                                       .bias = spec_.bias,
+                                       .x_outer = x,
+                                       .y_outer = y,
+                                       .x_layout = layout,
+                                       .x_at = at},
+                                      geometry_)};
+    if (!r.kernel) {
+      regions_.clear();
+      return false;  // a box this layout cannot take: try the next layout
+    }
+    regions_.push_back(std::move(r));
   }
+  return true;
 }
 
 template <typename T>

@@ -109,6 +109,27 @@ TEST(ConvGrad, SkippingTheInputGradientChangesNoParameterGradient) {
   }
 }
 
+// Convs reading 16 or 32 channels assemble their windows in nchw16c (float32, oneDNN): the
+// exchange converts, oneDNN reads the window and writes its gradient in place; strides,
+// dilations and asymmetric padding as in the matrix.
+TEST(ConvGrad, ChannelBlockedWindowsFloat32) {
+  for (const std::string second :
+       {R"("kernel": 3, "padding": 1)", R"("kernel": 3, "stride": 2, "padding": 1)",
+        R"("kernel": 5, "dilation": 2, "padding": "same")",
+        R"("kernel": [2, 3], "padding": [2, 1])"}) {
+    const std::string model =
+        R"({"name": "blocked", "input_channels": 3, "layers": [)"
+        R"({"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},)"
+        R"({"name": "r1", "type": "relu"},)"
+        R"({"name": "c2", "type": "conv2d", "out_channels": 32, )" +
+        second +
+        R"(},)"
+        R"({"name": "r2", "type": "relu"},)"
+        R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
+    test::check_model<float>(parse_model(model), {3, 3, 17, 15}, "c2 " + second);
+  }
+}
+
 TEST(ConvGrad, BuiltinModelBothDtypes) {
   const ModelSpec spec = load_model("convstack-small");
   test::check_model<double>(spec, {3, 3, 33, 31}, "convstack-small float64");

@@ -256,6 +256,17 @@ TEST(ReferenceConv, BoxKernelsMatchTheWholeTensor) {
 
 // Conv2d<float> plans the active backend's kernel at bind(), for its window; float64 the
 // reference.
+// The reference takes NCHW only: for an nchw16c input the factory returns no kernel rather than
+// one that would misread it.
+TEST(KernelBackend, OnlyFastKernelsTakeChannelBlockedInputs) {
+  Case c = sweep()[0];
+  c.c = 16;
+  c.groups = 1;
+  ConvShapes s = c.shapes();
+  s.x_layout = Layout::nchw16c;
+  EXPECT_EQ(make_conv_kernel<double>(s, c.geometry()), nullptr);
+}
+
 TEST(KernelBackend, Conv2dPlansItsKernelAtBind) {
   ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
   const Distribution in{{2, 3, 17, 15}, single.shape(), single.coords()};
@@ -320,6 +331,64 @@ TEST(OneDnnConv, BoxKernelsMatchTheReference) {
       return k;
     });
   EXPECT_GT(planned, 30);  // the strided descriptors are the common case, not a fallback
+}
+
+// A window in nchw16c (as the halo exchange assembles it for a conv with 16k input channels):
+// forward, backward-data (dx in nchw16c) and backward-filter read and write it in place, whole or
+// as a box, with the reference's results.
+TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
+  int tested = 0;
+  for (const Case& c : sweep()) {
+    if (c.c % kBlock != 0 || c.groups != 1) continue;
+    ++tested;
+    const ConvGeometry g = c.geometry();
+    ConvShapes shapes = c.shapes();
+    shapes.x_layout = Layout::nchw16c;
+    std::unique_ptr<OneDnnConv> k = OneDnnConv::create(shapes, g);
+    ASSERT_NE(k, nullptr) << c.str();
+    const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+    const Tensor<float> dy = random_tensor(c.y(), 3);
+    const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
+    const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
+    const Tensor<double> bd = to_double(b);
+    const Tensor<float> xb = to_layout(x, Layout::nchw, Layout::nchw16c);
+
+    Tensor<float> y(c.y());
+    k->forward(xb, w, b.span(), y);
+    Tensor<double> yd(c.y());
+    reference::conv2d_forward(xd, wd, bd.span(), yd, g);
+    EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << c.str();
+
+    Tensor<float> dxb(c.x());
+    k->backward_data(dy, w, dxb);
+    Tensor<double> dxd(c.x());
+    reference::conv2d_backward_data(dyd, wd, dxd, g);
+    const Tensor<float> dx = to_layout(dxb, Layout::nchw16c, Layout::nchw);
+    EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << c.str();
+
+    Tensor<float> dw(c.w()), db({c.o, 1, 1, 1});
+    Tensor<double> dwd(c.w()), dbd({c.o, 1, 1, 1});
+    k->backward_filter(xb, dy, dw, c.bias ? db.span() : std::span<float>());
+    reference::conv2d_backward_filter(xd, dyd, dwd, c.bias ? dbd.span() : std::span<double>(), g);
+    EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << c.str();
+
+    // A box of a larger nchw16c window, at the place it was planned for.
+    const BoxAt at{2, 3};
+    Tensor<float> outer = random_tensor({c.n, c.c, c.x().h + 5, c.x().w + 7}, 8);
+    copy_box_in(x, outer, at);
+    const Tensor<float> outer_b = to_layout(outer, Layout::nchw, Layout::nchw16c);
+    ConvShapes box = shapes;
+    box.x_outer = outer.shape();
+    box.y_outer = c.y();
+    box.x_at = at;
+    std::unique_ptr<OneDnnConv> kb = OneDnnConv::create(box, g);
+    ASSERT_NE(kb, nullptr) << c.str();
+    Tensor<float> yb(c.y());
+    kb->forward_box(outer_b, at, w, b.span(), yb, {0, 0});
+    EXPECT_LE(rel_error(yb.span(), yd.span()), kTolerance) << "box forward, " << c.str();
+    EXPECT_THROW(kb->forward_box(outer_b, {1, 3}, w, b.span(), yb, {0, 0}), Error);
+  }
+  EXPECT_GE(tested, 4);
 }
 
 TEST(OneDnnConv, DeclinesWhatItCannotExpress) {

@@ -19,18 +19,25 @@ namespace tessera {
 // into a box of one of shape `y_outer` (same N and channels, larger or equal H and W): a halo
 // layer computes the interior of its tile and its border strips that way, from one window, with no
 // copies. Box kernels serve the forward pass only.
-struct ConvShapes {
-  Shape4 x, w, y;
-  bool bias = true;
-  Shape4 x_outer{}, y_outer{};  // box kernels only; empty otherwise
-  bool is_box() const { return x_outer.numel() > 0; }
-};
+//
+// `x_layout` is the layout of x and of dx (a halo layer's window and its gradient): nchw16c lets
+// oneDNN read and write them with no reorder. Only fast kernels take it (make_conv_kernel).
 
 // Where a box starts in its outer tensor: local row and column (half-open boxes of the planned
 // shape from there).
 struct BoxAt {
   std::int64_t h = 0;
   std::int64_t w = 0;
+  friend bool operator==(const BoxAt&, const BoxAt&) = default;
+};
+
+struct ConvShapes {
+  Shape4 x, w, y;
+  bool bias = true;
+  Shape4 x_outer{}, y_outer{};  // box kernels only; empty otherwise
+  Layout x_layout = Layout::nchw;
+  BoxAt x_at{};  // box kernels with an nchw16c x: where the box is (fixed when planned)
+  bool is_box() const { return x_outer.numel() > 0; }
 };
 
 // Same contracts as the reference functions of the same names (kernels/reference.hpp): forward

@@ -2,13 +2,15 @@
 // (with bias) primitives planned once for fixed shapes, executed every step (STYLE.md 4). Built
 // only when TESSERA_HAVE_ONEDNN; layers reach it through make_conv_kernel (kernels/backend.hpp).
 //
-// Tensors stay in Tessera's plain NCHW / OIHW layout; each primitive picks its own layout
-// (format_tag::any) and a reorder planned with it converts on the way in and out when the two
-// differ. Weights are converted at every call (they change every step; they are small).
-// Activations are converted at every call too, into buffers that live for the call only. A box
-// kernel (ConvShapes::x_outer) reads and writes boxes of larger tensors through strided
-// descriptors: the reorder into the primitive's layout is the only copy. Keeping
-// blocked layouts between layers would save those reorders, and is not done here.
+// Each primitive picks its own layout (format_tag::any) and a reorder planned with it converts on
+// the way in and out when Tessera's layout differs. Weights are converted at every call (they
+// change every step; they are small). The input x and its gradient dx may be nchw16c
+// (ConvShapes::x_layout: a halo layer's window, assembled in that layout by the exchange), which
+// is what the primitives pick on AVX-512: then they are read and written with no reorder. The
+// output y and dy are NCHW, converted at every call into buffers that live for the call (dy once
+// for both backward primitives). A box kernel (ConvShapes::x_outer) reads and writes boxes of
+// larger tensors through strided or sub-memory descriptors. Keeping nchw16c between layers would
+// save the remaining reorders (of y and dy), and is not done here.
 #pragma once
 
 #include <memory>

@@ -56,6 +56,8 @@ class Conv2d final : public WindowLayer<T> {
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
   void bind_kernel(const Box& window) override;
+  // Plans regions_ for a window in `layout`; false when some box kernel declines it.
+  bool plan_regions(const Box& window, Layout layout);
 
   Conv2dSpec spec_;
   reference::ConvGeometry geometry_;

@@ -87,6 +87,9 @@ class WindowLayer : public UnaryLayer<T> {
   const Tensor<T>& finish_window(HaloRequest<T>& request);
   // This rank's plan; valid after bind(). Local.
   const HaloPlan& plan() const { return exchange_->plan(); }
+  // The layout the exchange assembles the window in, and takes its gradient in (default NCHW);
+  // for bind_kernel. Local.
+  void set_window_layout(Layout layout) { exchange_->set_window_layout(layout); }
   // The window the last fill_window filled (backward-filter reads it). Local.
   const Tensor<T>& kept_window() const { return window_; }
 
