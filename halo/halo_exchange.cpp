@@ -202,7 +202,8 @@ void HaloExchange<T>::set_window_layout(Layout layout) {
 }
 
 template <typename T>
-HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target) {
+HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target,
+                                      Layout tile_layout) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
   const bool fill = how == Direction::fill;
   // fill: tile -> window; accumulate: window -> tile, the same messages reversed.
@@ -215,12 +216,13 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
                     source.shape().str() + " / target " + target.shape().str() +
                     " do not match the plan's " + to_string(from) + " / " + to_string(to));
-  TESSERA_CHECK(window_layout_ == Layout::nchw || source.shape().c % kBlock == 0,
-                "halo exchange: an nchw16c window needs channels divisible by 16, got " +
-                    source.shape().str());
-  // The window may be nChw16c; tiles are NCHW.
-  const Planes<const T> in = planes_of(source, from, fill ? Layout::nchw : window_layout_);
-  const Planes<T> out = planes_of(target, to, fill ? window_layout_ : Layout::nchw);
+  TESSERA_CHECK(
+      (window_layout_ == Layout::nchw && tile_layout == Layout::nchw) ||
+          source.shape().c % kBlock == 0,
+      "halo exchange: nchw16c needs channels divisible by 16, got " + source.shape().str());
+  // Either side may be nchw16c: the copies convert.
+  const Planes<const T> in = planes_of(source, from, fill ? tile_layout : window_layout_);
+  const Planes<T> out = planes_of(target, to, fill ? window_layout_ : tile_layout);
   HaloRequest<T> request;
   auto s = std::make_unique<typename HaloRequest<T>::State>();
   s->how = how;

@@ -116,7 +116,7 @@ std::unique_ptr<ConvKernel<T>> make_conv_kernel(const ConvShapes& shapes,
     if (kernel_backend() == KernelBackend::onednn)
       if (std::unique_ptr<OneDnnConv> fast = OneDnnConv::create(shapes, g)) return fast;
 #endif
-  if (shapes.x_layout != Layout::nchw) return nullptr;
+  if (shapes.x_layout != Layout::nchw || shapes.y_layout != Layout::nchw) return nullptr;
   return std::make_unique<ReferenceConv<T>>(g, shapes);
 }
 

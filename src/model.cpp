@@ -83,13 +83,31 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
       ins.push_back(index >= 0 ? nodes_[index].out : input_);
     }
     node.out = node.layer->setup(ins);
-    node.layer->bind(grid);
     timings_.push_back({.name = l.name,
                         .type = l.type,
                         .flops = node.layer->flops(),
                         .forward = {},
                         .backward = {}});
     nodes_.push_back(std::move(node));
+  }
+  // A node may give its output in nchw16c when every consumer takes it, and every consumer that
+  // passes its input's layout on (an activation) may give nchw16c too. The model's output is NCHW
+  // (the loss reads it). Decided before bind(), where the kernels are planned for it.
+  std::vector<std::vector<std::size_t>> consumers(nodes_.size());
+  for (std::size_t k = 0; k < nodes_.size(); ++k)
+    for (int i : nodes_[k].inputs)
+      if (i >= 0) consumers[static_cast<std::size_t>(i)].push_back(k);
+  std::vector<bool> blocked_ok(nodes_.size(), false);
+  for (std::size_t k = nodes_.size() - 1; k-- > 0;) {
+    bool ok = !consumers[k].empty();
+    for (std::size_t c : consumers[k])
+      ok = ok && nodes_[c].layer->takes_blocked() &&
+           (!nodes_[c].layer->passes_layout() || blocked_ok[c]);
+    blocked_ok[k] = ok;
+  }
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
+    nodes_[k].layer->bind(grid);
   }
   build_buckets();
   const Distribution& out = nodes_.back().out;
@@ -118,8 +136,12 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& x) {
     pending[k] = nodes_[k].consumers;
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     std::vector<const DistTensor<T>*> ins;
-    for (int i : nodes_[k].inputs)
+    for (int i : nodes_[k].inputs) {
       ins.push_back(i >= 0 ? &*outputs[i] : &x);
+      // The construction above gives nchw16c only to layers that take it.
+      TESSERA_CHECK(ins.back()->layout == Layout::nchw || nodes_[k].layer->takes_blocked(),
+                    "layer '" + nodes_[k].layer->name() + "' was handed an nchw16c input");
+    }
     {
       PassTimer timer(timings_[k].forward);
       outputs[k] = nodes_[k].layer->forward(ins, state_);

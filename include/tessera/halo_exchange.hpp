@@ -54,31 +54,36 @@ class HaloExchange {
   // Forward. `tile` holds plan.owned, `window` (same N and C) is sized to plan.window; on
   // finish, window holds the tile's values, the peers' values, and zeros outside the image.
   // Neighbour-wise collective over the spatial communicator (every rank must start one).
-  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window) {
-    return start(Direction::fill, tile, window);
+  // `tile_layout` is the tile's memory layout (the window's is window_layout()).
+  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window,
+                            Layout tile_layout = Layout::nchw) {
+    return start(Direction::fill, tile, window, tile_layout);
   }
 
   // Backward. Adds each element of `window_grad` (sized to plan.window) into the tile that owns
   // it; parts outside the image are dropped. `tile_grad` is added to, not overwritten.
   // Neighbour-wise collective over the spatial communicator.
-  HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad) {
-    return start(Direction::accumulate, window_grad, tile_grad);
+  HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
+                                  Layout tile_layout = Layout::nchw) {
+    return start(Direction::accumulate, window_grad, tile_grad, tile_layout);
   }
 
   // Completes the exchange. Local wait (through wait_all).
   void finish(HaloRequest<T>& request);
 
-  void fill(const Tensor<T>& tile, Tensor<T>& window) {
-    auto r = start_fill(tile, window);
+  void fill(const Tensor<T>& tile, Tensor<T>& window, Layout tile_layout = Layout::nchw) {
+    auto r = start_fill(tile, window, tile_layout);
     finish(r);
   }
-  void accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad) {
-    auto r = start_accumulate(window_grad, tile_grad);
+  void accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
+                  Layout tile_layout = Layout::nchw) {
+    auto r = start_accumulate(window_grad, tile_grad, tile_layout);
     finish(r);
   }
 
  private:
-  HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target);
+  HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target,
+                       Layout tile_layout);
 
   HaloPlan plan_;
   MPI_Comm comm_;

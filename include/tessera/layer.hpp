@@ -87,6 +87,14 @@ class Layer {
   // Valid after setup(). Local.
   virtual LayerFlops flops() const { return {}; }
 
+  // Memory layouts (DistTensor::layout). A layer that takes nchw16c inputs says so; one whose
+  // output lies as its input does (pointwise) says that too. The model allows a layer to give
+  // nchw16c output, before bind(), only where every consumer takes it. Local.
+  virtual bool takes_blocked() const { return false; }
+  virtual bool passes_layout() const { return false; }
+  void allow_blocked_output(bool allowed) { blocked_output_allowed_ = allowed; }
+  bool blocked_output_allowed() const { return blocked_output_allowed_; }
+
   // Whether backward() must return dL/dinput. The model clears it for the layers that read only
   // the model's input when nobody asks for its gradient (training): such a layer may then return
   // empty tensors (DistTensor{}) for its inputs and skip the work. Every rank sets the same.
@@ -96,6 +104,7 @@ class Layer {
  private:
   std::string name_;
   bool input_grad_ = true;
+  bool blocked_output_allowed_ = false;
 };
 
 // A layer with one input.

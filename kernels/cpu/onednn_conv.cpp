@@ -207,7 +207,7 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const memory::desc x_any(dims_of(x), f32, Tag::any), y_any(dims_of(y), f32, Tag::any);
     const memory::desc w_any = weight_desc(w, g.groups, Tag::any);
     const memory::desc x_user = user_desc(x, shapes.x_layout, shapes.x_outer, shapes.x_at);
-    const memory::desc y_user = user_desc(y, Layout::nchw, shapes.y_outer);
+    const memory::desc y_user = user_desc(y, shapes.y_layout, shapes.y_outer, shapes.y_at);
     const memory::desc w_user = weight_desc(w, g.groups, Tag::oihw);
     const memory::desc no_bias;
     plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
@@ -299,11 +299,12 @@ void OneDnnConv::forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<fl
                     y_at.h >= 0 && y_at.w >= 0 && y_at.h + ys.h <= yo.h && y_at.w + ys.w <= yo.w,
                 "oneDNN conv forward_box: a box does not fit in its tensor");
   // An nchw16c box's descriptor holds its offset (planned); an NCHW box is pointed at.
-  const bool blocked = p.shapes.x_layout == Layout::nchw16c;
-  TESSERA_CHECK(!blocked || x_at == p.shapes.x_at,
+  const bool x_blocked = p.shapes.x_layout == Layout::nchw16c;
+  const bool y_blocked = p.shapes.y_layout == Layout::nchw16c;
+  TESSERA_CHECK((!x_blocked || x_at == p.shapes.x_at) && (!y_blocked || y_at == p.shapes.y_at),
                 "oneDNN conv forward_box: an nchw16c box must be at its planned place");
-  run_forward(blocked ? x.data() : x.data() + x_at.h * xo.w + x_at.w, w, bias,
-              y.data() + y_at.h * yo.w + y_at.w);
+  run_forward(x_blocked ? x.data() : x.data() + x_at.h * xo.w + x_at.w, w, bias,
+              y_blocked ? y.data() : y.data() + y_at.h * yo.w + y_at.w);
 }
 
 void OneDnnConv::run_forward(const float* x, const Tensor<float>& w, std::span<const float> bias,

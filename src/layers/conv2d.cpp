@@ -96,16 +96,24 @@ void Conv2d<T>::bind_kernel(const Box& window) {
   const Shape4 in = this->in_dist().local_shape();
   const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
   const Shape4 y = this->out_dist().local_shape();
-  // The window in nchw16c when a fast kernel takes it: the exchange then assembles it in the
-  // layout oneDNN computes in, and two reorders of it per step (forward and backward-filter) and
-  // one of its gradient disappear. Else NCHW, which every kernel takes.
-  for (Layout layout : {Layout::nchw16c, Layout::nchw}) {
-    if (layout == Layout::nchw16c && in.c % kBlock != 0) continue;
-    kernel_ = make_conv_kernel<T>(
-        {.x = x, .w = weight_.value.shape(), .y = y, .bias = spec_.bias, .x_layout = layout},
-        geometry_);
-    if (kernel_ && plan_regions(window, layout)) {
-      this->set_window_layout(layout);
+  // The window, and the output where the model allows it, in nchw16c when a fast kernel takes
+  // them: the exchange then assembles the window in the layout oneDNN computes in, and the output
+  // goes to the next layer as oneDNN wrote it; no reorders of activations or their gradients.
+  // Else NCHW, which every kernel takes.
+  const Layout x_fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  const Layout y_fast =
+      this->blocked_output_allowed() && y.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  for (auto [xl, yl] : {std::pair{x_fast, y_fast}, std::pair{Layout::nchw, Layout::nchw}}) {
+    kernel_ = make_conv_kernel<T>({.x = x,
+                                   .w = weight_.value.shape(),
+                                   .y = y,
+                                   .bias = spec_.bias,
+                                   .x_layout = xl,
+                                   .y_layout = yl},
+                                  geometry_);
+    if (kernel_ && plan_regions(window, xl, yl)) {
+      this->set_window_layout(xl);
+      out_layout_ = yl;
       return;
     }
   }
@@ -113,7 +121,7 @@ void Conv2d<T>::bind_kernel(const Box& window) {
 }
 
 template <typename T>
-bool Conv2d<T>::plan_regions(const Box& window, Layout layout) {
+bool Conv2d<T>::plan_regions(const Box& window, Layout x_layout, Layout y_layout) {
   regions_.clear();
   const HaloPlan& plan = this->plan();
   if (!halo_overlap() || plan.recv.empty()) return true;
@@ -137,21 +145,24 @@ bool Conv2d<T>::plan_regions(const Box& window, Layout layout) {
     if (b.empty()) continue;
     const Box footprint{map.rows(b.h), map.cols(b.w)};
     const BoxAt at{footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin};
+    const BoxAt out{b.h.begin - tile.h.begin, b.w.begin - tile.w.begin};
     Region r{
         .in = at,
-        .out = {b.h.begin - tile.h.begin, b.w.begin - tile.w.begin},
+        .out = out,
         .kernel = make_conv_kernel<T>({.x = {in.n, in.c, footprint.h.size(), footprint.w.size()},
                                        .w = weight_.value.shape(),
                                        .y = {y.n, y.c, b.h.size(), b.w.size()},
                                        .bias = spec_.bias,
                                        .x_outer = x,
                                        .y_outer = y,
-                                       .x_layout = layout,
-                                       .x_at = at},
+                                       .x_layout = x_layout,
+                                       .y_layout = y_layout,
+                                       .x_at = at,
+                                       .y_at = out},
                                       geometry_)};
     if (!r.kernel) {
       regions_.clear();
-      return false;  // a box this layout cannot take: try the next layout
+      return false;  // a box these layouts cannot take: try the next ones
     }
     regions_.push_back(std::move(r));
   }
@@ -161,6 +172,7 @@ bool Conv2d<T>::plan_regions(const Box& window, Layout layout) {
 template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   DistTensor<T> y(this->out_dist(), uninitialized);  // the kernels overwrite it
+  y.layout = out_layout_;
   const std::span<const T> bias(bias_.value.span());
   if (regions_.empty()) {
     kernel_->forward(this->fill_window(x), weight_.value, bias, y.local);

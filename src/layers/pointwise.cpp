@@ -52,6 +52,7 @@ ActivationSpec parse_activation(const LayerSpec& spec) {
 template <typename T>
 DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
   DistTensor<T> y(x.dist, uninitialized);
+  y.layout = x.layout;
   if (spec_.kind == ActivationKind::sigmoid) {
     reference::sigmoid_forward<T>(x.local.span(), y.local.span());
     y_ = y.local;
@@ -71,6 +72,7 @@ DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
 template <typename T>
 DistTensor<T> Activation<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   DistTensor<T> dx(dy.dist, uninitialized);
+  dx.layout = dy.layout;
   if (spec_.kind == ActivationKind::sigmoid) {
     reference::sigmoid_backward<T>(std::as_const(y_).span(), dy.local.span(), dx.local.span());
     return dx;

@@ -115,7 +115,8 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // buffer is reused from step to step.
   const Shape4 shape = window_shape(in_, exchange_->plan());
   if (window_.shape() != shape) window_ = Tensor<T>(shape, uninitialized);
-  return exchange_->start_fill(x.local, window_);
+  in_layout_ = x.layout;
+  return exchange_->start_fill(x.local, window_, x.layout);
 }
 
 template <typename T>
@@ -132,8 +133,10 @@ Tensor<T> WindowLayer<T>::window_grad_zeros() const {
 template <typename T>
 DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
                                                 const std::function<void()>& overlap) {
+  // dL/dx lies as x did.
   DistTensor<T> dx(in_);
-  auto request = exchange_->start_accumulate(grad, dx.local);
+  dx.layout = in_layout_;
+  auto request = exchange_->start_accumulate(grad, dx.local, in_layout_);
   if (overlap) overlap();
   exchange_->finish(request);
   return dx;

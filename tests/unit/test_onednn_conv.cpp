@@ -13,10 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "tessera/batch.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/conv2d.hpp"
+#include "tessera/model.hpp"
 #include "tessera/process_grid.hpp"
 #include "tessera/random.hpp"
 #include "tessera_config.h"
@@ -389,6 +391,44 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
     EXPECT_THROW(kb->forward_box(outer_b, {1, 3}, w, b.span(), yb, {0, 0}), Error);
   }
   EXPECT_GE(tested, 4);
+}
+
+// A conv chain whose activations stay in nchw16c from layer to layer (float32, oneDNN) gives the
+// float64 reference model's loss, logits and gradients: layouts change nothing but speed.
+TEST(OneDnnConv, ChannelBlockedActivationsGiveTheReferenceResults) {
+  const ModelSpec spec = parse_model(
+      R"({"name": "blocked", "input_channels": 3, "layers": [
+          {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+          {"name": "r1", "type": "relu"},
+          {"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "stride": 2},
+          {"name": "r2", "type": "leaky_relu", "slope": 0.1},
+          {"name": "c3", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": "same"},
+          {"name": "r3", "type": "sigmoid"},
+          {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})");
+  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Shape4 input{2, 3, 19, 17};
+  Model<float> f(spec, single, input);
+  Model<double> d(spec, single, input);
+  f.init_params(3);
+  d.init_params(3);
+  DistTensor<double> xd(d.input_distribution());
+  xd.local = random_image_tile<double>(xd.dist, 3);
+  DistTensor<float> xf(f.input_distribution());
+  for (std::int64_t k = 0; k < xd.local.numel(); ++k)
+    xf.local.data()[k] = static_cast<float>(xd.local.data()[k]);
+  const std::vector<std::int32_t> labels = random_label_tile(d.output_distribution(), 3);
+  const StepResult<float> rf = forward_backward(f, xf, labels, single);
+  const StepResult<double> rd = forward_backward(d, xd, labels, single);
+  EXPECT_NEAR(rf.loss, rd.loss, 1e-5 * std::abs(rd.loss));
+  EXPECT_LE(rel_error(rf.output.local.span(), rd.output.local.span()), kTolerance);
+  EXPECT_LE(rel_error(rf.input_grad.local.span(), rd.input_grad.local.span()), kTolerance);
+  const auto pf = f.params();
+  const auto pd = d.params();
+  for (std::size_t k = 0; k < pf.size(); ++k)
+    EXPECT_LE(rel_error(std::span<const float>(pf[k].param->grad.span()),
+                        std::span<const double>(pd[k].param->grad.span())),
+              kTolerance)
+        << pf[k].key();
 }
 
 TEST(OneDnnConv, DeclinesWhatItCannotExpress) {

@@ -42,7 +42,7 @@ double sgemm_gflops(std::int64_t n = 2048, int repeats = 5);
 
 // A conv kernel planned for `shapes` and `g`: the fast one of the active backend when it accepts
 // the case (float32 only: oneDNN has no float64 on CPU), else the reference. Never null for an
-// NCHW x; for an nchw16c x (which only fast kernels take) null when no fast kernel accepts it.
+// NCHW x and y; with nchw16c (which only fast kernels take) null when no fast kernel accepts it.
 // Local.
 template <typename T>
 std::unique_ptr<ConvKernel<T>> make_conv_kernel(const ConvShapes& shapes,

@@ -20,8 +20,9 @@ namespace tessera {
 // layer computes the interior of its tile and its border strips that way, from one window, with no
 // copies. Box kernels serve the forward pass only.
 //
-// `x_layout` is the layout of x and of dx (a halo layer's window and its gradient): nchw16c lets
-// oneDNN read and write them with no reorder. Only fast kernels take it (make_conv_kernel).
+// `x_layout` is the layout of x and of dx (a halo layer's window and its gradient), `y_layout` of
+// y and dy: nchw16c lets oneDNN read and write them with no reorder. Only fast kernels take it
+// (make_conv_kernel).
 
 // Where a box starts in its outer tensor: local row and column (half-open boxes of the planned
 // shape from there).
@@ -35,8 +36,9 @@ struct ConvShapes {
   Shape4 x, w, y;
   bool bias = true;
   Shape4 x_outer{}, y_outer{};  // box kernels only; empty otherwise
-  Layout x_layout = Layout::nchw;
-  BoxAt x_at{};  // box kernels with an nchw16c x: where the box is (fixed when planned)
+  Layout x_layout = Layout::nchw, y_layout = Layout::nchw;
+  // Box kernels with nchw16c boxes: where the boxes are (fixed when planned).
+  BoxAt x_at{}, y_at{};
   bool is_box() const { return x_outer.numel() > 0; }
 };
 

@@ -46,6 +46,8 @@ class Conv2d final : public WindowLayer<T> {
   // Forward 2 * N * O * OH * OW * (C / groups) * KH * KW on this rank's output tile; backward
   // twice that (backward-data and backward-filter), or once without an input gradient.
   LayerFlops flops() const override;
+  // Any input layout: the exchange converts into the window's.
+  bool takes_blocked() const override { return true; }
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
   const ConvKernel<T>* kernel() const { return kernel_.get(); }
@@ -56,8 +58,9 @@ class Conv2d final : public WindowLayer<T> {
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
   void bind_kernel(const Box& window) override;
-  // Plans regions_ for a window in `layout`; false when some box kernel declines it.
-  bool plan_regions(const Box& window, Layout layout);
+  // Plans regions_ for these layouts of the window and the output; false when some box kernel
+  // declines them.
+  bool plan_regions(const Box& window, Layout x_layout, Layout y_layout);
 
   Conv2dSpec spec_;
   reference::ConvGeometry geometry_;
@@ -71,6 +74,7 @@ class Conv2d final : public WindowLayer<T> {
     std::unique_ptr<ConvKernel<T>> kernel;
   };
   std::vector<Region> regions_;
+  Layout out_layout_ = Layout::nchw;
 };
 
 }  // namespace tessera

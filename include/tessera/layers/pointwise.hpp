@@ -29,6 +29,9 @@ class Activation final : public UnaryLayer<T> {
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
+  // Elementwise: any layout, kept.
+  bool takes_blocked() const override { return true; }
+  bool passes_layout() const override { return true; }
 
  private:
   ActivationSpec spec_;

@@ -105,6 +105,7 @@ class WindowLayer : public UnaryLayer<T> {
   Distribution in_, out_;
   std::optional<HaloExchange<T>> exchange_;
   Tensor<T> window_;
+  Layout in_layout_ = Layout::nchw;  // of the last forward's x
 };
 
 }  // namespace tessera
