@@ -114,7 +114,9 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // The exchange writes every element: the tiles' values and zeros outside the image. The
   // buffer is reused from step to step.
   const Shape4 shape = window_shape(in_, exchange_->plan());
-  if (window_.shape() != shape) window_ = Tensor<T>(shape, uninitialized);
+  // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
+  // (and then recomputes what read it), so it holds old values, never indeterminate ones.
+  if (window_.shape() != shape) window_ = Tensor<T>(shape);
   in_layout_ = x.layout;
   return exchange_->start_fill(x.local, window_, x.layout);
 }

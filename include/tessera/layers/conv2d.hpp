@@ -51,9 +51,9 @@ class Conv2d final : public WindowLayer<T> {
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
   const ConvKernel<T>* kernel() const { return kernel_.get(); }
-  // How many boxes the forward pass computes separately: 0 when it computes the whole tile after
-  // the halos arrived; else the interior (while they travel) and the border strips. Local.
-  std::size_t overlap_regions() const { return regions_.size(); }
+  // How many passes the forward computes: 0 when it computes the whole tile after the halos
+  // arrived; else 1 for the whole tile while they travel, plus the border strips after. Local.
+  std::size_t overlap_regions() const { return regions_.empty() ? 0 : 1 + regions_.size(); }
 
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
@@ -66,9 +66,9 @@ class Conv2d final : public WindowLayer<T> {
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
   std::unique_ptr<ConvKernel<T>> kernel_;
-  // With halo_overlap() and halos to receive: the interior of the output tile (regions_[0]),
-  // computed from the window while the halos travel, then the border strips (top, bottom, left,
-  // right; the empty ones left out). Each a box kernel planned at bind. Empty: no split.
+  // With halo_overlap(), halos to receive and an interior that needs none: the border strips of
+  // the output tile (top, bottom, left, right; the empty ones left out), computed again after the
+  // halos arrived, each by a box kernel planned at bind. Empty: no overlap.
   struct Region {
     BoxAt in, out;  // local offsets in the window and in the output tile
     std::unique_ptr<ConvKernel<T>> kernel;
