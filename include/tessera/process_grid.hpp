@@ -3,7 +3,9 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -20,6 +22,11 @@ struct GridShape {
 
 // Parses "NxHxW" (three positive integers). Local; throws Error explaining the notation.
 GridShape parse_grid(const std::string& text);
+
+// Parses `count` positive integers joined by 'x' ("3x1024x1024"); throws Error(help) otherwise.
+// Local.
+std::vector<std::int64_t> parse_sizes(const std::string& text, std::size_t count,
+                                      const std::string& help);
 
 // A rank's place in the grid: sample group `n`, spatial row `i`, spatial column `j`.
 struct GridCoords {

@@ -12,12 +12,9 @@ int bench_command(const std::vector<std::string>& args, MPI_Comm world) {
   BenchOptions o;
   std::string grid, image = "3x2048x2048";
   std::int64_t batch = 1;
-  std::string models;
-  for (const auto& n : builtin_model_names())
-    models += (models.empty() ? "" : ", ") + n;
   po::options_description d("Bench options");
   d.add_options()("model", po::value(&o.model)->default_value(o.model),
-                  ("model JSON file or built-in name (" + models + ")").c_str())(
+                  model_option_help().c_str())(
       "grid", po::value(&grid),
       "process grid NxHxW: N data-parallel groups of HxW spatial ranks; default: 1x1xP for P "
       "ranks")("image", po::value(&image)->default_value(image),

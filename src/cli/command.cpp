@@ -1,12 +1,12 @@
 #include "command.hpp"
 
-#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/model_spec.hpp"
 #include "tessera/wait.hpp"
 
 namespace tessera::cli {
@@ -30,23 +30,19 @@ GridShape grid_or_default(const std::string& text, MPI_Comm world) {
 }
 
 Shape4 parse_image(const std::string& text) {
-  const std::string help = "bad image '" + text +
-                           "': expected CxHxW, three positive integers (channels x height x "
-                           "width), e.g. 3x1024x1024";
-  std::int64_t v[3] = {0, 0, 0};
-  const char* p = text.data();
-  const char* end = text.data() + text.size();
-  for (int k = 0; k < 3; ++k) {
-    auto [next, ec] = std::from_chars(p, end, v[k]);
-    TESSERA_CHECK(ec == std::errc() && next != p && v[k] > 0, help);
-    p = next;
-    if (k < 2) {
-      TESSERA_CHECK(p != end && (*p == 'x' || *p == 'X'), help);
-      ++p;
-    }
-  }
-  TESSERA_CHECK(p == end, help);
+  const std::vector<std::int64_t> v = parse_sizes(
+      text, 3,
+      "bad image '" + text +
+          "': expected CxHxW, three positive integers (channels x height x width), e.g. "
+          "3x1024x1024");
   return {0, v[0], v[1], v[2]};
+}
+
+std::string model_option_help() {
+  std::string models;
+  for (const auto& n : builtin_model_names())
+    models += (models.empty() ? "" : ", ") + n;
+  return "model JSON file or built-in name (" + models + ")";
 }
 
 bool is_root(MPI_Comm world) {

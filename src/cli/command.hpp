@@ -34,6 +34,9 @@ GridShape grid_or_default(const std::string& text, MPI_Comm world);
 // string throws (call it inside agree()).
 Shape4 parse_image(const std::string& text);
 
+// "model JSON file or built-in name (...)", the built-in names listed. Local.
+std::string model_option_help();
+
 int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
 // Collective over `world` (errors are agreed): every rank computes the same plan, rank 0 prints
 // it. Needs no mpiexec: one process plans a grid of any size.

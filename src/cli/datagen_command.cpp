@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -29,23 +28,11 @@ using Clock = std::chrono::steady_clock;
 
 // "HxW": two positive integers.
 std::array<std::int64_t, 2> parse_chunk(const std::string& text) {
-  const std::string help = "bad --chunk '" + text +
-                           "': expected HxW, two positive integers (rows x columns of one "
-                           "chunk), e.g. 256x256";
-  std::array<std::int64_t, 2> v{0, 0};
-  const char* p = text.data();
-  const char* end = text.data() + text.size();
-  for (int k = 0; k < 2; ++k) {
-    auto [next, ec] = std::from_chars(p, end, v[k]);
-    TESSERA_CHECK(ec == std::errc() && next != p && v[k] > 0, help);
-    p = next;
-    if (k == 0) {
-      TESSERA_CHECK(p != end && (*p == 'x' || *p == 'X'), help);
-      ++p;
-    }
-  }
-  TESSERA_CHECK(p == end, help);
-  return v;
+  const std::vector<std::int64_t> v = parse_sizes(
+      text, 2,
+      "bad --chunk '" + text +
+          "': expected HxW, two positive integers (rows x columns of one chunk), e.g. 256x256");
+  return {v[0], v[1]};
 }
 
 std::string bytes_text(double bytes) {

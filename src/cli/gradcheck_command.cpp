@@ -11,12 +11,9 @@ namespace tessera::cli {
 int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world) {
   GradcheckOptions o;
   std::string grid;
-  std::string models;
-  for (const auto& n : builtin_model_names())
-    models += (models.empty() ? "" : ", ") + n;
   po::options_description d("Gradcheck options");
   d.add_options()("model", po::value(&o.model)->default_value(o.model),
-                  ("model JSON file or built-in name (" + models + ")").c_str())(
+                  model_option_help().c_str())(
       "grid", po::value(&grid),
       "process grid NxHxW: N data-parallel groups of HxW spatial ranks; "
       "default: 1x1xP for P ranks")("dtype", po::value(&o.dtype)->default_value(o.dtype),

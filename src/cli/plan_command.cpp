@@ -11,12 +11,8 @@ namespace tessera::cli {
 int plan_command(const std::vector<std::string>& args, MPI_Comm world) {
   std::string model = "convstack-small", grid, image, dtype = "float32";
   std::int64_t batch = 1;
-  std::string models;
-  for (const auto& n : builtin_model_names())
-    models += (models.empty() ? "" : ", ") + n;
   po::options_description d("Plan options");
-  d.add_options()("model", po::value(&model)->default_value(model),
-                  ("model JSON file or built-in name (" + models + ")").c_str())(
+  d.add_options()("model", po::value(&model)->default_value(model), model_option_help().c_str())(
       "grid", po::value(&grid),
       "process grid NxHxW to plan for (required): N data-parallel groups of HxW spatial ranks")(
       "image", po::value(&image), "image size CxHxW (required); C is the model's input channels")(

@@ -14,12 +14,9 @@ int train_command(const std::vector<std::string>& args, MPI_Comm world) {
   TrainOptions o;
   std::string grid, optimizer = "adam", schedule = "constant", progress = "auto";
   o.optimizer.kind = OptimizerKind::adam;
-  std::string models;
-  for (const auto& n : builtin_model_names())
-    models += (models.empty() ? "" : ", ") + n;
   po::options_description d("Training options");
   d.add_options()("model", po::value(&o.model)->default_value(o.model),
-                  ("model JSON file or built-in name (" + models + ")").c_str())(
+                  model_option_help().c_str())(
       "data", po::value(&o.data),
       "training set (HDF5: /images [N,C,H,W], /labels [N,H,W] or [N]); default: the built-in "
       "synthetic set of shapes and their masks")("val-data", po::value(&o.val_data),
