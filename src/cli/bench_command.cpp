@@ -33,10 +33,11 @@ int bench_command(const std::vector<std::string>& args, MPI_Comm world) {
   po::variables_map vm;
   if (!parse("bench",
              "Times training steps (forward, loss, backward, gradient reduction, SGD update) of a "
-             "model on\nrandom data, per layer and per step: compute, halo work, waiting for "
-             "halos, exposed\nreductions, and the convolutions' GFLOP/s against the SGEMM rate. "
-             "Every number is the\nmaximum over ranks. Default: the issue-5 benchmark, conv-bench "
-             "on one 3x2048x2048 image.",
+             "model on\nrandom data, per layer (the maximum over ranks) and per rank: compute, "
+             "window assembly,\nhalo work, waiting for halos, exposed reductions; the "
+             "convolutions' GFLOP/s against the\nSGEMM rate. Default: conv-bench on one "
+             "3x2048x2048 image (scripts/bench/compare_pytorch.py\ntimes PyTorch beside it). "
+             "TESSERA_OVERLAP=0 turns off the interior/border overlap.",
              d, args, vm, world))
     return 0;
   agree(world, [&] {
