@@ -119,8 +119,8 @@ void unpack(const T* in, const Box& box, const Planes<T>& t, Direction how) {
   move_box(message, t, box, how);
 }
 
-// Zeroes the elements of the window `t` outside `keep`: its padding, which no tile owns.
-// Everything inside `keep` is written by the exchange.
+// Zeroes the elements of `t` outside `keep`: a window's padding, which no tile owns, or the part of
+// a tile gradient the own window does not reach. Everything inside `keep` is written otherwise.
 template <typename T>
 void zero_outside(const Planes<T>& t, const Box& keep) {
   const Shape4& s = t.shape;
@@ -203,7 +203,7 @@ void HaloExchange<T>::set_window_layout(Layout layout) {
 
 template <typename T>
 HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target,
-                                      Layout tile_layout) {
+                                      Layout tile_layout, Into into) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
   const bool fill = how == Direction::fill;
   // fill: tile -> window; accumulate: window -> tile, the same messages reversed.
@@ -248,8 +248,16 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   }
   // Zero padding and the local part overlap the messages.
   timed.emplace(Activity::window);
-  if (fill) zero_outside(out, covered(plan_));
-  move_box(in, out, plan_.self, how);
+  if (fill) {
+    zero_outside(out, covered(plan_));
+    move_box(in, out, plan_.self, how);
+  } else if (into == Into::overwrite) {
+    // The own part is copied, the rest zeroed; peers' parts are added on finish.
+    zero_outside(out, plan_.self);
+    move_box(in, out, plan_.self, Direction::fill);
+  } else {
+    move_box(in, out, plan_.self, how);
+  }
   in_flight_ = true;
   s->in_flight = &in_flight_;
   request.state_ = std::move(s);

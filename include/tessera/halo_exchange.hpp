@@ -15,6 +15,11 @@ namespace tessera {
 
 enum class Direction { fill, accumulate };
 
+// What accumulate does with the tile gradient it is given: add into its values, or overwrite it
+// (any values; every element is written, zero where no window reaches) — which saves zeroing a
+// fresh tensor and reading it back.
+enum class Into { add, overwrite };
+
 template <typename T>
 class HaloExchange;
 
@@ -64,8 +69,8 @@ class HaloExchange {
   // it; parts outside the image are dropped. `tile_grad` is added to, not overwritten.
   // Neighbour-wise collective over the spatial communicator.
   HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
-                                  Layout tile_layout = Layout::nchw) {
-    return start(Direction::accumulate, window_grad, tile_grad, tile_layout);
+                                  Layout tile_layout = Layout::nchw, Into into = Into::add) {
+    return start(Direction::accumulate, window_grad, tile_grad, tile_layout, into);
   }
 
   // Completes the exchange. Local wait (through wait_all).
@@ -83,7 +88,7 @@ class HaloExchange {
 
  private:
   HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target,
-                       Layout tile_layout);
+                       Layout tile_layout, Into into = Into::add);
 
   HaloPlan plan_;
   MPI_Comm comm_;

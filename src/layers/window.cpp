@@ -135,10 +135,10 @@ Tensor<T> WindowLayer<T>::window_grad_zeros() const {
 template <typename T>
 DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
                                                 const std::function<void()>& overlap) {
-  // dL/dx lies as x did.
-  DistTensor<T> dx(in_);
+  // dL/dx lies as x did; the exchange writes all of it.
+  DistTensor<T> dx(in_, uninitialized);
   dx.layout = in_layout_;
-  auto request = exchange_->start_accumulate(grad, dx.local, in_layout_);
+  auto request = exchange_->start_accumulate(grad, dx.local, in_layout_, Into::overwrite);
   if (overlap) overlap();
   exchange_->finish(request);
   return dx;

@@ -84,7 +84,7 @@ def bench_compare_pytorch(env):
     script = base.REPO / "scripts" / "bench" / "compare_pytorch.py"
     out = env.path("c.json")
     r = env.run_cmd([sys.executable, script, "--image", "3x64x64", "--steps", "1",
-                     "--cores", "1", "--tessera", env.exe, "--json", out])
+                     "--cores", "1", "--repeat", "2", "--tessera", env.exe, "--json", out])
     if r.rc != 0:
         fail("compare_pytorch.py failed", r)
     for phrase in ["faster than PyTorch", "of oneDNN SGEMM", "spatial strong scaling"]:
@@ -95,6 +95,9 @@ def bench_compare_pytorch(env):
                 "scaling_1_to_2", "two_rank_exposed_fraction", "sgemm_gflops"]:
         if not j.get(key, 0) > 0:
             fail(f"expected a positive {key} in the JSON, got {j.get(key)}")
+    lo, hi = j["scaling_1_to_2_range"]
+    if not lo <= j["scaling_1_to_2"] <= hi:
+        fail(f"the median scaling {j['scaling_1_to_2']} lies outside its range {lo}..{hi}")
 
 
 if __name__ == "__main__":

@@ -168,6 +168,27 @@ TEST(HaloExchange, ChannelBlockedWindowsHoldTheSameValues) {
   }
 }
 
+// Accumulating over a tile gradient's old values (Into::overwrite, as layers do into a fresh
+// tensor) gives, bit for bit, what adding into zeros gives.
+TEST(HaloExchange, AccumulateCanOverwriteTheTile) {
+  std::uint64_t stream = 200;
+  for (const Geometry& g : geometries()) {
+    ExchangeSetup s(g);
+    ++stream;
+    const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
+    Tensor<double> y(s.window_shape());
+    for (std::size_t k = 0; k < y.span().size(); ++k)
+      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+    Tensor<double> added(s.in.local_shape()), overwritten(s.in.local_shape(), 123.0);
+    s.exchange->accumulate(y, added);
+    auto r = s.exchange->start_accumulate(y, overwritten, Layout::nchw, Into::overwrite);
+    s.exchange->finish(r);
+    EXPECT_TRUE(std::equal(added.span().begin(), added.span().end(), overwritten.span().begin()))
+        << "kernel " << g.ah.kernel << " stride " << g.ah.stride << " dilation " << g.ah.dilation
+        << " padding " << g.ah.pad_begin;
+  }
+}
+
 TEST(HaloExchange, SplitPhaseRefusesASecondExchangeInFlight) {
   const WindowAxis a{.kernel = 3, .pad_begin = 1, .pad_end = 1};
   ExchangeSetup s({{3, 2, 17, 15}, a, a});
