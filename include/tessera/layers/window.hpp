@@ -29,8 +29,9 @@ HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
 // Shape of the local window buffer: my samples and channels, the plan's window box.
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan);
 
-// Whether halo layers compute the interior of their tile while halos travel and the border strips
-// after (default on; TESSERA_OVERLAP=0 turns it off, to measure what it hides). Read once. Local.
+// Whether convolutions compute their tile while halos travel and then recompute the border strips
+// that read them (default on; TESSERA_OVERLAP=0 turns it off, to measure what it hides). Read
+// once. Local.
 bool halo_overlap();
 
 // The outputs of `out` (a range of output rows or columns) whose inputs, through `map`, all lie
