@@ -32,7 +32,7 @@ constexpr int kPerPass = 1 + kActivities;
 
 void append(std::vector<double>& v, const PassTiming& t, double steps) {
   v.push_back(t.seconds / steps);
-  for (double s : t.comm.seconds)
+  for (double s : t.activities.seconds)
     v.push_back(s / steps);
 }
 

@@ -34,11 +34,10 @@ constexpr std::size_t kBucketBytes = 64 * 1024;
 class PassTimer {
  public:
   explicit PassTimer(PassTiming& t)
-      : t_(t), start_(std::chrono::steady_clock::now()), comm_(activity_totals()) {}
+      : t_(t), start_(std::chrono::steady_clock::now()), before_(activity_totals()) {}
   ~PassTimer() {
     t_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    t_.comm += activity_totals() - comm_;
-    ++t_.calls;
+    t_.activities += activity_totals() - before_;
   }
   PassTimer(const PassTimer&) = delete;
   PassTimer& operator=(const PassTimer&) = delete;
@@ -46,7 +45,7 @@ class PassTimer {
  private:
   PassTiming& t_;
   std::chrono::steady_clock::time_point start_;
-  ActivityTimes comm_;
+  ActivityTimes before_;
 };
 
 }  // namespace

@@ -32,9 +32,8 @@ struct NamedBuffer {
 // windows and communication (profile.hpp); compute is the rest.
 struct PassTiming {
   double seconds = 0;
-  ActivityTimes comm;
-  int calls = 0;
-  double compute() const { return seconds - comm.overhead(); }
+  ActivityTimes activities;
+  double compute() const { return seconds - activities.overhead(); }
 };
 struct LayerTiming {
   std::string name, type;

@@ -24,8 +24,6 @@ struct ActivityTimes {
   double operator[](Activity a) const { return seconds[static_cast<int>(a)]; }
   // Everything but compute: window assembly and communication.
   double overhead() const { return seconds[0] + seconds[1] + seconds[2] + seconds[3]; }
-  // Communication with other ranks: halo work, waiting and reductions.
-  double communication() const { return seconds[1] + seconds[2] + seconds[3]; }
   ActivityTimes& operator+=(const ActivityTimes& o) {
     for (int k = 0; k < kActivities; ++k)
       seconds[k] += o.seconds[k];
