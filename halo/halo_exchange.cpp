@@ -13,7 +13,7 @@ namespace tessera {
 namespace {
 
 // Where the elements of one channel plane of a tensor lie: `t` with spatial origin `origin` (global
-// coordinates of its first row and column), in NCHW or, for a window, nChw16c.
+// coordinates of its first row and column), in NCHW or nchw16c.
 template <typename T>
 struct Planes {
   T* data;
@@ -21,17 +21,15 @@ struct Planes {
   Box origin;
   Layout layout;
 
-  std::int64_t step() const { return layout == Layout::nchw16c ? kBlock : 1; }
+  // Channels per block: the distance between neighbouring columns of a plane, and how many
+  // planes share memory (so go to one thread).
+  std::int64_t block() const { return layout == Layout::nchw16c ? kBlock : 1; }
   // Element (plane p = n * C + c, global row, global column).
   T* at(std::int64_t p, std::int64_t row, std::int64_t col) const {
     const std::int64_t r = row - origin.h.begin, c = col - origin.w.begin;
     if (layout == Layout::nchw) return data + (p * shape.h + r) * shape.w + c;
-    const std::int64_t n = p / shape.c, ch = p % shape.c;
-    return data + (((n * (shape.c / kBlock) + ch / kBlock) * shape.h + r) * shape.w + c) * kBlock +
-           ch % kBlock;
+    return data + nchw16c_offset(shape, p / shape.c, p % shape.c, r, c);
   }
-  // Planes that share memory (the channels of one block) go to one thread.
-  std::int64_t group() const { return layout == Layout::nchw16c ? kBlock : 1; }
 };
 
 template <typename T>
@@ -43,65 +41,58 @@ Planes<const T> planes_of(const Tensor<T>& t, const Box& origin, Layout layout) 
   return {t.data(), t.shape(), origin, layout};
 }
 
+// Splits work of `per_item` elements per item over the kernel threads from 65536 per thread.
+std::int64_t grain_for(std::int64_t per_item) {
+  return std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(per_item, 1));
+}
+
+// Copies (fill) or adds (accumulate) `n` values `in_step` apart to `n` places `out_step` apart.
+template <typename T>
+void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, std::int64_t n,
+              Direction how) {
+  if (in_step == 1 && out_step == 1) {
+    if (how == Direction::fill) {
+      std::copy(in, in + n, out);
+    } else {
+      for (std::int64_t k = 0; k < n; ++k)
+        out[k] += in[k];
+    }
+  } else if (how == Direction::fill) {
+    for (std::int64_t k = 0; k < n; ++k)
+      out[k * out_step] = in[k * in_step];
+  } else {
+    for (std::int64_t k = 0; k < n; ++k)
+      out[k * out_step] += in[k * in_step];
+  }
+}
+
 // Copies (fill) or adds (accumulate) `box` of every plane from `from` to `to`, converting the
-// layout on the way; planes go to the kernel threads in groups when the box is large.
+// layout on the way; planes go to the kernel threads in groups (the channels of a block) when the
+// box is large. In one layout a row of a group is contiguous. Between layouts, tiles of 16
+// columns of the 16 channels of a block, so that the strided side stays within 16 cache lines (a
+// plane at a time would stride over a whole row per channel: 5x slower here).
 template <typename T>
 void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, Direction how) {
   if (box.empty()) return;
-  const std::int64_t planes = from.shape.n * from.shape.c;
-  const std::int64_t group = std::max(from.group(), to.group());
-  const std::int64_t width = box.w.size(), in_step = from.step(), out_step = to.step();
-  if (group == 1) {
-    parallel_for(
-        planes,
-        [&](std::int64_t first, std::int64_t last) {
-          for (std::int64_t p = first; p < last; ++p)
-            for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
-              const T* in = from.at(p, r, box.w.begin);
-              T* out = to.at(p, r, box.w.begin);
-              if (how == Direction::fill) {
-                std::copy(in, in + width, out);
-              } else {
-                for (std::int64_t k = 0; k < width; ++k)
-                  out[k] += in[k];
-              }
-            }
-        },
-        std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(box.size(), 1)));
-    return;
-  }
-  // Between layouts: 16 channels at a time, in tiles of 16 columns, so that the strided side
-  // stays within 16 cache lines (a plane at a time would stride over a whole row per channel:
-  // 5x slower here).
+  const std::int64_t group = std::max(from.block(), to.block()), width = box.w.size();
+  const bool same = from.layout == to.layout;
   parallel_for(
-      planes / group,
+      from.shape.n * from.shape.c / group,
       [&](std::int64_t first, std::int64_t last) {
-        const T* in[kBlock];
-        T* out[kBlock];
         for (std::int64_t g = first; g < last; ++g)
           for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
-            for (std::int64_t c = 0; c < kBlock; ++c) {
-              in[c] = from.at(g * kBlock + c, r, box.w.begin);
-              out[c] = to.at(g * kBlock + c, r, box.w.begin);
+            if (same) {
+              move_row(from.at(g * group, r, box.w.begin), 1, to.at(g * group, r, box.w.begin), 1,
+                       width * group, how);
+              continue;
             }
-            for (std::int64_t w0 = 0; w0 < width; w0 += kBlock) {
-              const std::int64_t w1 = std::min(width, w0 + kBlock);
-              for (std::int64_t c = 0; c < kBlock; ++c) {
-                const T* i = in[c];
-                T* o = out[c];
-                if (how == Direction::fill) {
-                  for (std::int64_t k = w0; k < w1; ++k)
-                    o[k * out_step] = i[k * in_step];
-                } else {
-                  for (std::int64_t k = w0; k < w1; ++k)
-                    o[k * out_step] += i[k * in_step];
-                }
-              }
-            }
+            for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
+              for (std::int64_t p = g * group; p < (g + 1) * group; ++p)
+                move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
+                         std::min(kBlock, box.w.end - w0), how);
           }
       },
-      std::max<std::int64_t>(
-          1, (std::int64_t{1} << 16) / std::max<std::int64_t>(group * box.size(), 1)));
+      grain_for(group * box.size()));
 }
 
 // A message holds `box` of every plane in NCHW order, whatever the layouts at both ends.
@@ -126,7 +117,7 @@ void zero_outside(const Planes<T>& t, const Box& keep) {
   const Shape4& s = t.shape;
   const Box& origin = t.origin;
   // Physical rows: in nChw16c a row of a channel block holds 16 values per column.
-  const std::int64_t v = t.step(), rows_total = s.n * s.c / t.group() * s.h, width = s.w * v;
+  const std::int64_t v = t.block(), rows_total = s.n * s.c / v * s.h, width = s.w * v;
   const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);
   parallel_for(
       rows_total,
@@ -142,7 +133,7 @@ void zero_outside(const Planes<T>& t, const Box& keep) {
           std::fill(row + (cols.end - origin.w.begin) * v, row + width, T(0));
         }
       },
-      std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(width, 1)));
+      grain_for(width));
 }
 
 // The part of the window that tiles own: the self box and every received box tile it exactly

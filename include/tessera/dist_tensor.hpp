@@ -37,9 +37,9 @@ template <typename T>
 struct DistTensor {
   Distribution dist;
   Tensor<T> local;
-  // How `local` lies in memory. Convolutions with 16k output channels give nchw16c (float32,
-  // oneDNN), and only the layers that say so (Layer::takes_blocked) receive it: the model converts
-  // for the others. A gradient has the layout of the tensor it is the gradient of.
+  // How `local` lies in memory. Convolutions with 16k output channels may give nchw16c (float32,
+  // oneDNN) where the model allows it: only where every consumer takes it (Layer::takes_blocked).
+  // A gradient has the layout of the tensor it is the gradient of.
   Layout layout = Layout::nchw;
 
   DistTensor() = default;

@@ -49,10 +49,10 @@ class HaloExchange {
 
   const HaloPlan& plan() const { return plan_; }
 
-  // The memory layout of the window (fill's target, accumulate's source); tiles are always NCHW.
-  // nchw16c (channels a multiple of 16) lets a oneDNN convolution read the window, and write
-  // its gradient, with no reorder: the exchange converts while it copies. Local; not while an
-  // exchange is in flight.
+  // The memory layout of the window (fill's target, accumulate's source); the tile's is given per
+  // exchange. nchw16c (channels a multiple of 16) lets a oneDNN convolution read the window, and
+  // write its gradient, with no reorder: the exchange converts while it copies. Local; not while
+  // an exchange is in flight.
   void set_window_layout(Layout layout);
   Layout window_layout() const { return window_layout_; }
 
@@ -66,8 +66,8 @@ class HaloExchange {
   }
 
   // Backward. Adds each element of `window_grad` (sized to plan.window) into the tile that owns
-  // it; parts outside the image are dropped. `tile_grad` is added to, not overwritten.
-  // Neighbour-wise collective over the spatial communicator.
+  // it; parts outside the image are dropped. `tile_grad` is added to, or with Into::overwrite
+  // overwritten. Neighbour-wise collective over the spatial communicator.
   HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
                                   Layout tile_layout = Layout::nchw, Into into = Into::add) {
     return start(Direction::accumulate, window_grad, tile_grad, tile_layout, into);

@@ -111,7 +111,7 @@ void Conv2d<T>::bind_kernel(const Box& window) {
                                    .x_layout = xl,
                                    .y_layout = yl},
                                   geometry_);
-    if (kernel_ && plan_regions(window, xl, yl)) {
+    if (kernel_ && plan_regions(window, x, y, xl, yl)) {
       this->set_window_layout(xl);
       out_layout_ = yl;
       return;
@@ -121,13 +121,11 @@ void Conv2d<T>::bind_kernel(const Box& window) {
 }
 
 template <typename T>
-bool Conv2d<T>::plan_regions(const Box& window, Layout x_layout, Layout y_layout) {
+bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,
+                             Layout y_layout) {
   regions_.clear();
   const HaloPlan& plan = this->plan();
   if (!halo_overlap() || plan.recv.empty()) return true;
-  const Shape4 in = this->in_dist().local_shape();
-  const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
-  const Shape4 y = this->out_dist().local_shape();
   const WindowMap map = *this->window();
   const Box tile = this->out_dist().tile();
   const Shape4& image = this->in_dist().global;
@@ -148,20 +146,19 @@ bool Conv2d<T>::plan_regions(const Box& window, Layout x_layout, Layout y_layout
     const Box footprint{map.rows(b.h), map.cols(b.w)};
     const BoxAt at{footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin};
     const BoxAt out{b.h.begin - tile.h.begin, b.w.begin - tile.w.begin};
-    Region r{
-        .in = at,
-        .out = out,
-        .kernel = make_conv_kernel<T>({.x = {in.n, in.c, footprint.h.size(), footprint.w.size()},
-                                       .w = weight_.value.shape(),
-                                       .y = {y.n, y.c, b.h.size(), b.w.size()},
-                                       .bias = spec_.bias,
-                                       .x_outer = x,
-                                       .y_outer = y,
-                                       .x_layout = x_layout,
-                                       .y_layout = y_layout,
-                                       .x_at = at,
-                                       .y_at = out},
-                                      geometry_)};
+    Region r{.in = at,
+             .out = out,
+             .kernel = make_conv_kernel<T>({.x = {x.n, x.c, footprint.h.size(), footprint.w.size()},
+                                            .w = weight_.value.shape(),
+                                            .y = {y.n, y.c, b.h.size(), b.w.size()},
+                                            .bias = spec_.bias,
+                                            .x_outer = x,
+                                            .y_outer = y,
+                                            .x_layout = x_layout,
+                                            .y_layout = y_layout,
+                                            .x_at = at,
+                                            .y_at = out},
+                                           geometry_)};
     if (!r.kernel) {
       regions_.clear();
       return false;  // a box these layouts cannot take: try the next ones

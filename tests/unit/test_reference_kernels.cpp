@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
+#include "tessera/layers/pointwise.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
@@ -484,6 +486,11 @@ TEST(ReferenceConv, ShapeMismatchesThrow) {
 }
 
 template <typename T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+template <typename T>
 void check_relu() {
   const std::vector<T> x = {T(-2), T(-0.5), T(0), T(-0.0), T(1e-30), T(0.25), T(3)};
   std::vector<T> y(x.size(), T(7));
@@ -512,6 +519,43 @@ TEST(ReferenceRelu, ForwardAndBackwardDouble) {
 }
 TEST(ReferenceRelu, ForwardAndBackwardFloat) {
   check_relu<float>();
+}
+
+// The relu and leaky_relu layers keep a byte mask instead of their output and run vectorised and
+// threaded: bit for bit the reference rules, signed zeros included, on a tensor large enough to
+// be split over the kernel threads.
+template <typename T>
+void check_activation_layer_matches_reference() {
+  const Shape4 shape{2, 3, 150, 160};  // 144000 elements: more than one thread's share
+  const Distribution d{shape, GridShape{1, 1, 1}, GridCoords{}};
+  DistTensor<T> x(d), dy(d);
+  const std::vector<T> rx = random_vector<T>(static_cast<std::size_t>(shape.numel()), 61);
+  const std::vector<T> rdy = random_vector<T>(static_cast<std::size_t>(shape.numel()), 62);
+  std::copy(rx.begin(), rx.end(), x.local.data());
+  std::copy(rdy.begin(), rdy.end(), dy.local.data());
+  x.local.data()[0] = T(0), x.local.data()[1] = T(-0.0), x.local.data()[2] = T(1e-30);
+  for (double slope : {0.0, 0.01, 0.2}) {
+    Activation<T> layer(
+        "a",
+        {.kind = slope == 0 ? ActivationKind::relu : ActivationKind::leaky_relu, .slope = slope});
+    layer.setup(d);
+    const DistTensor<T> y = layer.forward(x, RunState{});
+    const DistTensor<T> dx = layer.backward_one(dy, RunState{});
+    std::vector<T> ry(rx.size()), rdx(rx.size());
+    reference::leaky_relu_forward<T>(x.local.span(), T(slope), ry);
+    reference::leaky_relu_backward<T>(ry, dy.local.span(), T(slope), rdx);
+    std::int64_t wrong = 0;
+    for (std::size_t k = 0; k < rx.size(); ++k)
+      wrong += !same_bits(y.local.data()[k], ry[k]) + !same_bits(dx.local.data()[k], rdx[k]);
+    EXPECT_EQ(wrong, 0) << "slope " << slope;
+  }
+}
+
+TEST(ActivationLayer, MatchesTheReferenceBitForBitDouble) {
+  check_activation_layer_matches_reference<double>();
+}
+TEST(ActivationLayer, MatchesTheReferenceBitForBitFloat) {
+  check_activation_layer_matches_reference<float>();
 }
 
 // Sum over pixels of -log(exp(x[label]) / sum_c exp(x[c])), straight from the definition.

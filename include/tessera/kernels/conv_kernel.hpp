@@ -16,9 +16,9 @@ namespace tessera {
 // layout), output y [N, O, OH, OW]; `bias` says whether the layer has one.
 //
 // A box kernel (forward_box) reads x from a box of a larger tensor of shape `x_outer` and writes y
-// into a box of one of shape `y_outer` (same N and channels, larger or equal H and W): a halo
-// layer computes the interior of its tile and its border strips that way, from one window, with no
-// copies. Box kernels serve the forward pass only.
+// into a box of one of shape `y_outer` (same N and channels, larger or equal H and W): a conv
+// recomputes the border strips of its tile that way once the halos arrived. Box kernels serve the
+// forward pass only.
 //
 // `x_layout` is the layout of x and of dx (a halo layer's window and its gradient), `y_layout` of
 // y and dy: nchw16c lets oneDNN read and write them with no reorder. Only fast kernels take it

@@ -4,13 +4,12 @@
 //
 // Each primitive picks its own layout (format_tag::any) and a reorder planned with it converts on
 // the way in and out when Tessera's layout differs. Weights are converted at every call (they
-// change every step; they are small). The input x and its gradient dx may be nchw16c
-// (ConvShapes::x_layout: a halo layer's window, assembled in that layout by the exchange), which
-// is what the primitives pick on AVX-512: then they are read and written with no reorder. The
-// output y and dy are NCHW, converted at every call into buffers that live for the call (dy once
-// for both backward primitives). A box kernel (ConvShapes::x_outer) reads and writes boxes of
-// larger tensors through strided or sub-memory descriptors. Keeping nchw16c between layers would
-// save the remaining reorders (of y and dy), and is not done here.
+// change every step; they are small). The window x and its gradient dx, and the output y and its
+// gradient dy, may be nchw16c (ConvShapes::x_layout, y_layout), which is what the primitives pick
+// on AVX-512: then they are read and written with no reorder. NCHW ones are converted at every
+// call into buffers that live for the call (dy once for both backward primitives). A box kernel
+// (ConvShapes::x_outer) reads and writes boxes of larger tensors through strided (NCHW) or
+// sub-memory (nchw16c) descriptors; oneDNN's fast convolutions then convert the box.
 #pragma once
 
 #include <memory>
