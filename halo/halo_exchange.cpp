@@ -41,11 +41,6 @@ Planes<const T> planes_of(const Tensor<T>& t, const Box& origin, Layout layout) 
   return {t.data(), t.shape(), origin, layout};
 }
 
-// Splits work of `per_item` elements per item over the kernel threads from 65536 per thread.
-std::int64_t grain_for(std::int64_t per_item) {
-  return std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(per_item, 1));
-}
-
 // Copies (fill) or adds (accumulate) `n` values `in_step` apart to `n` places `out_step` apart.
 template <typename T>
 void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, std::int64_t n,
@@ -110,10 +105,11 @@ void unpack(const T* in, const Box& box, const Planes<T>& t, Direction how) {
   move_box(message, t, box, how);
 }
 
-// Zeroes the elements of `t` outside `keep`: a window's padding, which no tile owns, or the part of
-// a tile gradient the own window does not reach. Everything inside `keep` is written otherwise.
+// Sets the elements of `t` outside `keep` to `value`: a window's padding, which no tile owns, or
+// (zero) the part of a tile gradient the own window does not reach. Everything inside `keep` is
+// written otherwise.
 template <typename T>
-void zero_outside(const Planes<T>& t, const Box& keep) {
+void fill_outside(const Planes<T>& t, const Box& keep, T value) {
   const Shape4& s = t.shape;
   const Box& origin = t.origin;
   // Physical rows: in nChw16c a row of a channel block holds 16 values per column.
@@ -126,11 +122,11 @@ void zero_outside(const Planes<T>& t, const Box& keep) {
           T* row = t.data + k * width;
           const std::int64_t global = origin.h.begin + k % s.h;
           if (!rows.contains(global) || cols.empty()) {
-            std::fill(row, row + width, T(0));
+            std::fill(row, row + width, value);
             continue;
           }
-          std::fill(row, row + (cols.begin - origin.w.begin) * v, T(0));
-          std::fill(row + (cols.end - origin.w.begin) * v, row + width, T(0));
+          std::fill(row, row + (cols.begin - origin.w.begin) * v, value);
+          std::fill(row + (cols.end - origin.w.begin) * v, row + width, value);
         }
       },
       grain_for(width));
@@ -240,11 +236,11 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   // Zero padding and the local part overlap the messages.
   timed.emplace(Activity::window);
   if (fill) {
-    zero_outside(out, covered(plan_));
+    fill_outside(out, covered(plan_), window_padding_);
     move_box(in, out, plan_.self, how);
   } else if (into == Into::overwrite) {
     // The own part is copied, the rest zeroed; peers' parts are added on finish.
-    zero_outside(out, plan_.self);
+    fill_outside(out, plan_.self, T(0));
     move_box(in, out, plan_.self, Direction::fill);
   } else {
     move_box(in, out, plan_.self, how);

@@ -13,6 +13,7 @@
 
 #if TESSERA_HAVE_ONEDNN
 #include "tessera/kernels/onednn_conv.hpp"
+#include "tessera/kernels/onednn_pool.hpp"
 #endif
 
 namespace tessera {
@@ -90,7 +91,7 @@ std::string kernel_backend_description() {
   if (kernel_backend() == KernelBackend::reference)
     return reference + (kHaveOneDnn ? "; onednn is built but off (TESSERA_KERNELS=reference)" : "");
 #if TESSERA_HAVE_ONEDNN
-  return "onednn for float32 convolutions (" + onednn_description() +
+  return "onednn for float32 convolutions and pooling (" + onednn_description() +
          "); reference (plain loops) for the rest";
 #else
   return reference;
@@ -124,5 +125,22 @@ template std::unique_ptr<ConvKernel<float>> make_conv_kernel(const ConvShapes&,
                                                              const reference::ConvGeometry&);
 template std::unique_ptr<ConvKernel<double>> make_conv_kernel(const ConvShapes&,
                                                               const reference::ConvGeometry&);
+
+template <typename T>
+std::unique_ptr<PoolKernel<T>> make_pool_kernel(PoolKind kind, const PoolShapes& shapes,
+                                                const reference::PoolGeometry& g) {
+#if TESSERA_HAVE_ONEDNN
+  if constexpr (std::is_same_v<T, float>)
+    if (kernel_backend() == KernelBackend::onednn)
+      if (std::unique_ptr<OneDnnPool> fast = OneDnnPool::create(kind, shapes, g)) return fast;
+#endif
+  if (shapes.layout != Layout::nchw) return nullptr;
+  return std::make_unique<ReferencePool<T>>(kind, g);
+}
+
+template std::unique_ptr<PoolKernel<float>> make_pool_kernel(PoolKind, const PoolShapes&,
+                                                             const reference::PoolGeometry&);
+template std::unique_ptr<PoolKernel<double>> make_pool_kernel(PoolKind, const PoolShapes&,
+                                                              const reference::PoolGeometry&);
 
 }  // namespace tessera

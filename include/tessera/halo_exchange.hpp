@@ -56,8 +56,14 @@ class HaloExchange {
   void set_window_layout(Layout layout);
   Layout window_layout() const { return window_layout_; }
 
+  // The value fill writes where the window leaves the image (default 0, a convolution's zero
+  // padding). Max pooling on oneDNN asks for -infinity, which no image value loses to. Local;
+  // not while an exchange is in flight.
+  void set_window_padding(T value) { window_padding_ = value; }
+
   // Forward. `tile` holds plan.owned, `window` (same N and C) is sized to plan.window; on
-  // finish, window holds the tile's values, the peers' values, and zeros outside the image.
+  // finish, window holds the tile's values, the peers' values, and the padding value (zero unless
+  // set_window_padding said otherwise) outside the image.
   // Neighbour-wise collective over the spatial communicator (every rank must start one).
   // `tile_layout` is the tile's memory layout (the window's is window_layout()).
   HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window,
@@ -94,6 +100,7 @@ class HaloExchange {
   MPI_Comm comm_;
   int tag_;
   Layout window_layout_ = Layout::nchw;
+  T window_padding_ = T(0);
   bool in_flight_ = false;
 };
 

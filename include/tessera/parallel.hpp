@@ -35,4 +35,10 @@ void parallel_for(std::int64_t n, F&& f, std::int64_t grain = std::int64_t{1} <<
   if (n > 0) f(std::int64_t{0}, n);
 }
 
+// The grain (items per thread) for parallel_for over items of `per_item` elements each: threads
+// from 65536 elements per thread.
+inline std::int64_t grain_for(std::int64_t per_item) {
+  return std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(per_item, 1));
+}
+
 }  // namespace tessera

@@ -94,8 +94,8 @@ class Tensor {
   std::vector<T, DefaultInitAllocator<T>> data_;
 };
 
-// The same tensor in another layout, element by element (for tests: the hot paths convert while
-// they copy). nchw16c needs channels divisible by 16. Local.
+// The same tensor in another layout, element by element (for tests and rare fallbacks: the hot
+// paths convert while they copy). nchw16c needs channels divisible by 16. Local.
 template <typename T>
 Tensor<T> to_layout(const Tensor<T>& t, Layout from, Layout to) {
   if (from == to) return t;

@@ -1,15 +1,14 @@
 #include "tessera/kernels/onednn_conv.hpp"
 
-#include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <optional>
-#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "onednn_common.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 
@@ -17,12 +16,10 @@ namespace tessera {
 namespace {
 
 using dnnl::memory;
+using onednn::apply_threads;
+using onednn::cpu_engine;
+using onednn::dims_of;
 using Tag = memory::format_tag;
-
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 const char* runtime_name(unsigned runtime) {
   switch (runtime) {
@@ -39,48 +36,15 @@ const char* runtime_name(unsigned runtime) {
   }
 }
 
-// Hands kernel_threads() to the runtime once, before the first primitive runs; returns whether
-// the runtime took it. Only OpenMP can be told from here (a TBB or threadpool build keeps its own
-// count, a sequential one uses 1). The OpenMP library is the one libdnnl loaded (libgomp, libomp or
-// libiomp5), so its omp_set_num_threads is looked up rather than linked.
-bool apply_threads() {
-  static const bool applied = [] {
-    if (dnnl_version()->cpu_runtime != DNNL_RUNTIME_OMP) return false;
-    using SetThreads = void (*)(int);
-    auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-    if (set == nullptr) return false;
-    set(kernel_threads().count);
-    return true;
-  }();
-  return applied;
-}
-
-// A oneDNN failure at run time (out of memory, ...) becomes Tessera's one exception type.
-template <typename F>
-void run_dnnl(const char* what, F&& f) {
-  try {
-    f();
-  } catch (const dnnl::error& e) {
-    throw Error(std::string("oneDNN ") + what + ": " + e.what() + " (status " +
-                std::to_string(static_cast<int>(e.status)) + ")");
-  }
-}
-
-memory::dims dims_of(const Shape4& s) {
-  return {s.n, s.c, s.h, s.w};
-}
-
 // Tessera's layout of `s`: a dense tensor, or a box at `at` of a dense tensor of shape `outer`.
 // An NCHW box is a strided view whose first element the caller points at; an nchw16c box is a
 // sub-memory of its outer tensor, whose first element the caller points at.
 memory::desc user_desc(const Shape4& s, Layout layout, const Shape4& outer = {}, BoxAt at = {}) {
-  const Tag tag = layout == Layout::nchw16c ? Tag::nChw16c : Tag::nchw;
-  if (outer.numel() == 0) return {dims_of(s), memory::data_type::f32, tag};
+  if (outer.numel() == 0) return onednn::dense_desc(s, layout);
   if (layout == Layout::nchw)
     return {dims_of(s), memory::data_type::f32,
             memory::dims{outer.c * outer.h * outer.w, outer.h * outer.w, outer.w, 1}};
-  return memory::desc(dims_of(outer), memory::data_type::f32, tag)
-      .submemory_desc(dims_of(s), {0, 0, at.h, at.w});
+  return onednn::dense_desc(outer, layout).submemory_desc(dims_of(s), {0, 0, at.h, at.w});
 }
 
 // PyTorch's [O, C/groups, KH, KW] is oneDNN's goihw with the groups split off O: same bytes.
@@ -152,10 +116,6 @@ std::optional<AxisPad> axis_pad(std::int64_t in, std::int64_t out, std::int64_t 
   return AxisPad{begin, std::max<std::int64_t>(end, 0)};
 }
 
-bool is_onednn_reference(const dnnl::primitive_desc& pd) {
-  return std::string_view(pd.impl_info_str()).starts_with("ref");
-}
-
 }  // namespace
 
 struct OneDnnConv::Plan {
@@ -219,7 +179,7 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     if (!plan->fwd_pd) return nullptr;
     if (shapes.is_box()) {
       // Box kernels run forward only.
-      if (is_onednn_reference(plan->fwd_pd)) return nullptr;
+      if (onednn::is_reference(plan->fwd_pd)) return nullptr;
       plan->fwd = convolution_forward(plan->fwd_pd);
       plan->fwd_src = Port::input(x_user, plan->fwd_pd.src_desc());
       plan->fwd_weights = Port::input(w_user, plan->fwd_pd.weights_desc());
@@ -238,8 +198,8 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     plan->weights_pd =
         convolution_backward_weights::primitive_desc(weights, cpu_engine(), plan->fwd_pd, true);
     if (!plan->weights_pd) return nullptr;
-    if (is_onednn_reference(plan->fwd_pd) || is_onednn_reference(plan->data_pd) ||
-        is_onednn_reference(plan->weights_pd))
+    if (onednn::is_reference(plan->fwd_pd) || onednn::is_reference(plan->data_pd) ||
+        onednn::is_reference(plan->weights_pd))
       return nullptr;
 
     plan->fwd = convolution_forward(plan->fwd_pd);
@@ -315,7 +275,7 @@ void OneDnnConv::run_forward(const float* x, const Tensor<float>& w, std::span<c
                 "oneDNN conv forward: bias of " + std::to_string(bias.size()) + " values for " +
                     std::to_string(p.shapes.w.n) + " output channels" +
                     (p.shapes.bias ? "" : " (planned without bias)"));
-  run_dnnl("convolution forward", [&] {
+  onednn::run("convolution forward", [&] {
     memory src = p.fwd_src.read(x, p.stream);
     memory weights = p.fwd_weights.read(w.data(), p.stream, p.fwd_w);
     memory dst = p.fwd_dst.target(y);
@@ -335,7 +295,7 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
   check_shape("output gradient", dy.shape(), p.shapes.y);
   check_shape("weight", w.shape(), p.shapes.w);
   check_shape("input gradient", dx.shape(), p.shapes.x);
-  run_dnnl("convolution backward-data", [&] {
+  onednn::run("convolution backward-data", [&] {
     memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream);
     const bool shared = p.data_diff_dst.reorder && p.data_diff_dst.prim == p.weights_diff_dst.prim;
     p.dy_converted = shared ? diff_dst : memory();
@@ -362,7 +322,7 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
       "oneDNN conv backward-filter: bias gradient of " + std::to_string(dbias.size()) +
           " values for " + std::to_string(p.shapes.w.n) + " output channels" +
           (p.shapes.bias ? "" : " (planned without bias)"));
-  run_dnnl("convolution backward-weights", [&] {
+  onednn::run("convolution backward-weights", [&] {
     memory src = p.weights_src.read(x.data(), p.stream);
     memory diff_dst =
         p.dy_source == dy.data() ? p.dy_converted : p.weights_diff_dst.read(dy.data(), p.stream);

@@ -1,6 +1,7 @@
 #include "tessera/layers/pool2d.hpp"
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera/layers/window.hpp"
 
 namespace tessera {
@@ -63,41 +64,50 @@ Distribution Pool2d<T>::setup(const Distribution& in) {
 
 template <typename T>
 void Pool2d<T>::bind_kernel(const Box& w) {
-  // The window holds zeros where it leaves the image; max pooling must tell them from real
-  // zeros, so the kernel gets the image's part of the window in window coordinates.
+  // The window holds padding where it leaves the image; max pooling must tell it from real
+  // values, so the kernel gets the image's part of the window in window coordinates.
   const Shape4& s = this->in_dist().global;
   const Box image = intersect(w, Box{{0, s.h}, {0, s.w}});
-  geometry_ = {.kernel_h = spec_.kernel[0],
-               .kernel_w = spec_.kernel[1],
-               .stride_h = spec_.stride[0],
-               .stride_w = spec_.stride[1],
-               .pad_top = 0,
-               .pad_left = 0,
-               .image = {{image.h.begin - w.h.begin, image.h.end - w.h.begin},
-                         {image.w.begin - w.w.begin, image.w.end - w.w.begin}}};
+  const reference::PoolGeometry geometry{
+      .kernel_h = spec_.kernel[0],
+      .kernel_w = spec_.kernel[1],
+      .stride_h = spec_.stride[0],
+      .stride_w = spec_.stride[1],
+      .pad_top = 0,
+      .pad_left = 0,
+      .image = {{image.h.begin - w.h.begin, image.h.end - w.h.begin},
+                {image.w.begin - w.w.begin, image.w.end - w.w.begin}}};
+  const Shape4 in = this->in_dist().local_shape();
+  const Shape4 x{in.n, in.c, w.h.size(), w.w.size()};
+  const Shape4 y = this->out_dist().local_shape();
+  // nchw16c in and out when the output may go on blocked and a fast kernel takes it: no
+  // conversions before or after (a conv's blocked output pooled for the next conv). Else NCHW.
+  const bool blocked = this->blocked_output_allowed() && in.c % kBlock == 0;
+  for (const Layout layout : {blocked ? Layout::nchw16c : Layout::nchw, Layout::nchw}) {
+    kernel_ = make_pool_kernel<T>(spec_.kind, {.x = x, .y = y, .layout = layout}, geometry);
+    if (kernel_) {
+      this->set_window_layout(layout);
+      this->set_window_padding(kernel_->window_padding());
+      out_layout_ = layout;
+      return;
+    }
+  }
+  TESSERA_CHECK(kernel_ != nullptr, "no pooling kernel for layer '" + this->name() + "'");
 }
 
 template <typename T>
 DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist());
-  if (spec_.kind == PoolKind::max) {
-    argmax_.assign(static_cast<std::size_t>(y.local.numel()), 0);
-    reference::maxpool2d_forward(window, y.local, std::span<std::int64_t>(argmax_), geometry_);
-  } else {
-    reference::avgpool2d_forward(window, y.local, geometry_);
-  }
+  DistTensor<T> y(this->out_dist(), uninitialized);
+  y.layout = out_layout_;
+  kernel_->forward(window, y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Pool2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad = this->window_grad_zeros();
-  if (spec_.kind == PoolKind::max) {
-    reference::maxpool2d_backward(dy.local, std::span<const std::int64_t>(argmax_), window_grad);
-  } else {
-    reference::avgpool2d_backward(dy.local, window_grad, geometry_);
-  }
+  Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
+  kernel_->backward(dy.local, window_grad);
   return this->accumulate_window(window_grad);
 }
 

@@ -111,8 +111,8 @@ const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
 
 template <typename T>
 HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
-  // The exchange writes every element: the tiles' values and zeros outside the image. The
-  // buffer is reused from step to step.
+  // The exchange writes every element: the tiles' values and the padding value outside the image.
+  // The buffer is reused from step to step.
   const Shape4 shape = window_shape(in_, exchange_->plan());
   // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
   // (and then recomputes what read it), so it holds old values, never indeterminate ones.

@@ -130,6 +130,26 @@ TEST(ConvGrad, ChannelBlockedWindowsFloat32) {
   }
 }
 
+// Pooling between convs of 16 and 32 channels pools nchw16c windows into nchw16c outputs
+// (oneDNN), with padding (the window's -infinity / zero border) and without.
+TEST(ConvGrad, ChannelBlockedPoolingFloat32) {
+  for (const std::string pool :
+       {R"("type": "maxpool2d", "kernel": 2)",
+        R"("type": "maxpool2d", "kernel": 3, "stride": 2, "padding": 1)",
+        R"("type": "avgpool2d", "kernel": 3, "stride": 2, "padding": 1)"}) {
+    const std::string model =
+        R"({"name": "blocked", "input_channels": 3, "layers": [)"
+        R"({"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},)"
+        R"({"name": "r1", "type": "relu"},)"
+        R"({"name": "p1", )" +
+        pool +
+        R"(},)"
+        R"({"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},)"
+        R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
+    test::check_model<float>(parse_model(model), {3, 3, 17, 15}, "p1 " + pool);
+  }
+}
+
 TEST(ConvGrad, BuiltinModelBothDtypes) {
   const ModelSpec spec = load_model("convstack-small");
   test::check_model<double>(spec, {3, 3, 33, 31}, "convstack-small float64");

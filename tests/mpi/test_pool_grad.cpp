@@ -125,14 +125,14 @@ TEST(PoolGrad, ConvPoolConvUpsampleConv) {
 // reference kernels on the whole image. Integer data keep every sum exact, so any difference is
 // a wrong element, not rounding. Unlike check_model, which compares the layer with itself on one
 // rank, this checks the layer's window geometry against the kernels' definition.
-template <typename Whole>
-void expect_layer_matches_whole(UnaryLayer<double>& layer, Shape4 shape, double dy_unit,
-                                Whole&& whole, const std::string& what) {
+template <typename T, typename Whole>
+void expect_layer_matches_whole(UnaryLayer<T>& layer, Shape4 shape, double dy_unit, Whole&& whole,
+                                const std::string& what) {
   const ProcessGrid& grid = test::world_grid();
   // {-2, -1, 0}: many equal maxima, and all-negative windows at the border, which must not pick
   // the zero padding.
   auto value = [](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-    return double((h * 7 + w * 3 + n + c) % 3 - 2);
+    return T((h * 7 + w * 3 + n + c) % 3 - 2);
   };
   const Distribution in{shape, grid.shape(), grid.coords()};
   Distribution out;
@@ -147,18 +147,18 @@ void expect_layer_matches_whole(UnaryLayer<double>& layer, Shape4 shape, double 
   }
   layer.bind(grid);
 
-  Tensor<double> x_all(shape);
+  Tensor<T> x_all(shape);
   for (std::int64_t n = 0; n < shape.n; ++n)
     for (std::int64_t c = 0; c < shape.c; ++c)
       for (std::int64_t h = 0; h < shape.h; ++h)
         for (std::int64_t w = 0; w < shape.w; ++w)
           x_all.at(n, c, h, w) = value(n, c, h, w);
-  Tensor<double> y_all(out.global), dy_all(out.global), dx_all(shape);
+  Tensor<T> y_all(out.global), dy_all(out.global), dx_all(shape);
   for (std::int64_t q = 0; q < dy_all.numel(); ++q)
-    dy_all.data()[q] = dy_unit * double(q % 5 + 1);
+    dy_all.data()[q] = T(dy_unit * double(q % 5 + 1));
   whole(x_all, dy_all, y_all, dx_all);
 
-  DistTensor<double> x(in), dy(out);
+  DistTensor<T> x(in), dy(out);
   const Range ns = in.samples(), hs = in.rows(), ws = in.cols();
   const Range oh = out.rows(), ow = out.cols();
   for (std::int64_t n = ns.begin; n < ns.end; ++n)
@@ -170,8 +170,8 @@ void expect_layer_matches_whole(UnaryLayer<double>& layer, Shape4 shape, double 
         for (std::int64_t w = ow.begin; w < ow.end; ++w)
           dy.local.at(n - ns.begin, c, h - oh.begin, w - ow.begin) = dy_all.at(n, c, h, w);
     }
-  const DistTensor<double> y = layer.forward(x, RunState{});
-  const DistTensor<double> dx = layer.backward_one(dy, RunState{});
+  const DistTensor<T> y = layer.forward(x, RunState{});
+  const DistTensor<T> dx = layer.backward_one(dy, RunState{});
 
   int wrong_y = 0, wrong_dx = 0;
   for (std::int64_t n = ns.begin; n < ns.end; ++n)
@@ -200,37 +200,43 @@ LayerSpec layer_spec(const std::string& type, nlohmann::json fields) {
 
 // Ties: most windows hold several maxima, some of them in other tiles. The first maximum in the
 // window's global row-major order wins whatever tile holds it, so every grid routes each
-// gradient to the same input as one rank does.
-TEST(PoolGrad, LayersMatchTheKernelsOnTheWholeImageTiesIncluded) {
+// gradient to the same input as one rank does. float32 runs oneDNN's pooling (where built): the
+// same maxima, and the same averages (small integers, divided by the kernel area exactly enough
+// that the sums of dy / area shares round alike).
+template <typename T>
+void expect_pool_layers_match_the_kernels(const std::string& dtype) {
   const Shape4 shape{3, 2, 17, 15};
   for (std::int64_t k : {2, 3, 4})
     for (std::int64_t s : {1, 2, 3})
       for (std::int64_t p = 0; p <= k / 2; ++p) {
-        const std::string what = "kernel " + std::to_string(k) + " stride " + std::to_string(s) +
-                                 " padding " + std::to_string(p);
+        const std::string what = dtype + " kernel " + std::to_string(k) + " stride " +
+                                 std::to_string(s) + " padding " + std::to_string(p);
         const nlohmann::json fields = {{"kernel", k}, {"stride", s}, {"padding", p}};
         const reference::PoolGeometry g = reference::pool_geometry(shape, k, k, s, s, p, p);
-        Pool2d<double> max_layer("l", parse_pool2d(layer_spec("maxpool2d", fields)), 1);
+        Pool2d<T> max_layer("l", parse_pool2d(layer_spec("maxpool2d", fields)), 1);
         expect_layer_matches_whole(
             max_layer, shape, 1.0,
-            [&](const Tensor<double>& x, const Tensor<double>& dy, Tensor<double>& y,
-                Tensor<double>& dx) {
+            [&](const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& y, Tensor<T>& dx) {
               std::vector<std::int64_t> argmax(static_cast<std::size_t>(y.numel()));
               reference::maxpool2d_forward(x, y, std::span<std::int64_t>(argmax), g);
               reference::maxpool2d_backward(dy, std::span<const std::int64_t>(argmax), dx);
             },
             "maxpool2d " + what);
         // Gradients in multiples of the kernel area: every share dy / area is an integer.
-        Pool2d<double> avg_layer("l", parse_pool2d(layer_spec("avgpool2d", fields)), 2);
+        Pool2d<T> avg_layer("l", parse_pool2d(layer_spec("avgpool2d", fields)), 2);
         expect_layer_matches_whole(
             avg_layer, shape, double(k * k),
-            [&](const Tensor<double>& x, const Tensor<double>& dy, Tensor<double>& y,
-                Tensor<double>& dx) {
+            [&](const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& y, Tensor<T>& dx) {
               reference::avgpool2d_forward(x, y, g);
               reference::avgpool2d_backward(dy, dx, g);
             },
             "avgpool2d " + what);
       }
+}
+
+TEST(PoolGrad, LayersMatchTheKernelsOnTheWholeImageTiesIncluded) {
+  expect_pool_layers_match_the_kernels<double>("float64");
+  expect_pool_layers_match_the_kernels<float>("float32");
   for (std::int64_t s : {1, 2, 3, 4}) {
     UpsampleNearest<double> layer(
         "l", parse_upsample(layer_spec("upsample_nearest", {{"scale", s}})), 3);

@@ -393,20 +393,23 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
   EXPECT_GE(tested, 4);
 }
 
-// A conv chain whose activations stay in nchw16c from layer to layer (float32, oneDNN) gives the
-// float64 reference model's loss, logits and gradients: layouts change nothing but speed.
+// A conv chain whose activations stay in nchw16c from layer to layer (float32, oneDNN), pooling
+// included, gives the float64 reference model's loss, logits and gradients: layouts change nothing
+// but speed.
 TEST(OneDnnConv, ChannelBlockedActivationsGiveTheReferenceResults) {
   const ModelSpec spec = parse_model(
       R"({"name": "blocked", "input_channels": 3, "layers": [
           {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
           {"name": "r1", "type": "relu"},
+          {"name": "p1", "type": "maxpool2d", "kernel": 2},
           {"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "stride": 2},
           {"name": "r2", "type": "leaky_relu", "slope": 0.1},
+          {"name": "p2", "type": "avgpool2d", "kernel": 3, "stride": 1, "padding": 1},
           {"name": "c3", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": "same"},
           {"name": "r3", "type": "sigmoid"},
           {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})");
   ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
-  const Shape4 input{2, 3, 19, 17};
+  const Shape4 input{2, 3, 38, 34};
   Model<float> f(spec, single, input);
   Model<double> d(spec, single, input);
   f.init_params(3);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tessera/kernels/conv_kernel.hpp"
+#include "tessera/kernels/pool_kernel.hpp"
 
 namespace tessera {
 
@@ -47,5 +48,12 @@ double sgemm_gflops(std::int64_t n = 2048, int repeats = 5);
 template <typename T>
 std::unique_ptr<ConvKernel<T>> make_conv_kernel(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g);
+
+// A pooling kernel planned for `shapes` and `g` (no geometry padding: a window with its image box):
+// oneDNN's for float32 when the active backend is onednn and it accepts the case, else the
+// reference. Never null for NCHW; with nchw16c null when no fast kernel accepts it. Local.
+template <typename T>
+std::unique_ptr<PoolKernel<T>> make_pool_kernel(PoolKind kind, const PoolShapes& shapes,
+                                                const reference::PoolGeometry& g);
 
 }  // namespace tessera

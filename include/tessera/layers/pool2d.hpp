@@ -2,17 +2,15 @@
 // window, pool locally, accumulate window gradients back into their owners), no parameters.
 #pragma once
 
+#include <memory>
 #include <optional>
-#include <vector>
 
-#include "tessera/kernels/reference_pool.hpp"
+#include "tessera/kernels/pool_kernel.hpp"
 #include "tessera/layers/fields.hpp"
 #include "tessera/layers/window.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
-
-enum class PoolKind { max, avg };
 
 // PyTorch's MaxPool2d / AvgPool2d with dilation 1, ceil_mode=False and (avg)
 // count_include_pad=True.
@@ -42,13 +40,18 @@ class Pool2d final : public WindowLayer<T> {
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override;
+  // Any input layout: the exchange converts into the window's (nchw16c when a fast kernel pools
+  // it, with the output in nchw16c too where the model allows).
+  bool takes_blocked() const override { return true; }
+  // Which kernel pools ("reference", "onednn ..."); valid after bind(). Local.
+  std::string kernel_name() const { return kernel_ ? kernel_->name() : "none"; }
 
  private:
   void bind_kernel(const Box& window) override;
 
   Pool2dSpec spec_;
-  reference::PoolGeometry geometry_;  // on the window: no padding, the image part marked
-  std::vector<std::int64_t> argmax_;  // max: per output, its input within the window's plane
+  std::unique_ptr<PoolKernel<T>> kernel_;  // planned for the window, with the image part marked
+  Layout out_layout_ = Layout::nchw;
 };
 
 }  // namespace tessera

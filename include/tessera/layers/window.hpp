@@ -91,6 +91,8 @@ class WindowLayer : public UnaryLayer<T> {
   // The layout the exchange assembles the window in, and takes its gradient in (default NCHW);
   // for bind_kernel. Local.
   void set_window_layout(Layout layout) { exchange_->set_window_layout(layout); }
+  // What the window holds outside the image (default 0); for bind_kernel. Local.
+  void set_window_padding(T value) { exchange_->set_window_padding(value); }
   // The window the last fill_window filled (backward-filter reads it). Local.
   const Tensor<T>& kept_window() const { return window_; }
 

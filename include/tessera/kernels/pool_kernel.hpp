@@ -1,0 +1,61 @@
+// What a pooling layer asks of a pooling kernel: one object planned for fixed shapes at bind
+// time, executed every step; it keeps what its backward needs (the max's argmax) from the forward
+// before. The reference kernel is one implementation, oneDNN's (kernels/onednn_pool.hpp) another,
+// handed out by make_pool_kernel (kernels/backend.hpp). All local: kernels know nothing about
+// ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/kernels/reference_pool.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+enum class PoolKind { max, avg };
+
+// The shapes a kernel is planned for: the window x [N, C, H, W] and the output y [N, C, OH, OW],
+// both in `layout` (nchw16c only for fast kernels, with C a multiple of 16). The geometry
+// (reference::PoolGeometry) says which part of x is the image; the rest holds the kernel's
+// window_padding() value, which the layer asks the halo exchange to write there.
+struct PoolShapes {
+  Shape4 x, y;
+  Layout layout = Layout::nchw;
+};
+
+// Same results as the reference functions (kernels/reference_pool.hpp): max pooling bit for bit,
+// ties and NaN included; average pooling to float rounding. forward overwrites y; backward
+// overwrites dx (x's shape) from dy and what the last forward kept. dx outside the image is
+// left open (the reference writes 0, oneDNN's average pooling the padding's share): the halo
+// exchange drops it. Local.
+template <typename T>
+class PoolKernel {
+ public:
+  virtual ~PoolKernel() = default;
+  virtual void forward(const Tensor<T>& x, Tensor<T>& y) = 0;
+  virtual void backward(const Tensor<T>& dy, Tensor<T>& dx) = 0;
+  // What x must hold outside the image: 0, or -infinity for oneDNN's max pooling, which reads
+  // the whole window.
+  virtual T window_padding() const { return T(0); }
+  // Which implementation runs ("reference", "onednn jit:avx512_core", ...), for logs and tests.
+  virtual std::string name() const = 0;
+};
+
+// The plain-loop oracle; it takes every case in NCHW.
+template <typename T>
+class ReferencePool final : public PoolKernel<T> {
+ public:
+  ReferencePool(PoolKind kind, const reference::PoolGeometry& g) : kind_(kind), g_(g) {}
+  void forward(const Tensor<T>& x, Tensor<T>& y) override;
+  void backward(const Tensor<T>& dy, Tensor<T>& dx) override;
+  std::string name() const override { return "reference"; }
+
+ private:
+  PoolKind kind_;
+  reference::PoolGeometry g_;
+  std::vector<std::int64_t> argmax_;  // max: per output, its input within x's plane
+};
+
+}  // namespace tessera

@@ -1,0 +1,190 @@
+#include "tessera/kernels/onednn_pool.hpp"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "onednn_common.hpp"
+#include "tessera/error.hpp"
+#include "tessera/parallel.hpp"
+
+namespace tessera {
+namespace {
+
+using dnnl::memory;
+
+// Whether every value of x inside `image` (rows x columns of x) is finite. One pass over the image
+// part, threaded; exponent bits all set is a NaN or an infinity.
+bool image_finite(const Tensor<float>& x, Layout layout, const Box& image) {
+  const Shape4& s = x.shape();
+  const std::int64_t v = layout == Layout::nchw16c ? kBlock : 1;
+  const std::int64_t planes = s.n * s.c / v, rows = image.h.size();
+  const std::int64_t segment = image.w.size() * v;
+  std::atomic<bool> bad{false};
+  parallel_for(
+      planes * rows,
+      [&](std::int64_t first, std::int64_t last) {
+        std::uint32_t any = 0;
+        for (std::int64_t k = first; k < last; ++k) {
+          const std::int64_t plane = k / rows, row = image.h.begin + k % rows;
+          const float* p = x.data() + ((plane * s.h + row) * s.w + image.w.begin) * v;
+          for (std::int64_t j = 0; j < segment; ++j) {
+            std::uint32_t bits;
+            std::memcpy(&bits, p + j, sizeof bits);
+            any |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+          }
+        }
+        if (any != 0) bad.store(true, std::memory_order_relaxed);
+      },
+      grain_for(segment));
+  return !bad.load();
+}
+
+bool is_jit(const dnnl::primitive_desc& pd) {
+  return std::string_view(pd.impl_info_str()).starts_with("jit");
+}
+
+// The output extent oneDNN derives from a window of `in` with no padding, if it is `out`.
+bool fits(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
+  return in >= kernel && (in - kernel) / stride + 1 == out;
+}
+
+}  // namespace
+
+struct OneDnnPool::Plan {
+  PoolKind kind;
+  PoolShapes shapes;
+  reference::PoolGeometry geometry;
+  dnnl::stream stream{onednn::cpu_engine()};
+  dnnl::pooling_forward::primitive_desc fwd_pd;
+  dnnl::pooling_backward::primitive_desc bwd_pd;
+  dnnl::pooling_forward fwd;
+  dnnl::pooling_backward bwd;
+  memory::desc x_desc, y_desc;
+  memory workspace;  // max: where each output's maximum lies, kept from forward to backward
+};
+
+std::unique_ptr<OneDnnPool> OneDnnPool::create(PoolKind kind, const PoolShapes& shapes,
+                                               const reference::PoolGeometry& g) {
+  const Shape4 &x = shapes.x, &y = shapes.y;
+  if (g.pad_top != 0 || g.pad_left != 0 || g.kernel_h <= 0 || g.kernel_w <= 0 || g.stride_h <= 0 ||
+      g.stride_w <= 0 || x.n != y.n || x.c != y.c || x.numel() == 0 || y.numel() == 0 ||
+      (shapes.layout == Layout::nchw16c && x.c % kBlock != 0) ||
+      !fits(x.h, y.h, g.kernel_h, g.stride_h) || !fits(x.w, y.w, g.kernel_w, g.stride_w))
+    return nullptr;
+  onednn::apply_threads();
+  auto plan = std::make_unique<Plan>();
+  plan->kind = kind;
+  plan->shapes = shapes;
+  plan->geometry = g;
+  try {
+    using namespace dnnl;
+    const algorithm alg =
+        kind == PoolKind::max ? algorithm::pooling_max : algorithm::pooling_avg_include_padding;
+    plan->x_desc = onednn::dense_desc(x, shapes.layout);
+    plan->y_desc = onednn::dense_desc(y, shapes.layout);
+    const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w};
+    const memory::dims no_pad{0, 0};
+    plan->fwd_pd = pooling_forward::primitive_desc(
+        pooling_forward::desc(prop_kind::forward_training, alg, plan->x_desc, plan->y_desc, strides,
+                              kernel, no_pad, no_pad),
+        onednn::cpu_engine());
+    plan->bwd_pd = pooling_backward::primitive_desc(
+        pooling_backward::desc(alg, plan->x_desc, plan->y_desc, strides, kernel, no_pad, no_pad),
+        onednn::cpu_engine(), plan->fwd_pd);
+    // Only the JIT implementations pay: oneDNN's plain-loop ones ("ref", and "simple_nchw" for
+    // NCHW) measured slower than Tessera's reference here (8 channels of 1024x1024 pooled by 2:
+    // 35 + 12 ms forward + backward against 34 + 6 ms).
+    if (!is_jit(plan->fwd_pd) || !is_jit(plan->bwd_pd)) return nullptr;
+    plan->fwd = pooling_forward(plan->fwd_pd);
+    plan->bwd = pooling_backward(plan->bwd_pd);
+    if (kind == PoolKind::max)
+      plan->workspace = memory(plan->fwd_pd.workspace_desc(), onednn::cpu_engine());
+  } catch (const dnnl::error&) {
+    return nullptr;  // declined: the reference takes the case
+  }
+  return std::unique_ptr<OneDnnPool>(new OneDnnPool(std::move(plan)));
+}
+
+OneDnnPool::OneDnnPool(std::unique_ptr<Plan> plan) : plan_(std::move(plan)) {}
+OneDnnPool::~OneDnnPool() = default;
+
+float OneDnnPool::window_padding() const {
+  return plan_->kind == PoolKind::max ? -std::numeric_limits<float>::infinity() : 0.0f;
+}
+
+namespace {
+
+void check_shape(const char* what, const Shape4& got, const Shape4& planned) {
+  TESSERA_CHECK(got == planned, std::string("oneDNN pooling planned for ") + what + " " +
+                                    planned.str() + ", called with " + got.str());
+}
+
+}  // namespace
+
+void OneDnnPool::forward(const Tensor<float>& x, Tensor<float>& y) {
+  Plan& p = *plan_;
+  check_shape("input", x.shape(), p.shapes.x);
+  check_shape("output", y.shape(), p.shapes.y);
+  fallback_.reset();
+  if (!image_finite(x, p.shapes.layout, p.geometry.image)) {
+    // The reference's NaN and infinity rules; it reads NCHW.
+    fallback_.emplace(p.kind, p.geometry);
+    if (p.shapes.layout == Layout::nchw) {
+      fallback_->forward(x, y);
+    } else {
+      Tensor<float> y_plain(y.shape(), uninitialized);
+      fallback_->forward(to_layout(x, Layout::nchw16c, Layout::nchw), y_plain);
+      y = to_layout(y_plain, Layout::nchw, Layout::nchw16c);
+    }
+    return;
+  }
+  onednn::run("pooling forward", [&] {
+    memory src(p.x_desc, onednn::cpu_engine(), const_cast<float*>(x.data()));
+    memory dst(p.y_desc, onednn::cpu_engine(), y.data());
+    if (p.kind == PoolKind::max)
+      p.fwd.execute(p.stream,
+                    {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_WORKSPACE, p.workspace}});
+    else
+      p.fwd.execute(p.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
+    p.stream.wait();
+  });
+}
+
+void OneDnnPool::backward(const Tensor<float>& dy, Tensor<float>& dx) {
+  Plan& p = *plan_;
+  check_shape("output gradient", dy.shape(), p.shapes.y);
+  check_shape("input gradient", dx.shape(), p.shapes.x);
+  if (fallback_) {
+    if (p.shapes.layout == Layout::nchw) {
+      fallback_->backward(dy, dx);
+    } else {
+      Tensor<float> dx_plain(dx.shape(), uninitialized);
+      fallback_->backward(to_layout(dy, Layout::nchw16c, Layout::nchw), dx_plain);
+      dx = to_layout(dx_plain, Layout::nchw, Layout::nchw16c);
+    }
+    return;
+  }
+  onednn::run("pooling backward", [&] {
+    memory diff_dst(p.y_desc, onednn::cpu_engine(), const_cast<float*>(dy.data()));
+    memory diff_src(p.x_desc, onednn::cpu_engine(), dx.data());
+    if (p.kind == PoolKind::max)
+      p.bwd.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                               {DNNL_ARG_DIFF_SRC, diff_src},
+                               {DNNL_ARG_WORKSPACE, p.workspace}});
+    else
+      p.bwd.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, diff_src}});
+    p.stream.wait();
+  });
+}
+
+std::string OneDnnPool::name() const {
+  return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
+         plan_->bwd_pd.impl_info_str();
+}
+
+}  // namespace tessera
