@@ -6,8 +6,9 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/kernels/reference_batchnorm.hpp"
+#include "tessera/kernels/batchnorm_kernels.hpp"
 #include "tessera/layers/window.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera {
 
@@ -46,7 +47,12 @@ template <typename T>
 DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& state) {
   const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
   mode_ = state.mode;
-  x_ = x.local;
+  layout_ = x.layout;
+  // Kept for backward: a threaded copy into a buffer reused from step to step.
+  if (x_.shape() != x.local.shape()) x_ = Tensor<T>(x.local.shape(), uninitialized);
+  parallel_for(x.local.numel(), [&](std::int64_t first, std::int64_t last) {
+    std::copy(x.local.data() + first, x.local.data() + last, x_.data() + first);
+  });
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
   T* running_mean = running_mean_.value.data();
@@ -56,13 +62,13 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
                   "layer '" + this->name() + "' (batchnorm2d): forward before bind");
     const double count = static_cast<double>(count_);
     // Two passes, so that a mean large next to the spread costs no precision.
-    reference::batchnorm_sum(x.local, std::span<double>(mean_));
+    fast::batchnorm_sum(x.local, layout_, std::span<double>(mean_));
     allreduce_sum(std::span<double>(mean_), comm_);
     for (double& v : mean_)
       v /= count;
     std::vector<double> square_sum(channels);
-    reference::batchnorm_centered_square_sum(x.local, std::span<const double>(mean_),
-                                             std::span<double>(square_sum));
+    fast::batchnorm_centered_square_sum(x.local, layout_, std::span<const double>(mean_),
+                                        std::span<double>(square_sum));
     allreduce_sum(std::span<double>(square_sum), comm_);
     const double m = spec_.momentum;
     for (std::size_t c = 0; c < channels; ++c) {
@@ -78,9 +84,10 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
       invstd_[c] = 1 / std::sqrt(double(running_var[c]) + spec_.eps);
     }
   }
-  DistTensor<T> y(x.dist);
-  reference::batchnorm_forward(x.local, {mean_, invstd_}, std::as_const(weight_.value).span(),
-                               std::as_const(bias_.value).span(), y.local);
+  DistTensor<T> y(x.dist, uninitialized);
+  y.layout = layout_;
+  fast::batchnorm_forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span(),
+                          std::as_const(bias_.value).span(), y.local);
   return y;
 }
 
@@ -92,7 +99,7 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   std::vector<double> sums(2 * channels);
   const std::span<double> sum_dy(sums.data(), channels),
       sum_dy_xhat(sums.data() + channels, channels);
-  reference::batchnorm_backward_sums(x_, dy.local, stats, sum_dy, sum_dy_xhat);
+  fast::batchnorm_backward_sums(x_, dy.local, layout_, stats, sum_dy, sum_dy_xhat);
   // The parameter gradients take this rank's share; Model::reduce_gradients adds the others.
   for (std::size_t c = 0; c < channels; ++c) {
     bias_.grad.data()[c] += static_cast<T>(sum_dy[c]);
@@ -107,10 +114,11 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   } else {
     std::fill(sums.begin(), sums.end(), 0.0);  // the running statistics do not depend on x
   }
-  DistTensor<T> dx(dy.dist);
-  reference::batchnorm_backward_data(x_, dy.local, stats, std::as_const(weight_.value).span(),
-                                     std::span<const double>(sum_dy),
-                                     std::span<const double>(sum_dy_xhat), dx.local);
+  DistTensor<T> dx(dy.dist, uninitialized);
+  dx.layout = layout_;
+  fast::batchnorm_backward_data(x_, dy.local, layout_, stats, std::as_const(weight_.value).span(),
+                                std::span<const double>(sum_dy),
+                                std::span<const double>(sum_dy_xhat), dx.local);
   return dx;
 }
 

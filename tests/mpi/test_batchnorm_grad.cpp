@@ -59,6 +59,23 @@ TEST(BatchNormGrad, ConvBatchNormReluTrainAndEval) {
     }
 }
 
+// Between convs of 16 and 32 channels the batch norms take and give nchw16c (float32, oneDNN
+// convs): per-block sums, the same global statistics on every grid; training and evaluation.
+TEST(BatchNormGrad, ChannelBlockedFloat32) {
+  const ModelSpec spec = parse_model(R"({"name": "bn16", "input_channels": 3, "layers": [
+    {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "bn1", "type": "batchnorm2d"},
+    {"name": "r1", "type": "relu"},
+    {"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1, "bias": false},
+    {"name": "bn2", "type": "batchnorm2d", "momentum": 0.5},
+    {"name": "r2", "type": "relu"},
+    {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})");
+  for (Mode mode : {Mode::train, Mode::eval})
+    test::check_model<float>(spec, {3, 3, 17, 15},
+                             mode == Mode::train ? "blocked train" : "blocked eval",
+                             {.mode = mode});
+}
+
 // Batch norm on the model's input, and after a stride-2 conv whose tiles do not line up with
 // its input's; two samples over two sample groups leave one sample per group. c1 pads, so bn0's
 // bias does not shift c1's output uniformly (bn1 would cancel that, leaving bn0's bias gradient

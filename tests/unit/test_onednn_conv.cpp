@@ -393,13 +393,15 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
   EXPECT_GE(tested, 4);
 }
 
-// A conv chain whose activations stay in nchw16c from layer to layer (float32, oneDNN), pooling
-// included, gives the float64 reference model's loss, logits and gradients: layouts change nothing
-// but speed.
+// A conv chain whose activations stay in nchw16c from layer to layer (float32, oneDNN), batch
+// norm and pooling included, gives the float64 reference model's loss, logits and gradients:
+// layouts change nothing but speed.
 TEST(OneDnnConv, ChannelBlockedActivationsGiveTheReferenceResults) {
   const ModelSpec spec = parse_model(
       R"({"name": "blocked", "input_channels": 3, "layers": [
-          {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+          {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "bn1", "type": "batchnorm2d"},
           {"name": "r1", "type": "relu"},
           {"name": "p1", "type": "maxpool2d", "kernel": 2},
           {"name": "c2", "type": "conv2d", "out_channels": 32, "kernel": 3, "stride": 2},

@@ -1,14 +1,18 @@
 // The batch-norm reference kernels against the definition (forward) and against central finite
-// differences of the whole batch-norm function in float64, statistics included (backward).
+// differences of the whole batch-norm function in float64, statistics included (backward); the
+// threaded kernels the layer runs against the reference, in NCHW and nchw16c.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/batchnorm_kernels.hpp"
 #include "tessera/kernels/reference_batchnorm.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
@@ -303,6 +307,104 @@ TEST(ReferenceBatchNorm, MismatchedSizesAreErrors) {
   EXPECT_THROW(reference::batchnorm_forward(x, {three, three}, std::span<const double>(three),
                                             std::span<const double>(three), y),
                Error);
+}
+
+// Relative difference of two per-channel sums, against the larger of the sum and 1: sums of
+// signed terms cancel to near zero, so 1e-11 allows for the rounding of ~10^5 terms of order 1
+// added in another order, while one wrong term (order 0.1 or more) fails.
+double sum_error(std::span<const double> a, std::span<const double> b) {
+  double worst = 0;
+  for (std::size_t c = 0; c < a.size(); ++c)
+    worst = std::max(worst, std::abs(a[c] - b[c]) / std::max(1.0, std::abs(b[c])));
+  return worst;
+}
+
+// The threaded kernels give the reference's sums (to double rounding: another order) and its
+// pointwise results, in both layouts, on shapes whose planes are not a multiple of 16 (NCHW's
+// tails) and large enough that the threads split them; a mean far from zero included.
+template <typename T>
+void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double offset) {
+  const std::string what = s.str() + (layout == Layout::nchw16c ? " nchw16c" : " nchw");
+  const Tensor<T> x = random_tensor<T>(s, 1, offset - 1, offset + 1);
+  const Tensor<T> dy = random_tensor<T>(s, 2);
+  const std::vector<T> weight = random_vector<T>(s.c, 3, 0.5, 1.5);
+  const std::vector<T> bias = random_vector<T>(s.c, 4, -1, 1);
+  const Tensor<T> xb = to_layout(x, Layout::nchw, layout),
+                  dyb = to_layout(dy, Layout::nchw, layout);
+  const std::size_t c = std::size_t(s.c);
+
+  std::vector<double> sum(c), want(c);
+  fast::batchnorm_sum(xb, layout, std::span<double>(sum));
+  reference::batchnorm_sum(x, std::span<double>(want));
+  EXPECT_LE(sum_error(sum, want), 1e-11) << "sum " << what;
+  std::vector<double> mean(c), invstd(c);
+  for (std::size_t k = 0; k < c; ++k)
+    mean[k] = want[k] / double(s.n * s.h * s.w);
+  fast::batchnorm_centered_square_sum(xb, layout, std::span<const double>(mean),
+                                      std::span<double>(sum));
+  reference::batchnorm_centered_square_sum(x, std::span<const double>(mean),
+                                           std::span<double>(want));
+  EXPECT_LE(sum_error(sum, want), 1e-11) << "square sum " << what;
+  for (std::size_t k = 0; k < c; ++k)
+    invstd[k] = 1 / std::sqrt(want[k] / double(s.n * s.h * s.w) + 1e-5);
+  const BatchNormStats stats{mean, invstd};
+
+  Tensor<T> y(s), y_want(s);
+  fast::batchnorm_forward(xb, layout, stats, std::span<const T>(weight), std::span<const T>(bias),
+                          y);
+  reference::batchnorm_forward(x, stats, std::span<const T>(weight), std::span<const T>(bias),
+                               y_want);
+  // The same arithmetic on each element: bit for bit.
+  const Tensor<T> y_plain = to_layout(y, layout, Layout::nchw);
+  EXPECT_TRUE(std::equal(y_plain.span().begin(), y_plain.span().end(), y_want.span().begin()))
+      << "forward " << what;
+
+  std::vector<double> sum_dy(c), sum_dy_xhat(c), want_dy(c), want_dy_xhat(c);
+  fast::batchnorm_backward_sums(xb, dyb, layout, stats, std::span<double>(sum_dy),
+                                std::span<double>(sum_dy_xhat));
+  reference::batchnorm_backward_sums(x, dy, stats, std::span<double>(want_dy),
+                                     std::span<double>(want_dy_xhat));
+  EXPECT_LE(sum_error(sum_dy, want_dy), 1e-11) << "sum of dy " << what;
+  EXPECT_LE(sum_error(sum_dy_xhat, want_dy_xhat), 1e-11) << "sum of dy * xhat " << what;
+
+  for (std::size_t k = 0; k < c; ++k) {
+    want_dy[k] /= double(s.n * s.h * s.w);
+    want_dy_xhat[k] /= double(s.n * s.h * s.w);
+  }
+  Tensor<T> dx(s), dx_want(s);
+  fast::batchnorm_backward_data(xb, dyb, layout, stats, std::span<const T>(weight),
+                                std::span<const double>(want_dy),
+                                std::span<const double>(want_dy_xhat), dx);
+  reference::batchnorm_backward_data(x, dy, stats, std::span<const T>(weight),
+                                     std::span<const double>(want_dy),
+                                     std::span<const double>(want_dy_xhat), dx_want);
+  const Tensor<T> dx_plain = to_layout(dx, layout, Layout::nchw);
+  EXPECT_TRUE(std::equal(dx_plain.span().begin(), dx_plain.span().end(), dx_want.span().begin()))
+      << "backward data " << what;
+}
+
+TEST(BatchNormKernels, MatchTheReferenceInBothLayouts) {
+  for (double offset : {0.0, 1000.0}) {
+    for (const Shape4& s : {Shape4{2, 3, 5, 7}, Shape4{3, 5, 97, 89}, Shape4{1, 2, 1, 1}}) {
+      expect_fast_kernels_match_reference<double>(s, Layout::nchw, offset);
+      expect_fast_kernels_match_reference<float>(s, Layout::nchw, offset);
+    }
+    for (const Shape4& s : {Shape4{2, 16, 5, 7}, Shape4{3, 32, 67, 61}}) {
+      for (Layout layout : {Layout::nchw, Layout::nchw16c}) {
+        expect_fast_kernels_match_reference<double>(s, layout, offset);
+        expect_fast_kernels_match_reference<float>(s, layout, offset);
+      }
+    }
+  }
+}
+
+TEST(BatchNormKernels, RefuseMismatchedSizesAndBlockedOddChannels) {
+  const Tensor<float> x({1, 16, 4, 4});
+  std::vector<double> few(3);
+  EXPECT_THROW(fast::batchnorm_sum(x, Layout::nchw16c, std::span<double>(few)), Error);
+  const Tensor<float> odd({1, 8, 4, 4});
+  std::vector<double> eight(8);
+  EXPECT_THROW(fast::batchnorm_sum(odd, Layout::nchw16c, std::span<double>(eight)), Error);
 }
 
 }  // namespace

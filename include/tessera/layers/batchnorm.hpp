@@ -46,6 +46,9 @@ class BatchNorm2d final : public UnaryLayer<T> {
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
   std::vector<Param<T>*> params() override { return {&weight_, &bias_}; }
   std::vector<Buffer<T>*> buffers() override { return {&running_mean_, &running_var_}; }
+  // Pointwise: takes nchw16c and gives its output (and input gradient) in its input's layout.
+  bool takes_blocked() const override { return true; }
+  bool passes_layout() const override { return true; }
 
  private:
   BatchNormSpec spec_;
@@ -56,6 +59,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
   // What the forward normalised with, for backward: its input, the statistics, and whether they
   // were the batch's (training) or the running ones (evaluation).
   Tensor<T> x_;
+  Layout layout_ = Layout::nchw;
   std::vector<double> mean_, invstd_;
   Mode mode_ = Mode::train;
 };

@@ -1,0 +1,245 @@
+#include "tessera/kernels/batchnorm_kernels.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <vector>
+
+#include "tessera/error.hpp"
+#include "tessera/parallel.hpp"
+
+namespace tessera::fast {
+namespace {
+
+constexpr std::int64_t kLanes = 16;  // values handled side by side: nchw16c's channel block
+using Lanes = std::array<double, kLanes>;
+
+// A tensor as contiguous units: (sample, channel) planes in NCHW, (sample, block of 16 channels)
+// planes in nchw16c, where element k of a unit belongs to channel first_channel + k % 16.
+struct Units {
+  std::int64_t count = 0, length = 0, channels = 0;
+  bool blocked = false;
+
+  std::int64_t first_channel(std::int64_t unit) const {
+    return blocked ? (unit % (channels / kLanes)) * kLanes : unit % channels;
+  }
+  // Per lane j, f(channel of lane j); in NCHW every lane is the unit's one channel.
+  template <typename F>
+  Lanes per_lane(std::int64_t unit, F&& f) const {
+    Lanes out{};
+    const std::int64_t c = first_channel(unit);
+    for (std::int64_t j = 0; j < kLanes; ++j)
+      out[std::size_t(j)] = f(static_cast<std::size_t>(blocked ? c + j : c));
+    return out;
+  }
+};
+
+Units units_of(const Shape4& s, Layout layout) {
+  if (layout == Layout::nchw16c) {
+    TESSERA_CHECK(s.c % kLanes == 0,
+                  "batch norm: nchw16c needs channels divisible by 16, got " + s.str());
+    return {.count = s.n * s.c / kLanes,
+            .length = s.h * s.w * kLanes,
+            .channels = s.c,
+            .blocked = true};
+  }
+  return {.count = s.n * s.c, .length = s.h * s.w, .channels = s.c, .blocked = false};
+}
+
+void check_channels(const char* kernel, const Shape4& x, std::size_t size, const char* what) {
+  TESSERA_CHECK(static_cast<std::int64_t>(size) == x.c,
+                std::string(kernel) + ": " + what + " has " + std::to_string(size) +
+                    " entries for the " + std::to_string(x.c) + " channels of " + x.str());
+}
+
+void check_same(const char* kernel, const Shape4& x, const Shape4& other, const char* what) {
+  TESSERA_CHECK(x == other, std::string(kernel) + ": " + what + " " + other.str() +
+                                " does not match the input " + x.str());
+}
+
+// Calls body(unit) for every unit, split over the kernel threads.
+template <typename Body>
+void for_each_unit(const Units& u, Body&& body) {
+  parallel_for(
+      u.count,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t unit = first; unit < last; ++unit)
+          body(unit);
+      },
+      grain_for(u.length));
+}
+
+// Per-channel sums (overwritten) of what acc(unit) returns for each unit: its 16 lane sums, one
+// per channel in nchw16c, all the unit's channel in NCHW. Units are added in order.
+template <typename Acc>
+void channel_sums(const Units& u, std::span<double> sums, Acc&& acc) {
+  std::vector<Lanes> partial(static_cast<std::size_t>(u.count));
+  for_each_unit(u, [&](std::int64_t unit) { partial[std::size_t(unit)] = acc(unit); });
+  std::fill(sums.begin(), sums.end(), 0.0);
+  for (std::int64_t unit = 0; unit < u.count; ++unit) {
+    const Lanes& p = partial[std::size_t(unit)];
+    const std::int64_t c = u.first_channel(unit);
+    if (u.blocked) {
+      for (std::int64_t j = 0; j < kLanes; ++j)
+        sums[std::size_t(c + j)] += p[std::size_t(j)];
+    } else {
+      double s = 0;
+      for (double v : p)
+        s += v;
+      sums[std::size_t(c)] += s;
+    }
+  }
+}
+
+// Lane sums of term(k, j) over one unit's elements k, element k on lane j = k % 16 (past the
+// last full 16, on lane k - full): 16 independent accumulators, which vectorise.
+template <typename Term>
+Lanes lane_sums(const Units& u, Term&& term) {
+  Lanes acc{};
+  const std::int64_t full = u.length / kLanes * kLanes;
+  for (std::int64_t k = 0; k < full; k += kLanes)
+    for (std::int64_t j = 0; j < kLanes; ++j)
+      acc[std::size_t(j)] += term(k + j, j);
+  for (std::int64_t k = full; k < u.length; ++k)
+    acc[std::size_t(k - full)] += term(k, k - full);
+  return acc;
+}
+
+// op(k, j) for every element k of one unit, on the lanes lane_sums uses.
+template <typename Op>
+void lane_apply(const Units& u, Op&& op) {
+  const std::int64_t full = u.length / kLanes * kLanes;
+  for (std::int64_t k = 0; k < full; k += kLanes)
+    for (std::int64_t j = 0; j < kLanes; ++j)
+      op(k + j, j);
+  for (std::int64_t k = full; k < u.length; ++k)
+    op(k, k - full);
+}
+
+}  // namespace
+
+template <typename T>
+void batchnorm_sum(const Tensor<T>& x, Layout layout, std::span<double> sum) {
+  check_channels("batchnorm_sum", x.shape(), sum.size(), "sum");
+  const Units u = units_of(x.shape(), layout);
+  channel_sums(u, sum, [&](std::int64_t unit) {
+    const T* p = x.data() + unit * u.length;
+    return lane_sums(u, [&](std::int64_t k, std::int64_t) { return double(p[k]); });
+  });
+}
+
+template <typename T>
+void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
+                                   std::span<double> sum) {
+  check_channels("batchnorm_centered_square_sum", x.shape(), mean.size(), "mean");
+  check_channels("batchnorm_centered_square_sum", x.shape(), sum.size(), "sum");
+  const Units u = units_of(x.shape(), layout);
+  channel_sums(u, sum, [&](std::int64_t unit) {
+    const T* p = x.data() + unit * u.length;
+    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return mean[c]; });
+    return lane_sums(u, [&](std::int64_t k, std::int64_t j) {
+      const double d = double(p[k]) - m[std::size_t(j)];
+      return d * d;
+    });
+  });
+}
+
+template <typename T>
+void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& stats,
+                       std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) {
+  const Shape4& s = x.shape();
+  check_channels("batchnorm_forward", s, stats.mean.size(), "mean");
+  check_channels("batchnorm_forward", s, stats.invstd.size(), "invstd");
+  check_channels("batchnorm_forward", s, weight.size(), "weight");
+  check_channels("batchnorm_forward", s, bias.size(), "bias");
+  check_same("batchnorm_forward", s, y.shape(), "output");
+  const Units u = units_of(s, layout);
+  for_each_unit(u, [&](std::int64_t unit) {
+    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
+    const Lanes scale =
+        u.per_lane(unit, [&](std::size_t c) { return stats.invstd[c] * double(weight[c]); });
+    const Lanes shift = u.per_lane(unit, [&](std::size_t c) { return double(bias[c]); });
+    const T* p = x.data() + unit * u.length;
+    T* q = y.data() + unit * u.length;
+    lane_apply(u, [&](std::int64_t k, std::int64_t j) {
+      const std::size_t l = std::size_t(j);
+      q[k] = static_cast<T>((double(p[k]) - m[l]) * scale[l] + shift[l]);
+    });
+  });
+}
+
+template <typename T>
+void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                             const BatchNormStats& stats, std::span<double> sum_dy,
+                             std::span<double> sum_dy_xhat) {
+  const Shape4& s = x.shape();
+  check_channels("batchnorm_backward_sums", s, stats.mean.size(), "mean");
+  check_channels("batchnorm_backward_sums", s, stats.invstd.size(), "invstd");
+  check_same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
+  check_channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
+  check_channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
+  const Units u = units_of(s, layout);
+  channel_sums(u, sum_dy, [&](std::int64_t unit) {
+    const T* g = dy.data() + unit * u.length;
+    return lane_sums(u, [&](std::int64_t k, std::int64_t) { return double(g[k]); });
+  });
+  channel_sums(u, sum_dy_xhat, [&](std::int64_t unit) {
+    const T* p = x.data() + unit * u.length;
+    const T* g = dy.data() + unit * u.length;
+    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
+    const Lanes r = u.per_lane(unit, [&](std::size_t c) { return stats.invstd[c]; });
+    return lane_sums(u, [&](std::int64_t k, std::int64_t j) {
+      const std::size_t l = std::size_t(j);
+      return double(g[k]) * (double(p[k]) - m[l]) * r[l];
+    });
+  });
+}
+
+template <typename T>
+void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                             const BatchNormStats& stats, std::span<const T> weight,
+                             std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
+                             Tensor<T>& dx) {
+  const Shape4& s = x.shape();
+  check_channels("batchnorm_backward_data", s, stats.mean.size(), "mean");
+  check_channels("batchnorm_backward_data", s, stats.invstd.size(), "invstd");
+  check_same("batchnorm_backward_data", s, dy.shape(), "output gradient");
+  check_same("batchnorm_backward_data", s, dx.shape(), "input gradient");
+  check_channels("batchnorm_backward_data", s, weight.size(), "weight");
+  check_channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
+  check_channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
+  const Units u = units_of(s, layout);
+  for_each_unit(u, [&](std::int64_t unit) {
+    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
+    const Lanes r = u.per_lane(unit, [&](std::size_t c) { return stats.invstd[c]; });
+    const Lanes scale =
+        u.per_lane(unit, [&](std::size_t c) { return double(weight[c]) * stats.invstd[c]; });
+    const Lanes a = u.per_lane(unit, [&](std::size_t c) { return mean_dy[c]; });
+    const Lanes b = u.per_lane(unit, [&](std::size_t c) { return mean_dy_xhat[c]; });
+    const T* p = x.data() + unit * u.length;
+    const T* g = dy.data() + unit * u.length;
+    T* q = dx.data() + unit * u.length;
+    lane_apply(u, [&](std::int64_t k, std::int64_t j) {
+      const std::size_t l = std::size_t(j);
+      q[k] = static_cast<T>(scale[l] * (double(g[k]) - a[l] - (double(p[k]) - m[l]) * r[l] * b[l]));
+    });
+  });
+}
+
+#define TESSERA_INSTANTIATE(T)                                                                \
+  template void batchnorm_sum<T>(const Tensor<T>&, Layout, std::span<double>);                \
+  template void batchnorm_centered_square_sum<T>(const Tensor<T>&, Layout,                    \
+                                                 std::span<const double>, std::span<double>); \
+  template void batchnorm_forward<T>(const Tensor<T>&, Layout, const BatchNormStats&,         \
+                                     std::span<const T>, std::span<const T>, Tensor<T>&);     \
+  template void batchnorm_backward_sums<T>(const Tensor<T>&, const Tensor<T>&, Layout,        \
+                                           const BatchNormStats&, std::span<double>,          \
+                                           std::span<double>);                                \
+  template void batchnorm_backward_data<T>(                                                   \
+      const Tensor<T>&, const Tensor<T>&, Layout, const BatchNormStats&, std::span<const T>,  \
+      std::span<const double>, std::span<const double>, Tensor<T>&);
+TESSERA_INSTANTIATE(float)
+TESSERA_INSTANTIATE(double)
+#undef TESSERA_INSTANTIATE
+
+}  // namespace tessera::fast
