@@ -1,8 +1,13 @@
 #include "tessera/layers/conv_transpose2d.hpp"
 
+#include <span>
+#include <vector>
+
 #include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/reference_conv_transpose.hpp"
 #include "tessera/layers/window.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera {
 namespace {
@@ -14,6 +19,47 @@ std::int64_t floor_div(std::int64_t a, std::int64_t b) {
 
 std::string pair_str(const Pair& p) {
   return "[" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + "]";
+}
+
+// y[n, c] += bias[c] over NCHW planes, threaded.
+template <typename T>
+void add_bias(Tensor<T>& y, std::span<const T> bias) {
+  const Shape4& s = y.shape();
+  const std::int64_t plane = s.h * s.w;
+  parallel_for(
+      s.n * s.c,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t k = first; k < last; ++k) {
+          const T b = bias[static_cast<std::size_t>(k % s.c)];
+          T* out = y.data() + k * plane;
+          for (std::int64_t i = 0; i < plane; ++i)
+            out[i] += b;
+        }
+      },
+      grain_for(plane));
+}
+
+// dbias[c] += the sum of dy[n, c] over NCHW planes: each plane summed in order on some thread,
+// the planes added in (n, c) order, as the reference does.
+template <typename T>
+void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) {
+  const Shape4& s = dy.shape();
+  const std::int64_t plane = s.h * s.w;
+  std::vector<T> sums(static_cast<std::size_t>(s.n * s.c));
+  parallel_for(
+      s.n * s.c,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t k = first; k < last; ++k) {
+          const T* grad = dy.data() + k * plane;
+          T sum = T(0);
+          for (std::int64_t i = 0; i < plane; ++i)
+            sum += grad[i];
+          sums[static_cast<std::size_t>(k)] = sum;
+        }
+      },
+      grain_for(plane));
+  for (std::int64_t k = 0; k < s.n * s.c; ++k)
+    dbias[static_cast<std::size_t>(k % s.c)] += sums[static_cast<std::size_t>(k)];
 }
 
 }  // namespace
@@ -103,25 +149,58 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win) {
                .pad_top = tile.h.begin + spec_.padding[0] - win.h.begin * spec_.stride[0],
                .pad_left = tile.w.begin + spec_.padding[1] - win.w.begin * spec_.stride[1],
                .groups = 1};
+  // The adjoint conv reads the output tile (its x) and writes the window (its y); PyTorch's
+  // transposed weight [in, out, kh, kw] is that conv's [O, C, KH, KW].
+  const Shape4 in = this->in_dist().local_shape();
+  const Shape4 window{in.n, in.c, win.h.size(), win.w.size()};
+  const Shape4 out = this->out_dist().local_shape();
+  kernel_.reset();
+  if (window.numel() == 0 || out.numel() == 0) return;
+  // The window in nchw16c when a fast kernel takes it (no reorder of it in any pass).
+  const Layout fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  for (const Layout layout : {fast, Layout::nchw}) {
+    kernel_ = make_conv_kernel<T>(
+        {.x = out, .w = weight_.value.shape(), .y = window, .bias = false, .y_layout = layout},
+        geometry_);
+    if (kernel_) {
+      this->set_window_layout(layout);
+      return;
+    }
+  }
 }
 
 template <typename T>
 DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist());
-  reference::conv_transpose2d_forward(window, weight_.value, std::span<const T>(bias_.value.span()),
-                                      y.local, geometry_);
+  if (!kernel_) {
+    DistTensor<T> y(this->out_dist());
+    reference::conv_transpose2d_forward(window, weight_.value,
+                                        std::span<const T>(bias_.value.span()), y.local, geometry_);
+    return y;
+  }
+  DistTensor<T> y(this->out_dist(), uninitialized);
+  kernel_->backward_data(window, weight_.value, y.local);
+  if (spec_.bias) add_bias(y.local, std::span<const T>(bias_.value.span()));
   return y;
 }
 
 template <typename T>
 DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad = this->window_grad_zeros();
-  reference::conv_transpose2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
-  // The filter gradient needs no halo: it overlaps the exchange.
+  if (!kernel_) {
+    Tensor<T> window_grad = this->window_grad_zeros();
+    reference::conv_transpose2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
+    return this->accumulate_window(window_grad, [&] {
+      reference::conv_transpose2d_backward_filter(this->kept_window(), dy.local, weight_.grad,
+                                                  bias_.grad.span(), geometry_);
+    });
+  }
+  Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
+  kernel_->forward(dy.local, weight_.value, {}, window_grad);
+  // The filter gradient needs no halo: it overlaps the exchange. The conv's backward-filter
+  // pairs its input (our dy) with its output gradient (our window).
   return this->accumulate_window(window_grad, [&] {
-    reference::conv_transpose2d_backward_filter(this->kept_window(), dy.local, weight_.grad,
-                                                bias_.grad.span(), geometry_);
+    kernel_->backward_filter(dy.local, this->kept_window(), weight_.grad, {});
+    if (spec_.bias) add_bias_grad(dy.local, bias_.grad.span());
   });
 }
 

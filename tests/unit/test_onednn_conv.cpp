@@ -18,6 +18,7 @@
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/conv2d.hpp"
+#include "tessera/layers/conv_transpose2d.hpp"
 #include "tessera/model.hpp"
 #include "tessera/process_grid.hpp"
 #include "tessera/random.hpp"
@@ -434,6 +435,63 @@ TEST(OneDnnConv, ChannelBlockedActivationsGiveTheReferenceResults) {
                         std::span<const double>(pd[k].param->grad.span())),
               kTolerance)
         << pf[k].key();
+}
+
+// Transposed convs run as the adjoint of a planned conv kernel (oneDNN's backward-data for their
+// forward, and so on): float32 models give the float64 reference's loss, logits and gradients,
+// over strides, paddings, output paddings, bias or none, and windows of 16 channels (nchw16c).
+TEST(OneDnnConv, TransposedConvLayersGiveTheReferenceResults) {
+  for (const std::string up : {R"("kernel": 2, "stride": 2)",
+                               R"("kernel": 3, "stride": 2, "padding": 1, "output_padding": 1)",
+                               R"("kernel": 4, "stride": 2, "padding": 1, "bias": false)",
+                               R"("kernel": [3, 2], "stride": [1, 2])"}) {
+    const ModelSpec spec = parse_model(
+        R"({"name": "up", "input_channels": 3, "layers": [
+            {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+            {"name": "r1", "type": "relu"},
+            {"name": "up", "type": "conv_transpose2d", "out_channels": 8, )" +
+        up + R"(},
+            {"name": "r2", "type": "relu"},
+            {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})");
+    ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+    const Shape4 input{2, 3, 13, 11};
+    Model<float> f(spec, single, input);
+    Model<double> d(spec, single, input);
+    f.init_params(5);
+    d.init_params(5);
+    DistTensor<double> xd(d.input_distribution());
+    xd.local = random_image_tile<double>(xd.dist, 5);
+    DistTensor<float> xf(f.input_distribution());
+    for (std::int64_t k = 0; k < xd.local.numel(); ++k)
+      xf.local.data()[k] = static_cast<float>(xd.local.data()[k]);
+    const std::vector<std::int32_t> labels = random_label_tile(d.output_distribution(), 5);
+    const StepResult<float> rf = forward_backward(f, xf, labels, single);
+    const StepResult<double> rd = forward_backward(d, xd, labels, single);
+    EXPECT_NEAR(rf.loss, rd.loss, 1e-5 * std::abs(rd.loss)) << up;
+    EXPECT_LE(rel_error(rf.output.local.span(), rd.output.local.span()), kTolerance) << up;
+    EXPECT_LE(rel_error(rf.input_grad.local.span(), rd.input_grad.local.span()), kTolerance) << up;
+    const auto pf = f.params();
+    const auto pd = d.params();
+    for (std::size_t k = 0; k < pf.size(); ++k)
+      EXPECT_LE(rel_error(std::span<const float>(pf[k].param->grad.span()),
+                          std::span<const double>(pd[k].param->grad.span())),
+                kTolerance)
+          << pf[k].key() << ", " << up;
+  }
+}
+
+TEST(OneDnnConv, TransposedConvPlansTheAdjointConvAtBind) {
+  if (kernel_backend() != KernelBackend::onednn) GTEST_SKIP() << "TESSERA_KERNELS=reference";
+  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Distribution in{{2, 32, 9, 8}, single.shape(), single.coords()};
+  ConvTranspose2d<float> f("up", {.out_channels = 16, .kernel = {2, 2}, .stride = {2, 2}}, 1);
+  f.setup(in);
+  f.bind(single);
+  EXPECT_TRUE(f.kernel_name().starts_with("onednn")) << f.kernel_name();
+  ConvTranspose2d<double> d("up", {.out_channels = 16, .kernel = {2, 2}, .stride = {2, 2}}, 1);
+  d.setup(in);
+  d.bind(single);
+  EXPECT_EQ(d.kernel_name(), "reference");
 }
 
 TEST(OneDnnConv, DeclinesWhatItCannotExpress) {

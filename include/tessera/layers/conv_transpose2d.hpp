@@ -4,8 +4,11 @@
 // gradients back into their owners.
 #pragma once
 
+#include <memory>
 #include <optional>
+#include <string>
 
+#include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/fields.hpp"
 #include "tessera/layers/window.hpp"
@@ -56,6 +59,12 @@ class ConvTranspose2d final : public WindowLayer<T> {
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
   std::optional<WindowMap> window() const override;
+  // Any input layout: the exchange converts into the window's (nchw16c when the kernel reads
+  // it). The output is NCHW.
+  bool takes_blocked() const override { return true; }
+  // The conv kernel that runs the adjoint ("reference", "onednn ..."), or "reference loops" for a
+  // tile no input reaches; valid after bind(). Local.
+  std::string kernel_name() const { return kernel_ ? kernel_->name() : "reference loops"; }
 
  private:
   void bind_kernel(const Box& window) override;
@@ -64,6 +73,11 @@ class ConvTranspose2d final : public WindowLayer<T> {
   // The kernel's map from the window to the output tile: padding shifted by both origins.
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
+  // The convolution this layer is the adjoint of, from the output tile to the window, with the
+  // same weight: its backward-data is this layer's forward, its forward this layer's
+  // backward-data, its backward-filter (roles swapped) this layer's. Null when the window or
+  // the tile is empty; the reference functions run then.
+  std::unique_ptr<ConvKernel<T>> kernel_;
 };
 
 }  // namespace tessera
