@@ -91,8 +91,9 @@ std::string kernel_backend_description() {
   if (kernel_backend() == KernelBackend::reference)
     return reference + (kHaveOneDnn ? "; onednn is built but off (TESSERA_KERNELS=reference)" : "");
 #if TESSERA_HAVE_ONEDNN
-  return "onednn for float32 convolutions and pooling (" + onednn_description() +
-         "); reference (plain loops) for the rest";
+  return "onednn for float32 convolutions, transposed convolutions and pooling (" +
+         onednn_description() +
+         "); threaded loops for batch norm and activations; reference (plain loops) for the rest";
 #else
   return reference;
 #endif

@@ -180,6 +180,7 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
 
   nlohmann::json j;
   j["model"] = spec.name;
+  j["parameters"] = model->parameter_count();
   j["dtype"] = o.dtype;
   j["grid"] = o.grid.str();
   j["ranks"] = size;

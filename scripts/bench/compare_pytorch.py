@@ -1,13 +1,17 @@
 #!/usr/bin/python3
 """Time one training step of the same model, image and cores in PyTorch and in Tessera, in one run.
 
-Usage: scripts/bench/compare_pytorch.py [--image 3x2048x2048] [--cores N] [--steps 3]
-                                        [--repeat 3] [--tessera build/tessera] [--no-scaling]
-                                        [--json OUT]
+Usage: scripts/bench/compare_pytorch.py [--model conv-bench] [--image 3x2048x2048] [--cores N]
+                                        [--steps 3] [--repeat 3] [--tessera build/tessera]
+                                        [--no-scaling] [--json OUT]
 
-The model is Tessera's built-in `conv-bench`: four 3x3 convolutions to 32 channels with ReLU
-(padding 1) and a 1x1 head to 2 classes, per-pixel cross-entropy, one image. A step is forward,
-loss, backward and a plain SGD update, in both tools. In order, one after the other on an otherwise
+The model is one of Tessera's built-ins, written out here in PyTorch as well:
+  conv-bench (default): four 3x3 convolutions to 32 channels with ReLU (padding 1) and a 1x1 head
+    to 2 classes;
+  unet-small: the three-level U-Net (conv + batch norm + ReLU blocks of 8, 16, 32 channels, max
+    pooling, a transposed conv and a nearest upsampling, concat skips, a 1x1 head to 2 classes);
+with per-pixel cross-entropy, one image. A step is forward, loss, backward and a plain SGD update,
+in both tools. In order, one after the other on an otherwise
 idle machine:
 
   1. PyTorch (float32) with torch.set_num_threads(cores);
@@ -41,20 +45,57 @@ def parse_image(text):
     return tuple(int(p) for p in parts)
 
 
-def pytorch_step(image, cores, steps, seed=1):
-    import torch
-    import torch.nn.functional as F
+MODELS = ("conv-bench", "unet-small")
 
-    torch.set_num_threads(cores)
-    torch.manual_seed(seed)
-    c, h, w = image
+
+def conv_bench(torch, c):
     layers = []
     channels = c
     for _ in range(4):
         layers += [torch.nn.Conv2d(channels, 32, 3, padding=1), torch.nn.ReLU()]
         channels = 32
     layers.append(torch.nn.Conv2d(32, 2, 1))
-    model = torch.nn.Sequential(*layers)
+    return torch.nn.Sequential(*layers)
+
+
+def unet_small(torch, c):
+    """src/model_spec.cpp's unet-small, layer for layer."""
+    nn = torch.nn
+
+    def block(cin, cout):
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
+                             nn.ReLU())
+
+    class UNetSmall(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e1 = nn.Sequential(block(c, 8), block(8, 8))
+            self.e2 = nn.Sequential(block(8, 16), block(16, 16))
+            self.m = nn.Sequential(block(16, 32), block(32, 32))
+            self.up2 = nn.ConvTranspose2d(32, 16, 2, stride=2)
+            self.d2 = block(32, 16)
+            self.up1 = nn.Upsample(scale_factor=2, mode="nearest")
+            self.d1 = block(24, 8)
+            self.head = nn.Conv2d(8, 2, 1)
+
+        def forward(self, x):
+            e1 = self.e1(x)
+            e2 = self.e2(nn.functional.max_pool2d(e1, 2))
+            m = self.m(nn.functional.max_pool2d(e2, 2))
+            d2 = self.d2(torch.cat([self.up2(m), e2], 1))
+            return self.head(self.d1(torch.cat([self.up1(d2), e1], 1)))
+
+    return UNetSmall()
+
+
+def pytorch_step(model_name, image, cores, steps, seed=1):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(cores)
+    torch.manual_seed(seed)
+    c, h, w = image
+    model = (unet_small if model_name == "unet-small" else conv_bench)(torch, c)
     x = torch.rand(1, c, h, w)
     y = torch.randint(0, 2, (1, h, w))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -69,14 +110,14 @@ def pytorch_step(image, cores, steps, seed=1):
             times.append(time.perf_counter() - began)
         print(f"  pytorch step {s}{' (warm-up)' if s == 0 else ''}: "
               f"{time.perf_counter() - began:.3f} s", flush=True)
-    return sum(times) / len(times), torch.__version__
+    return sum(times) / len(times), torch.__version__, sum(p.numel() for p in model.parameters())
 
 
-def tessera_bench(exe, ranks, threads, image, steps, sgemm):
+def tessera_bench(exe, model, ranks, threads, image, steps, sgemm):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        cmd = ["mpiexec", "-n", str(ranks), exe, "bench", "--grid", f"1x1x{ranks}",
+        cmd = ["mpiexec", "-n", str(ranks), exe, "bench", "--model", model, "--grid", f"1x1x{ranks}",
                "--image", "x".join(map(str, image)), "--steps", str(steps), "--warmup", "1",
                "--sgemm", "1" if sgemm else "0", "--json", out]
         print(f"  $ OMP_NUM_THREADS={threads} {' '.join(cmd[:-2])}", flush=True)
@@ -92,6 +133,8 @@ def tessera_bench(exe, ranks, threads, image, steps, sgemm):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="conv-bench", choices=MODELS,
+                   help="built-in model, written out in PyTorch too (default conv-bench)")
     p.add_argument("--image", default="3x2048x2048", help="CxHxW (default 3x2048x2048)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads for PyTorch and for the 1-rank Tessera run (default: all)")
@@ -106,11 +149,12 @@ def main():
         raise SystemExit(f"compare_pytorch: no tessera binary at {a.tessera} (build first: "
                          "scripts/setup.sh)")
 
-    print(f"compare_pytorch: conv-bench, image {a.image}, {a.cores} cores, "
+    print(f"compare_pytorch: {a.model}, image {a.image}, {a.cores} cores, "
           f"{a.steps} timed steps each", flush=True)
-    torch_s, torch_version = pytorch_step(image, a.cores, a.steps)
-    t = tessera_bench(a.tessera, 1, a.cores, image, a.steps, sgemm=True)
-    r = {"image": a.image, "cores": a.cores, "pytorch_version": torch_version,
+    torch_s, torch_version, torch_params = pytorch_step(a.model, image, a.cores, a.steps)
+    t = tessera_bench(a.tessera, a.model, 1, a.cores, image, a.steps, sgemm=True)
+    r = {"model": a.model, "pytorch_parameters": torch_params,
+         "tessera_parameters": t["parameters"], "image": a.image, "cores": a.cores, "pytorch_version": torch_version,
          "pytorch_step_seconds": torch_s, "tessera_step_seconds": t["step_seconds"],
          "speedup_vs_pytorch": torch_s / t["step_seconds"],
          "conv_gflop_per_step": t["conv_gflop_per_step"],
@@ -123,8 +167,8 @@ def main():
     if not a.no_scaling:
         pairs = []
         for _ in range(max(a.repeat, 1)):
-            one = tessera_bench(a.tessera, 1, 1, image, a.steps, sgemm=False)
-            two = tessera_bench(a.tessera, 2, 1, image, a.steps, sgemm=False)
+            one = tessera_bench(a.tessera, a.model, 1, 1, image, a.steps, sgemm=False)
+            two = tessera_bench(a.tessera, a.model, 2, 1, image, a.steps, sgemm=False)
             pairs.append((one["step_seconds"] / two["step_seconds"], one, two))
         pairs.sort(key=lambda p: p[0])
         ratio, one, two = pairs[len(pairs) // 2]
@@ -141,8 +185,9 @@ def main():
           f"{r['pytorch_gflops']:10.1f}")
     print(f"{f'Tessera (1 rank x {a.cores} threads)':34}{t['step_seconds']:10.3f}"
           f"{r['tessera_gflops']:10.1f}")
+    target = " target >= 2.5x;" if a.model == "conv-bench" else ""
     print(f"Tessera is {r['speedup_vs_pytorch']:.2f}x faster than PyTorch "
-          f"(target >= 2.5x; {r['conv_gflop_per_step']:.0f} GFLOP of convolutions per step)")
+          f"({target} {r['conv_gflop_per_step']:.0f} GFLOP of convolutions per step)")
     print(f"convolutions with >= 32 channels: {r['tessera_conv32_gflops']:.1f} GFLOP/s of compute "
           f"time = {100 * r['conv32_fraction_of_sgemm']:.0f}% of oneDNN SGEMM "
           f"{r['sgemm_gflops']:.1f} GFLOP/s on the same {a.cores} threads (target >= 50%)")

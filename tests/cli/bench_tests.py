@@ -98,6 +98,19 @@ def bench_compare_pytorch(env):
     lo, hi = j["scaling_1_to_2_range"]
     if not lo <= j["scaling_1_to_2"] <= hi:
         fail(f"the median scaling {j['scaling_1_to_2']} lies outside its range {lo}..{hi}")
+    # The U-Net, written out in PyTorch by the script: the same parameter count as Tessera's.
+    out = env.path("u.json")
+    r = env.run_cmd([sys.executable, script, "--model", "unet-small", "--image", "3x32x32",
+                     "--steps", "1", "--cores", "1", "--no-scaling", "--tessera", env.exe,
+                     "--json", out])
+    if r.rc != 0:
+        fail("compare_pytorch.py --model unet-small failed", r)
+    j = json.loads(out.read_text())
+    if j.get("model") != "unet-small" or not j.get("speedup_vs_pytorch", 0) > 0:
+        fail(f"expected a unet-small comparison in the JSON, got {j}")
+    if j.get("pytorch_parameters") != j.get("tessera_parameters"):
+        fail(f"PyTorch's unet-small has {j.get('pytorch_parameters')} parameters, Tessera's "
+             f"{j.get('tessera_parameters')}")
 
 
 if __name__ == "__main__":
