@@ -35,6 +35,14 @@ void parallel_for(std::int64_t n, F&& f, std::int64_t grain = std::int64_t{1} <<
   if (n > 0) f(std::int64_t{0}, n);
 }
 
+// Copies n values from `from` to `to` (not overlapping), split over the kernel threads. Local.
+template <typename T>
+void parallel_copy(const T* from, std::int64_t n, T* to) {
+  parallel_for(n, [&](std::int64_t begin, std::int64_t end) {
+    std::copy(from + begin, from + end, to + begin);
+  });
+}
+
 // The grain (items per thread) for parallel_for over items of `per_item` elements each: threads
 // from 65536 elements per thread.
 inline std::int64_t grain_for(std::int64_t per_item) {

@@ -1,11 +1,13 @@
 #include "tessera/kernels/reference_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "tessera/error.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera::reference {
 namespace {
@@ -28,6 +30,36 @@ PoolGeometry clipped(const PoolGeometry& g, const Shape4& x) {
   PoolGeometry c = g;
   c.image = intersect(g.image, Box{{0, x.h}, {0, x.w}});
   return c;
+}
+
+// Throws unless every window of an output of shape `y` holds an image position. Windows move
+// monotonically along each axis, so each axis is checked on its own.
+void check_windows(const char* who, const PoolGeometry& g, const Shape4& y) {
+  auto check = [&](std::int64_t count, std::int64_t stride, std::int64_t pad, std::int64_t kernel,
+                   Range image, const char* axis) {
+    for (std::int64_t o = 0; o < count; ++o) {
+      const std::int64_t begin = o * stride - pad;
+      TESSERA_CHECK(!intersect(Range{begin, begin + kernel}, image).empty(),
+                    std::string(who) + ": the window of output " + axis + " " + std::to_string(o) +
+                        " holds no image position");
+    }
+  };
+  if (y.numel() == 0) return;
+  check(y.h, g.stride_h, g.pad_top, g.kernel_h, g.image.h, "row");
+  check(y.w, g.stride_w, g.pad_left, g.kernel_w, g.image.w, "column");
+}
+
+// Calls body(plane) for every (sample, channel) plane of `s`, split over the kernel threads:
+// planes are independent, so results do not depend on the thread count.
+template <typename Body>
+void for_each_plane(const Shape4& s, std::int64_t work_per_plane, Body&& body) {
+  parallel_for(
+      s.n * s.c,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t p = first; p < last; ++p)
+          body(p);
+      },
+      grain_for(work_per_plane));
 }
 
 }  // namespace
@@ -53,32 +85,30 @@ void maxpool2d_forward(const Tensor<T>& x, Tensor<T>& y, std::span<std::int64_t>
                 "maxpool2d_forward: " + std::to_string(argmax.size()) +
                     " argmax slots for output " + ys.str());
   const PoolGeometry g = clipped(geometry, xs);
-  std::size_t k = 0;
-  for (std::int64_t n = 0; n < ys.n; ++n)
-    for (std::int64_t c = 0; c < ys.c; ++c) {
-      const T* plane = &x.at(n, c, 0, 0);
-      for (std::int64_t oh = 0; oh < ys.h; ++oh)
-        for (std::int64_t ow = 0; ow < ys.w; ++ow, ++k) {
-          const Box b = window_of(g, oh, ow);
-          TESSERA_CHECK(!b.empty(), "maxpool2d_forward: the window of output (" +
-                                        std::to_string(oh) + ", " + std::to_string(ow) +
-                                        ") holds no image position");
-          // PyTorch's scan: start from -inf at the first image position; a strictly greater value
-          // or a NaN takes over, so the first maximum wins a tie.
-          T best = -std::numeric_limits<T>::infinity();
-          std::int64_t at = b.h.begin * xs.w + b.w.begin;
-          for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
-            for (std::int64_t w = b.w.begin; w < b.w.end; ++w) {
-              const T v = plane[h * xs.w + w];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                at = h * xs.w + w;
-              }
+  check_windows("maxpool2d_forward", g, ys);
+  const std::int64_t out_plane = ys.h * ys.w;
+  for_each_plane(ys, out_plane * g.kernel_h * g.kernel_w, [&](std::int64_t p) {
+    const T* plane = x.data() + p * xs.h * xs.w;
+    std::int64_t k = p * out_plane;
+    for (std::int64_t oh = 0; oh < ys.h; ++oh)
+      for (std::int64_t ow = 0; ow < ys.w; ++ow, ++k) {
+        const Box b = window_of(g, oh, ow);
+        // PyTorch's scan: start from -inf at the first image position; a strictly greater value
+        // or a NaN takes over, so the first maximum wins a tie.
+        T best = -std::numeric_limits<T>::infinity();
+        std::int64_t at = b.h.begin * xs.w + b.w.begin;
+        for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
+          for (std::int64_t w = b.w.begin; w < b.w.end; ++w) {
+            const T v = plane[h * xs.w + w];
+            if (v > best || std::isnan(v)) {
+              best = v;
+              at = h * xs.w + w;
             }
-          y.data()[k] = best;
-          argmax[k] = at;
-        }
-    }
+          }
+        y.data()[k] = best;
+        argmax[std::size_t(k)] = at;
+      }
+  });
 }
 
 template <typename T>
@@ -88,20 +118,18 @@ void maxpool2d_backward(const Tensor<T>& dy, std::span<const std::int64_t> argma
       ys.n == xs.n && ys.c == xs.c && static_cast<std::int64_t>(argmax.size()) == ys.numel(),
       "maxpool2d_backward: output gradient " + ys.str() + ", " + std::to_string(argmax.size()) +
           " argmax slots and input gradient " + xs.str() + " do not fit");
-  dx.fill(T(0));
-  const std::int64_t plane = xs.h * xs.w;
-  std::size_t k = 0;
-  for (std::int64_t n = 0; n < ys.n; ++n)
-    for (std::int64_t c = 0; c < ys.c; ++c) {
-      T* out = &dx.at(n, c, 0, 0);
-      for (std::int64_t o = 0; o < ys.h * ys.w; ++o, ++k) {
-        TESSERA_CHECK(argmax[k] >= 0 && argmax[k] < plane,
-                      "maxpool2d_backward: argmax " + std::to_string(argmax[k]) +
-                          " outside the input plane " + std::to_string(xs.h) + "x" +
-                          std::to_string(xs.w));
-        out[argmax[k]] += dy.data()[k];
-      }
-    }
+  const std::int64_t plane = xs.h * xs.w, out_plane = ys.h * ys.w;
+  for (std::int64_t k = 0; k < ys.numel(); ++k)
+    TESSERA_CHECK(argmax[std::size_t(k)] >= 0 && argmax[std::size_t(k)] < plane,
+                  "maxpool2d_backward: argmax " + std::to_string(argmax[std::size_t(k)]) +
+                      " outside the input plane " + std::to_string(xs.h) + "x" +
+                      std::to_string(xs.w));
+  for_each_plane(ys, out_plane + plane, [&](std::int64_t p) {
+    T* out = dx.data() + p * plane;
+    std::fill(out, out + plane, T(0));
+    for (std::int64_t k = p * out_plane; k < (p + 1) * out_plane; ++k)
+      out[argmax[std::size_t(k)]] += dy.data()[k];
+  });
 }
 
 template <typename T>
@@ -110,18 +138,20 @@ void avgpool2d_forward(const Tensor<T>& x, Tensor<T>& y, const PoolGeometry& geo
   check_shapes("avgpool2d_forward", xs, ys, geometry);
   const PoolGeometry g = clipped(geometry, xs);
   const T area = static_cast<T>(g.kernel_h * g.kernel_w);
-  for (std::int64_t n = 0; n < ys.n; ++n)
-    for (std::int64_t c = 0; c < ys.c; ++c)
-      for (std::int64_t oh = 0; oh < ys.h; ++oh)
-        for (std::int64_t ow = 0; ow < ys.w; ++ow) {
-          const Box b = window_of(g, oh, ow);
-          T sum = 0;
-          for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
-            for (std::int64_t w = b.w.begin; w < b.w.end; ++w)
-              sum += x.at(n, c, h, w);
-          // Divide (not multiply by the reciprocal), as PyTorch does, for identical rounding.
-          y.at(n, c, oh, ow) = sum / area;
-        }
+  for_each_plane(ys, ys.h * ys.w * g.kernel_h * g.kernel_w, [&](std::int64_t p) {
+    const T* in = x.data() + p * xs.h * xs.w;
+    T* out = y.data() + p * ys.h * ys.w;
+    for (std::int64_t oh = 0; oh < ys.h; ++oh)
+      for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+        const Box b = window_of(g, oh, ow);
+        T sum = 0;
+        for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
+          for (std::int64_t w = b.w.begin; w < b.w.end; ++w)
+            sum += in[h * xs.w + w];
+        // Divide (not multiply by the reciprocal), as PyTorch does, for identical rounding.
+        out[oh * ys.w + ow] = sum / area;
+      }
+  });
 }
 
 template <typename T>
@@ -130,17 +160,19 @@ void avgpool2d_backward(const Tensor<T>& dy, Tensor<T>& dx, const PoolGeometry& 
   check_shapes("avgpool2d_backward", xs, ys, geometry);
   const PoolGeometry g = clipped(geometry, xs);
   const T area = static_cast<T>(g.kernel_h * g.kernel_w);
-  dx.fill(T(0));
-  for (std::int64_t n = 0; n < ys.n; ++n)
-    for (std::int64_t c = 0; c < ys.c; ++c)
-      for (std::int64_t oh = 0; oh < ys.h; ++oh)
-        for (std::int64_t ow = 0; ow < ys.w; ++ow) {
-          const Box b = window_of(g, oh, ow);
-          const T share = dy.at(n, c, oh, ow) / area;
-          for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
-            for (std::int64_t w = b.w.begin; w < b.w.end; ++w)
-              dx.at(n, c, h, w) += share;
-        }
+  for_each_plane(ys, ys.h * ys.w * g.kernel_h * g.kernel_w + xs.h * xs.w, [&](std::int64_t p) {
+    T* in = dx.data() + p * xs.h * xs.w;
+    const T* grad = dy.data() + p * ys.h * ys.w;
+    std::fill(in, in + xs.h * xs.w, T(0));
+    for (std::int64_t oh = 0; oh < ys.h; ++oh)
+      for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+        const Box b = window_of(g, oh, ow);
+        const T share = grad[oh * ys.w + ow] / area;
+        for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
+          for (std::int64_t w = b.w.begin; w < b.w.end; ++w)
+            in[h * xs.w + w] += share;
+      }
+  });
 }
 
 template void maxpool2d_forward(const Tensor<float>&, Tensor<float>&, std::span<std::int64_t>,

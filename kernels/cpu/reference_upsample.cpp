@@ -1,8 +1,10 @@
 #include "tessera/kernels/reference_upsample.hpp"
 
 #include <string>
+#include <vector>
 
 #include "tessera/error.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera::reference {
 namespace {
@@ -19,35 +21,55 @@ void check_shapes(const char* who, const Shape4& x, const Shape4& y, const Upsam
                     " at scale " + std::to_string(g.scale_h) + "x" + std::to_string(g.scale_w));
 }
 
+// The input column each output column reads.
+std::vector<std::int64_t> column_map(std::int64_t out_w, const UpsampleGeometry& g) {
+  std::vector<std::int64_t> map(static_cast<std::size_t>(out_w));
+  for (std::int64_t q = 0; q < out_w; ++q)
+    map[static_cast<std::size_t>(q)] = (q + g.phase_w) / g.scale_w;
+  return map;
+}
+
 }  // namespace
 
+// Rows are independent (forward) and planes are (backward): split over the kernel threads, each
+// plane's sums in the same order whatever the thread count.
 template <typename T>
 void upsample_nearest_forward(const Tensor<T>& x, Tensor<T>& y, const UpsampleGeometry& g) {
   const Shape4 &xs = x.shape(), &ys = y.shape();
   check_shapes("upsample_nearest_forward", xs, ys, g);
-  for (std::int64_t n = 0; n < ys.n; ++n)
-    for (std::int64_t c = 0; c < ys.c; ++c)
-      for (std::int64_t r = 0; r < ys.h; ++r) {
-        const T* in = &x.at(n, c, (r + g.phase_h) / g.scale_h, 0);
-        T* out = &y.at(n, c, r, 0);
-        for (std::int64_t q = 0; q < ys.w; ++q)
-          out[q] = in[(q + g.phase_w) / g.scale_w];
-      }
+  const std::vector<std::int64_t> cols = column_map(ys.w, g);
+  parallel_for(
+      ys.n * ys.c * ys.h,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t k = first; k < last; ++k) {
+          const std::int64_t plane = k / ys.h, r = k % ys.h;
+          const T* in = x.data() + (plane * xs.h + (r + g.phase_h) / g.scale_h) * xs.w;
+          T* out = y.data() + k * ys.w;
+          for (std::int64_t q = 0; q < ys.w; ++q)
+            out[q] = in[cols[static_cast<std::size_t>(q)]];
+        }
+      },
+      grain_for(ys.w));
 }
 
 template <typename T>
 void upsample_nearest_backward(const Tensor<T>& dy, Tensor<T>& dx, const UpsampleGeometry& g) {
   const Shape4 &xs = dx.shape(), &ys = dy.shape();
   check_shapes("upsample_nearest_backward", xs, ys, g);
-  dx.fill(T(0));
-  for (std::int64_t n = 0; n < ys.n; ++n)
-    for (std::int64_t c = 0; c < ys.c; ++c)
-      for (std::int64_t r = 0; r < ys.h; ++r) {
-        T* in = &dx.at(n, c, (r + g.phase_h) / g.scale_h, 0);
-        const T* out = &dy.at(n, c, r, 0);
-        for (std::int64_t q = 0; q < ys.w; ++q)
-          in[(q + g.phase_w) / g.scale_w] += out[q];
-      }
+  const std::vector<std::int64_t> cols = column_map(ys.w, g);
+  parallel_for(
+      ys.n * ys.c,
+      [&](std::int64_t first, std::int64_t last) {
+        std::fill(dx.data() + first * xs.h * xs.w, dx.data() + last * xs.h * xs.w, T(0));
+        for (std::int64_t plane = first; plane < last; ++plane)
+          for (std::int64_t r = 0; r < ys.h; ++r) {
+            T* in = dx.data() + (plane * xs.h + (r + g.phase_h) / g.scale_h) * xs.w;
+            const T* out = dy.data() + (plane * ys.h + r) * ys.w;
+            for (std::int64_t q = 0; q < ys.w; ++q)
+              in[cols[static_cast<std::size_t>(q)]] += out[q];
+          }
+      },
+      grain_for(ys.h * ys.w));
 }
 
 template void upsample_nearest_forward(const Tensor<float>&, Tensor<float>&,

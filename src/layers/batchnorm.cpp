@@ -50,9 +50,7 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   layout_ = x.layout;
   // Kept for backward: a threaded copy into a buffer reused from step to step.
   if (x_.shape() != x.local.shape()) x_ = Tensor<T>(x.local.shape(), uninitialized);
-  parallel_for(x.local.numel(), [&](std::int64_t first, std::int64_t last) {
-    std::copy(x.local.data() + first, x.local.data() + last, x_.data() + first);
-  });
+  parallel_copy(x.local.data(), x.local.numel(), x_.data());
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
   T* running_mean = running_mean_.value.data();

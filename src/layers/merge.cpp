@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/error.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera {
 
@@ -57,14 +58,16 @@ DistTensor<T> Merge<T>::forward(std::span<const DistTensor<T>* const> inputs, co
   g.c = 0;
   for (const auto* x : inputs)
     g.c += x->dist.global.c;
-  y = DistTensor<T>(inputs[0]->dist.with_shape(g));
+  // Every element is copied from an input: no zeroing first.
+  y = DistTensor<T>(inputs[0]->dist.with_shape(g), uninitialized);
   const Shape4 ls = y.local.shape();
   const std::int64_t plane = ls.h * ls.w;
   for (std::int64_t n = 0; n < ls.n; ++n) {
     T* out = y.local.data() + n * ls.c * plane;
     for (const auto* x : inputs) {
       const std::int64_t block = x->local.shape().c * plane;
-      out = std::copy_n(x->local.data() + n * block, block, out);
+      parallel_copy(x->local.data() + n * block, block, out);
+      out += block;
     }
   }
   return y;
@@ -82,11 +85,11 @@ std::vector<DistTensor<T>> Merge<T>::backward(const DistTensor<T>& dy, const Run
   const std::int64_t plane = ls.h * ls.w;
   std::int64_t offset = 0;  // channels before this input
   for (const Distribution& d : in_) {
-    DistTensor<T> g(d);
+    DistTensor<T> g(d, uninitialized);
     const std::int64_t block = d.global.c * plane;
     for (std::int64_t n = 0; n < ls.n; ++n)
-      std::copy_n(dy.local.data() + n * ls.c * plane + offset * plane, block,
-                  g.local.data() + n * block);
+      parallel_copy(dy.local.data() + n * ls.c * plane + offset * plane, block,
+                    g.local.data() + n * block);
     offset += d.global.c;
     grads.push_back(std::move(g));
   }

@@ -1,5 +1,5 @@
-// Reference CPU nearest-neighbour upsampling by integer factors: plain loops, float and double.
-// They know nothing about ranks. All local.
+// Reference CPU nearest-neighbour upsampling by integer factors: plain loops (rows or planes split
+// over the kernel threads), float and double. They know nothing about ranks. All local.
 #pragma once
 
 #include <cstdint>
