@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "batchnorm_checks.hpp"
 #include "tessera/error.hpp"
 #include "tessera/parallel.hpp"
 
@@ -46,16 +47,9 @@ Units units_of(const Shape4& s, Layout layout) {
   return {.count = s.n * s.c, .length = s.h * s.w, .channels = s.c, .blocked = false};
 }
 
-void check_channels(const char* kernel, const Shape4& x, std::size_t size, const char* what) {
-  TESSERA_CHECK(static_cast<std::int64_t>(size) == x.c,
-                std::string(kernel) + ": " + what + " has " + std::to_string(size) +
-                    " entries for the " + std::to_string(x.c) + " channels of " + x.str());
-}
-
-void check_same(const char* kernel, const Shape4& x, const Shape4& other, const char* what) {
-  TESSERA_CHECK(x == other, std::string(kernel) + ": " + what + " " + other.str() +
-                                " does not match the input " + x.str());
-}
+using batchnorm_checks::channels;
+using batchnorm_checks::same;
+using batchnorm_checks::statistics;
 
 // Calls body(unit) for every unit, split over the kernel threads.
 template <typename Body>
@@ -120,7 +114,7 @@ void lane_apply(const Units& u, Op&& op) {
 
 template <typename T>
 void batchnorm_sum(const Tensor<T>& x, Layout layout, std::span<double> sum) {
-  check_channels("batchnorm_sum", x.shape(), sum.size(), "sum");
+  channels("batchnorm_sum", x.shape(), sum.size(), "sum");
   const Units u = units_of(x.shape(), layout);
   channel_sums(u, sum, [&](std::int64_t unit) {
     const T* p = x.data() + unit * u.length;
@@ -131,8 +125,8 @@ void batchnorm_sum(const Tensor<T>& x, Layout layout, std::span<double> sum) {
 template <typename T>
 void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
                                    std::span<double> sum) {
-  check_channels("batchnorm_centered_square_sum", x.shape(), mean.size(), "mean");
-  check_channels("batchnorm_centered_square_sum", x.shape(), sum.size(), "sum");
+  channels("batchnorm_centered_square_sum", x.shape(), mean.size(), "mean");
+  channels("batchnorm_centered_square_sum", x.shape(), sum.size(), "sum");
   const Units u = units_of(x.shape(), layout);
   channel_sums(u, sum, [&](std::int64_t unit) {
     const T* p = x.data() + unit * u.length;
@@ -148,11 +142,10 @@ template <typename T>
 void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& stats,
                        std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) {
   const Shape4& s = x.shape();
-  check_channels("batchnorm_forward", s, stats.mean.size(), "mean");
-  check_channels("batchnorm_forward", s, stats.invstd.size(), "invstd");
-  check_channels("batchnorm_forward", s, weight.size(), "weight");
-  check_channels("batchnorm_forward", s, bias.size(), "bias");
-  check_same("batchnorm_forward", s, y.shape(), "output");
+  statistics("batchnorm_forward", s, stats);
+  channels("batchnorm_forward", s, weight.size(), "weight");
+  channels("batchnorm_forward", s, bias.size(), "bias");
+  same("batchnorm_forward", s, y.shape(), "output");
   const Units u = units_of(s, layout);
   for_each_unit(u, [&](std::int64_t unit) {
     const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
@@ -173,11 +166,10 @@ void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
                              const BatchNormStats& stats, std::span<double> sum_dy,
                              std::span<double> sum_dy_xhat) {
   const Shape4& s = x.shape();
-  check_channels("batchnorm_backward_sums", s, stats.mean.size(), "mean");
-  check_channels("batchnorm_backward_sums", s, stats.invstd.size(), "invstd");
-  check_same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
-  check_channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
-  check_channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
+  statistics("batchnorm_backward_sums", s, stats);
+  same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
+  channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
+  channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
   const Units u = units_of(s, layout);
   channel_sums(u, sum_dy, [&](std::int64_t unit) {
     const T* g = dy.data() + unit * u.length;
@@ -201,13 +193,12 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
                              std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
                              Tensor<T>& dx) {
   const Shape4& s = x.shape();
-  check_channels("batchnorm_backward_data", s, stats.mean.size(), "mean");
-  check_channels("batchnorm_backward_data", s, stats.invstd.size(), "invstd");
-  check_same("batchnorm_backward_data", s, dy.shape(), "output gradient");
-  check_same("batchnorm_backward_data", s, dx.shape(), "input gradient");
-  check_channels("batchnorm_backward_data", s, weight.size(), "weight");
-  check_channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
-  check_channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
+  statistics("batchnorm_backward_data", s, stats);
+  same("batchnorm_backward_data", s, dy.shape(), "output gradient");
+  same("batchnorm_backward_data", s, dx.shape(), "input gradient");
+  channels("batchnorm_backward_data", s, weight.size(), "weight");
+  channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
+  channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
   const Units u = units_of(s, layout);
   for_each_unit(u, [&](std::int64_t unit) {
     const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });

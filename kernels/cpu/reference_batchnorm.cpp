@@ -3,26 +3,15 @@
 #include <algorithm>
 #include <string>
 
+#include "batchnorm_checks.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera::reference {
 namespace {
 
-void check_channels(const char* kernel, const Shape4& x, std::size_t size, const char* what) {
-  TESSERA_CHECK(static_cast<std::int64_t>(size) == x.c,
-                std::string(kernel) + ": " + what + " has " + std::to_string(size) +
-                    " entries for the " + std::to_string(x.c) + " channels of " + x.str());
-}
-
-void check_same(const char* kernel, const Shape4& x, const Shape4& other, const char* what) {
-  TESSERA_CHECK(x == other, std::string(kernel) + ": " + what + " " + other.str() +
-                                " does not match the input " + x.str());
-}
-
-void check_stats(const char* kernel, const Shape4& x, const BatchNormStats& stats) {
-  check_channels(kernel, x, stats.mean.size(), "mean");
-  check_channels(kernel, x, stats.invstd.size(), "invstd");
-}
+using batchnorm_checks::channels;
+using batchnorm_checks::same;
+using batchnorm_checks::statistics;
 
 // Calls body(c, offset of x[n, c, 0, 0], plane size) for every (n, c).
 template <typename Body>
@@ -37,7 +26,7 @@ void for_each_plane(const Shape4& s, Body&& body) {
 
 template <typename T>
 void batchnorm_sum(const Tensor<T>& x, std::span<double> sum) {
-  check_channels("batchnorm_sum", x.shape(), sum.size(), "sum");
+  channels("batchnorm_sum", x.shape(), sum.size(), "sum");
   std::fill(sum.begin(), sum.end(), 0.0);
   for_each_plane(x.shape(), [&](std::int64_t c, std::int64_t at, std::int64_t plane) {
     const T* p = x.data() + at;
@@ -51,8 +40,8 @@ void batchnorm_sum(const Tensor<T>& x, std::span<double> sum) {
 template <typename T>
 void batchnorm_centered_square_sum(const Tensor<T>& x, std::span<const double> mean,
                                    std::span<double> sum) {
-  check_channels("batchnorm_centered_square_sum", x.shape(), mean.size(), "mean");
-  check_channels("batchnorm_centered_square_sum", x.shape(), sum.size(), "sum");
+  channels("batchnorm_centered_square_sum", x.shape(), mean.size(), "mean");
+  channels("batchnorm_centered_square_sum", x.shape(), sum.size(), "sum");
   std::fill(sum.begin(), sum.end(), 0.0);
   for_each_plane(x.shape(), [&](std::int64_t c, std::int64_t at, std::int64_t plane) {
     const T* p = x.data() + at;
@@ -70,10 +59,10 @@ template <typename T>
 void batchnorm_forward(const Tensor<T>& x, const BatchNormStats& stats, std::span<const T> weight,
                        std::span<const T> bias, Tensor<T>& y) {
   const Shape4& s = x.shape();
-  check_stats("batchnorm_forward", s, stats);
-  check_channels("batchnorm_forward", s, weight.size(), "weight");
-  check_channels("batchnorm_forward", s, bias.size(), "bias");
-  check_same("batchnorm_forward", s, y.shape(), "output");
+  statistics("batchnorm_forward", s, stats);
+  channels("batchnorm_forward", s, weight.size(), "weight");
+  channels("batchnorm_forward", s, bias.size(), "bias");
+  same("batchnorm_forward", s, y.shape(), "output");
   for_each_plane(s, [&](std::int64_t c, std::int64_t at, std::int64_t plane) {
     const std::size_t ch = std::size_t(c);
     const double m = stats.mean[ch], scale = stats.invstd[ch] * double(weight[ch]);
@@ -89,10 +78,10 @@ template <typename T>
 void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, const BatchNormStats& stats,
                              std::span<double> sum_dy, std::span<double> sum_dy_xhat) {
   const Shape4& s = x.shape();
-  check_stats("batchnorm_backward_sums", s, stats);
-  check_same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
-  check_channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
-  check_channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
+  statistics("batchnorm_backward_sums", s, stats);
+  same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
+  channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
+  channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
   std::fill(sum_dy.begin(), sum_dy.end(), 0.0);
   std::fill(sum_dy_xhat.begin(), sum_dy_xhat.end(), 0.0);
   for_each_plane(s, [&](std::int64_t c, std::int64_t at, std::int64_t plane) {
@@ -115,12 +104,12 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, const Batc
                              std::span<const T> weight, std::span<const double> mean_dy,
                              std::span<const double> mean_dy_xhat, Tensor<T>& dx) {
   const Shape4& s = x.shape();
-  check_stats("batchnorm_backward_data", s, stats);
-  check_same("batchnorm_backward_data", s, dy.shape(), "output gradient");
-  check_same("batchnorm_backward_data", s, dx.shape(), "input gradient");
-  check_channels("batchnorm_backward_data", s, weight.size(), "weight");
-  check_channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
-  check_channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
+  statistics("batchnorm_backward_data", s, stats);
+  same("batchnorm_backward_data", s, dy.shape(), "output gradient");
+  same("batchnorm_backward_data", s, dx.shape(), "input gradient");
+  channels("batchnorm_backward_data", s, weight.size(), "weight");
+  channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
+  channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
   for_each_plane(s, [&](std::int64_t c, std::int64_t at, std::int64_t plane) {
     const std::size_t ch = std::size_t(c);
     const double m = stats.mean[ch], r = stats.invstd[ch];
