@@ -197,7 +197,8 @@ DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const Ru
   Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
   kernel_->forward(dy.local, weight_.value, {}, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange. The conv's backward-filter
-  // pairs its input (our dy) with its output gradient (our window).
+  // pairs its input (our dy) with its output gradient (our window); the window is as forward's
+  // backward-data read it, so the kernel may reuse its conversion of it from then.
   return this->accumulate_window(window_grad, [&] {
     kernel_->backward_filter(dy.local, this->kept_window(), weight_.grad, {});
     if (spec_.bias) add_bias_grad(dy.local, bias_.grad.span());

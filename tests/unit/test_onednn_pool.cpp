@@ -15,6 +15,8 @@
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
+#include "tessera/layers/pool2d.hpp"
+#include "tessera/process_grid.hpp"
 #include "tessera/random.hpp"
 #include "tessera_config.h"
 
@@ -291,6 +293,30 @@ TEST(OneDnnPool, IsWhatTheFactoryGivesForFloat32) {
   // NCHW: oneDNN's when it has a JIT implementation, else the reference; never none.
   EXPECT_NE(make_pool_kernel<float>(PoolKind::avg, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}}, g),
             nullptr);
+}
+
+// The layer plans its kernel at bind: oneDNN on nchw16c where the model lets its output go on
+// blocked (16 channels), the reference for float64.
+TEST(OneDnnPool, Pool2dPlansItsKernelAtBind) {
+  if (kernel_backend() != KernelBackend::onednn) GTEST_SKIP() << "TESSERA_KERNELS=reference";
+  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Distribution in{{2, 16, 17, 15}, single.shape(), single.coords()};
+  LayerSpec spec;
+  spec.name = "p";
+  spec.type = "maxpool2d";
+  spec.fields = {{"kernel", 3}, {"stride", 2}, {"padding", 1}};
+  spec.where = "layer 'p' (maxpool2d)";
+  Pool2d<float> f("p", parse_pool2d(spec), 1);
+  f.setup(in);
+  EXPECT_EQ(f.kernel_name(), "none");
+  f.allow_blocked_output(true);
+  f.bind(single);
+  EXPECT_TRUE(f.kernel_name().starts_with("onednn")) << f.kernel_name();
+  Pool2d<double> d("p", parse_pool2d(spec), 1);
+  d.setup(in);
+  d.allow_blocked_output(true);
+  d.bind(single);
+  EXPECT_EQ(d.kernel_name(), "reference");
 }
 
 #else
