@@ -66,26 +66,34 @@ void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, 
 // box is large. In one layout a row of a group is contiguous. Between layouts, tiles of 16
 // columns of the 16 channels of a block, so that the strided side stays within 16 cache lines (a
 // plane at a time would stride over a whole row per channel: 5x slower here).
+// A group is a block of 16 channels of one sample (fewer in the last block when an nchw16c side
+// pads its channels; the padding channels are never read or written), or one plane when both
+// sides are NCHW.
 template <typename T>
 void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, Direction how) {
   if (box.empty()) return;
   const std::int64_t group = std::max(from.block(), to.block()), width = box.w.size();
+  const std::int64_t channels = from.shape.c, per_sample = (channels + group - 1) / group;
   const bool same = from.layout == to.layout;
   parallel_for(
-      from.shape.n * from.shape.c / group,
+      from.shape.n * per_sample,
       [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t g = first; g < last; ++g)
+        for (std::int64_t g = first; g < last; ++g) {
+          const std::int64_t c0 = (g % per_sample) * group;
+          const std::int64_t p0 = (g / per_sample) * channels + c0;
+          const std::int64_t count = std::min(group, channels - c0);
           for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
-            if (same) {
-              move_row(from.at(g * group, r, box.w.begin), 1, to.at(g * group, r, box.w.begin), 1,
-                       width * group, how);
+            if (same && count == group) {
+              move_row(from.at(p0, r, box.w.begin), 1, to.at(p0, r, box.w.begin), 1, width * group,
+                       how);
               continue;
             }
             for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
-              for (std::int64_t p = g * group; p < (g + 1) * group; ++p)
+              for (std::int64_t p = p0; p < p0 + count; ++p)
                 move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
                          std::min(kBlock, box.w.end - w0), how);
           }
+        }
       },
       grain_for(group * box.size()));
 }
@@ -113,7 +121,8 @@ void fill_outside(const Planes<T>& t, const Box& keep, T value) {
   const Shape4& s = t.shape;
   const Box& origin = t.origin;
   // Physical rows: in nChw16c a row of a channel block holds 16 values per column.
-  const std::int64_t v = t.block(), rows_total = s.n * s.c / v * s.h, width = s.w * v;
+  const std::int64_t v = t.block(), width = s.w * v;
+  const std::int64_t rows_total = s.n * (v == 1 ? s.c : channel_blocks(s.c)) * s.h;
   const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);
   parallel_for(
       rows_total,
@@ -203,10 +212,15 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
                     source.shape().str() + " / target " + target.shape().str() +
                     " do not match the plan's " + to_string(from) + " / " + to_string(to));
+  // An nchw16c window may pad its channels (its storage holds them); tiles in nchw16c do not.
   TESSERA_CHECK(
-      (window_layout_ == Layout::nchw && tile_layout == Layout::nchw) ||
-          source.shape().c % kBlock == 0,
-      "halo exchange: nchw16c needs channels divisible by 16, got " + source.shape().str());
+      tile_layout == Layout::nchw || source.shape().c % kBlock == 0,
+      "halo exchange: an nchw16c tile needs channels divisible by 16, got " + source.shape().str());
+  const Tensor<T>& window = fill ? target : source;
+  TESSERA_CHECK(static_cast<std::int64_t>(window.span().size()) >=
+                    storage_size(window.shape(), window_layout_),
+                "halo exchange: the window " + window.shape().str() +
+                    " has no storage for its nchw16c padding channels");
   // Either side may be nchw16c: the copies convert.
   const Planes<const T> in = planes_of(source, from, fill ? tile_layout : window_layout_);
   const Planes<T> out = planes_of(target, to, fill ? window_layout_ : tile_layout);

@@ -23,17 +23,29 @@ struct Shape4 {
   friend bool operator==(const Shape4&, const Shape4&) = default;
 };
 
-// How a tensor's elements lie in memory: NCHW, or nChw16c ([N][C/16][H][W][16], the
-// channel-blocked layout oneDNN's convolutions compute in; channels a multiple of 16), which conv
-// windows and the activations between convs use (DistTensor::layout). The shape is the logical
-// [N, C, H, W] either way.
+// How a tensor's elements lie in memory: NCHW, or nChw16c ([N][ceil(C/16)][H][W][16], the
+// channel-blocked layout oneDNN's convolutions compute in), which conv windows and the
+// activations between convs use (DistTensor::layout). The shape is the logical [N, C, H, W]
+// either way. With C not a multiple of 16 the last block of each sample is padded with channels
+// that hold zeros: only conv windows and their gradients are padded (Conv2d); activations in
+// nchw16c have a multiple of 16 channels.
 enum class Layout { nchw, nchw16c };
 inline constexpr std::int64_t kBlock = 16;  // channels per block in nchw16c
+
+// Channel blocks of nchw16c: ceil(c / 16).
+inline std::int64_t channel_blocks(std::int64_t c) {
+  return (c + kBlock - 1) / kBlock;
+}
 
 // Where element (n, c, h, w) of a tensor of shape `s` lies in nchw16c.
 inline std::int64_t nchw16c_offset(const Shape4& s, std::int64_t n, std::int64_t c, std::int64_t h,
                                    std::int64_t w) {
-  return (((n * (s.c / kBlock) + c / kBlock) * s.h + h) * s.w + w) * kBlock + c % kBlock;
+  return (((n * channel_blocks(s.c) + c / kBlock) * s.h + h) * s.w + w) * kBlock + c % kBlock;
+}
+
+// The elements a tensor of shape `s` holds in `layout`: numel, or with nchw16c's padding.
+inline std::int64_t storage_size(const Shape4& s, Layout layout) {
+  return layout == Layout::nchw ? s.numel() : s.n * channel_blocks(s.c) * kBlock * s.h * s.w;
 }
 
 // Asks for a tensor whose values the caller overwrites before reading: it is not zeroed (a pass
@@ -70,8 +82,14 @@ class Tensor {
       : shape_(shape), data_(static_cast<std::size_t>(shape.numel()), fill) {}
   Tensor(Shape4 shape, Uninitialized)
       : shape_(shape), data_(static_cast<std::size_t>(shape.numel())) {}
+  // Storage for `layout` (nchw16c with C not a multiple of 16 holds padding channels).
+  Tensor(Shape4 shape, Layout layout, T fill = T(0))
+      : shape_(shape), data_(static_cast<std::size_t>(storage_size(shape, layout)), fill) {}
+  Tensor(Shape4 shape, Layout layout, Uninitialized)
+      : shape_(shape), data_(static_cast<std::size_t>(storage_size(shape, layout))) {}
 
   const Shape4& shape() const { return shape_; }
+  // Logical elements N * C * H * W; span() and the storage may hold more (nchw16c padding).
   std::int64_t numel() const { return shape_.numel(); }
   T* data() { return data_.data(); }
   const T* data() const { return data_.data(); }
@@ -95,12 +113,12 @@ class Tensor {
 };
 
 // The same tensor in another layout, element by element (for tests and rare fallbacks: the hot
-// paths convert while they copy). nchw16c needs channels divisible by 16. Local.
+// paths convert while they copy); nchw16c pads the channels to a multiple of 16. Local.
 template <typename T>
 Tensor<T> to_layout(const Tensor<T>& t, Layout from, Layout to) {
   if (from == to) return t;
   const Shape4& s = t.shape();
-  Tensor<T> out(s, uninitialized);
+  Tensor<T> out(s, to);  // nchw16c padding channels zero
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t c = 0; c < s.c; ++c)
       for (std::int64_t h = 0; h < s.h; ++h)

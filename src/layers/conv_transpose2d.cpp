@@ -194,7 +194,7 @@ DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const Ru
                                                   bias_.grad.span(), geometry_);
     });
   }
-  Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
+  Tensor<T> window_grad = this->window_grad_uninitialized();
   kernel_->forward(dy.local, weight_.value, {}, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange. The conv's backward-filter
   // pairs its input (our dy) with its output gradient (our window); the window is as forward's

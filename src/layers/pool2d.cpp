@@ -106,7 +106,7 @@ DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
 
 template <typename T>
 DistTensor<T> Pool2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad(this->kept_window().shape(), uninitialized);
+  Tensor<T> window_grad = this->window_grad_uninitialized();
   kernel_->backward(dy.local, window_grad);
   return this->accumulate_window(window_grad);
 }

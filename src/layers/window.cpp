@@ -116,7 +116,10 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   const Shape4 shape = window_shape(in_, exchange_->plan());
   // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
   // (and then recomputes what read it), so it holds old values, never indeterminate ones.
-  if (window_.shape() != shape) window_ = Tensor<T>(shape);
+  const Layout layout = exchange_->window_layout();
+  if (window_.shape() != shape ||
+      static_cast<std::int64_t>(window_.span().size()) != storage_size(shape, layout))
+    window_ = Tensor<T>(shape, layout);
   in_layout_ = x.layout;
   return exchange_->start_fill(x.local, window_, x.layout);
 }
@@ -129,7 +132,12 @@ const Tensor<T>& WindowLayer<T>::finish_window(HaloRequest<T>& request) {
 
 template <typename T>
 Tensor<T> WindowLayer<T>::window_grad_zeros() const {
-  return Tensor<T>(window_shape(in_, exchange_->plan()));
+  return Tensor<T>(window_shape(in_, exchange_->plan()), exchange_->window_layout());
+}
+
+template <typename T>
+Tensor<T> WindowLayer<T>::window_grad_uninitialized() const {
+  return Tensor<T>(window_shape(in_, exchange_->plan()), exchange_->window_layout(), uninitialized);
 }
 
 template <typename T>

@@ -130,6 +130,27 @@ TEST(ConvGrad, ChannelBlockedWindowsFloat32) {
   }
 }
 
+// Convs reading 20 or 24 channels assemble their windows in nchw16c with the last block padded
+// (float32, oneDNN): strides, dilations and asymmetric padding; then 8 channels (NCHW again).
+TEST(ConvGrad, ChannelPaddedWindowsFloat32) {
+  for (const std::string second :
+       {R"("kernel": 3, "padding": 1)", R"("kernel": 3, "stride": 2, "padding": 1)",
+        R"("kernel": 5, "dilation": 2, "padding": "same")",
+        R"("kernel": [2, 3], "padding": [2, 1])"}) {
+    const std::string model =
+        R"({"name": "padded", "input_channels": 3, "layers": [)"
+        R"({"name": "c1", "type": "conv2d", "out_channels": 20, "kernel": 3, "padding": 1},)"
+        R"({"name": "r1", "type": "relu"},)"
+        R"({"name": "c2", "type": "conv2d", "out_channels": 24, )" +
+        second +
+        R"(},)"
+        R"({"name": "r2", "type": "relu"},)"
+        R"({"name": "c3", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},)"
+        R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
+    test::check_model<float>(parse_model(model), {3, 3, 17, 15}, "c2 " + second);
+  }
+}
+
 // Pooling between convs of 16 and 32 channels pools nchw16c windows into nchw16c outputs
 // (oneDNN), with padding (the window's -infinity / zero border) and without.
 TEST(ConvGrad, ChannelBlockedPoolingFloat32) {

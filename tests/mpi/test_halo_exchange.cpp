@@ -168,6 +168,57 @@ TEST(HaloExchange, ChannelBlockedWindowsHoldTheSameValues) {
   }
 }
 
+// A window of 8, 24 or 40 channels in nChw16c pads its last block (Conv2d uses such windows):
+// it holds the NCHW window's values, accumulating from it gives the same tile gradient bit for
+// bit, and the padding channels get nothing but the zeros of the window's padding outside the
+// image (3 samples: blocks of one sample never run into the next).
+TEST(HaloExchange, ChannelPaddedWindowsHoldTheSameValues) {
+  std::uint64_t stream = 300;
+  for (const Geometry& base : geometries()) {
+    if (base.ah.kernel != 3) continue;
+    for (std::int64_t channels : {8, 24, 40}) {
+      Geometry g = base;
+      g.shape.c = channels;
+      ExchangeSetup s(g);
+      ++stream;
+      const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
+      Tensor<double> x(s.in.local_shape()), y(s.window_shape());
+      for (std::size_t k = 0; k < x.span().size(); ++k)
+        x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
+      for (std::size_t k = 0; k < y.span().size(); ++k)
+        y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+      Tensor<double> plain(s.window_shape(), -1.0);
+      s.exchange->fill(x, plain);
+      Tensor<double> ay_plain(s.in.local_shape());
+      s.exchange->accumulate(y, ay_plain);
+      s.exchange->set_window_layout(Layout::nchw16c);
+      Tensor<double> padded(s.window_shape(), Layout::nchw16c, -7.0);
+      s.exchange->fill(x, padded);
+      Tensor<double> ay_padded(s.in.local_shape());
+      s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_padded);
+      const std::string what = std::to_string(channels) + " channels, kernel " +
+                               std::to_string(g.ah.kernel) + " stride " +
+                               std::to_string(g.ah.stride);
+      const Tensor<double> back = to_layout(padded, Layout::nchw16c, Layout::nchw);
+      EXPECT_TRUE(std::equal(back.span().begin(), back.span().end(), plain.span().begin()))
+          << "fill, " << what;
+      EXPECT_TRUE(
+          std::equal(ay_padded.span().begin(), ay_padded.span().end(), ay_plain.span().begin()))
+          << "accumulate, " << what;
+      const Shape4 ws = s.window_shape();
+      int touched = 0;
+      for (std::int64_t n = 0; n < ws.n; ++n)
+        for (std::int64_t c = ws.c; c < channel_blocks(ws.c) * kBlock; ++c)
+          for (std::int64_t h = 0; h < ws.h; ++h)
+            for (std::int64_t w = 0; w < ws.w; ++w)
+              touched += padded.data()[nchw16c_offset(ws, n, c, h, w)] != -7.0 &&
+                         padded.data()[nchw16c_offset(ws, n, c, h, w)] != 0.0;
+      EXPECT_EQ(touched, 0) << "padding channels given values, " << what;
+      s.exchange->set_window_layout(Layout::nchw);
+    }
+  }
+}
+
 // Accumulating over a tile gradient's old values (Into::overwrite, as layers do into a fresh
 // tensor) gives, bit for bit, what adding into zeros gives.
 TEST(HaloExchange, AccumulateCanOverwriteTheTile) {

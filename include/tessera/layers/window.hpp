@@ -96,8 +96,10 @@ class WindowLayer : public UnaryLayer<T> {
   // The window the last fill_window filled (backward-filter reads it). Local.
   const Tensor<T>& kept_window() const { return window_; }
 
-  // A zero gradient shaped like the window, for backward-data to add into. Local.
+  // A zero gradient shaped like the window (with the storage of its layout), for backward-data
+  // to add into; or one for a kernel that overwrites it. Local.
   Tensor<T> window_grad_zeros() const;
+  Tensor<T> window_grad_uninitialized() const;
   // Returns dL/dx: `grad` (shaped like the window) added into the tiles that own it. `overlap`
   // is local work needing no halo (backward-filter): it runs while the exchange is in flight.
   // Neighbour-wise collective over the spatial communicator.
