@@ -109,46 +109,41 @@ TEST(ConvGrad, SkippingTheInputGradientChangesNoParameterGradient) {
   }
 }
 
+// conv (3 -> c1) -> relu -> conv (c1 -> c2, each geometry of the matrix's kind) -> relu ->
+// [conv to 8] -> 1x1 head, float32 on the test grid against one rank.
+void check_wide_chain(std::int64_t c1, std::int64_t c2, bool narrow_tail) {
+  for (const std::string second :
+       {R"("kernel": 3, "padding": 1)", R"("kernel": 3, "stride": 2, "padding": 1)",
+        R"("kernel": 5, "dilation": 2, "padding": "same")",
+        R"("kernel": [2, 3], "padding": [2, 1])"}) {
+    std::string model = R"({"name": "wide", "input_channels": 3, "layers": [)"
+                        R"({"name": "c1", "type": "conv2d", "out_channels": )" +
+                        std::to_string(c1) +
+                        R"(, "kernel": 3, "padding": 1},)"
+                        R"({"name": "r1", "type": "relu"},)"
+                        R"({"name": "c2", "type": "conv2d", "out_channels": )" +
+                        std::to_string(c2) + ", " + second +
+                        R"(},)"
+                        R"({"name": "r2", "type": "relu"},)";
+    if (narrow_tail)
+      model += R"({"name": "c3", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},)";
+    model += R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
+    test::check_model<float>(parse_model(model), {3, 3, 17, 15},
+                             std::to_string(c1) + " -> " + std::to_string(c2) + ", c2 " + second);
+  }
+}
+
 // Convs reading 16 or 32 channels assemble their windows in nchw16c (float32, oneDNN): the
 // exchange converts, oneDNN reads the window and writes its gradient in place; strides,
 // dilations and asymmetric padding as in the matrix.
 TEST(ConvGrad, ChannelBlockedWindowsFloat32) {
-  for (const std::string second :
-       {R"("kernel": 3, "padding": 1)", R"("kernel": 3, "stride": 2, "padding": 1)",
-        R"("kernel": 5, "dilation": 2, "padding": "same")",
-        R"("kernel": [2, 3], "padding": [2, 1])"}) {
-    const std::string model =
-        R"({"name": "blocked", "input_channels": 3, "layers": [)"
-        R"({"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},)"
-        R"({"name": "r1", "type": "relu"},)"
-        R"({"name": "c2", "type": "conv2d", "out_channels": 32, )" +
-        second +
-        R"(},)"
-        R"({"name": "r2", "type": "relu"},)"
-        R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
-    test::check_model<float>(parse_model(model), {3, 3, 17, 15}, "c2 " + second);
-  }
+  check_wide_chain(16, 32, false);
 }
 
 // Convs reading 20 or 24 channels assemble their windows in nchw16c with the last block padded
-// (float32, oneDNN): strides, dilations and asymmetric padding; then 8 channels (NCHW again).
+// (float32, oneDNN); then 8 channels (NCHW again).
 TEST(ConvGrad, ChannelPaddedWindowsFloat32) {
-  for (const std::string second :
-       {R"("kernel": 3, "padding": 1)", R"("kernel": 3, "stride": 2, "padding": 1)",
-        R"("kernel": 5, "dilation": 2, "padding": "same")",
-        R"("kernel": [2, 3], "padding": [2, 1])"}) {
-    const std::string model =
-        R"({"name": "padded", "input_channels": 3, "layers": [)"
-        R"({"name": "c1", "type": "conv2d", "out_channels": 20, "kernel": 3, "padding": 1},)"
-        R"({"name": "r1", "type": "relu"},)"
-        R"({"name": "c2", "type": "conv2d", "out_channels": 24, )" +
-        second +
-        R"(},)"
-        R"({"name": "r2", "type": "relu"},)"
-        R"({"name": "c3", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},)"
-        R"({"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})";
-    test::check_model<float>(parse_model(model), {3, 3, 17, 15}, "c2 " + second);
-  }
+  check_wide_chain(20, 24, true);
 }
 
 // Pooling between convs of 16 and 32 channels pools nchw16c windows into nchw16c outputs

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "mpi_test.hpp"
 #include "tessera/collectives.hpp"
@@ -43,6 +44,16 @@ struct ExchangeSetup {
     const Shape4 l = in.local_shape();
     const Box& w = exchange->plan().window;
     return {l.n, l.c, w.h.size(), w.w.size()};
+  }
+  // A tile and a window-shaped gradient of values in [-0.5, 0.5), different on every rank.
+  std::pair<Tensor<double>, Tensor<double>> random_tile_and_window(std::uint64_t stream) const {
+    const auto salt = static_cast<std::uint64_t>(grid.rank()) << 40;
+    Tensor<double> x(in.local_shape()), y(window_shape());
+    for (std::size_t k = 0; k < x.span().size(); ++k)
+      x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
+    for (std::size_t k = 0; k < y.span().size(); ++k)
+      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+    return {std::move(x), std::move(y)};
   }
 };
 
@@ -104,13 +115,7 @@ TEST(HaloExchange, AccumulateIsTheAdjointOfFill) {
   for (const Geometry& g : geometries()) {
     ExchangeSetup s(g);
     ++stream;
-    Tensor<double> x(s.in.local_shape());
-    Tensor<double> y(s.window_shape());
-    const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
-    for (std::size_t k = 0; k < x.span().size(); ++k)
-      x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
-    for (std::size_t k = 0; k < y.span().size(); ++k)
-      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+    const auto [x, y] = s.random_tile_and_window(stream);
     Tensor<double> fx(s.window_shape());
     s.exchange->fill(x, fx);
     Tensor<double> ay(s.in.local_shape());
@@ -137,12 +142,7 @@ TEST(HaloExchange, ChannelBlockedWindowsHoldTheSameValues) {
     g.shape.c = 32;  // two channel blocks
     ExchangeSetup s(g);
     ++stream;
-    const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
-    Tensor<double> x(s.in.local_shape()), y(s.window_shape());
-    for (std::size_t k = 0; k < x.span().size(); ++k)
-      x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
-    for (std::size_t k = 0; k < y.span().size(); ++k)
-      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+    const auto [x, y] = s.random_tile_and_window(stream);
     Tensor<double> plain(s.window_shape(), -1.0), blocked(s.window_shape(), -1.0);
     s.exchange->fill(x, plain);
     Tensor<double> ay_plain(s.in.local_shape()), ay_blocked(s.in.local_shape());
@@ -181,12 +181,7 @@ TEST(HaloExchange, ChannelPaddedWindowsHoldTheSameValues) {
       g.shape.c = channels;
       ExchangeSetup s(g);
       ++stream;
-      const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
-      Tensor<double> x(s.in.local_shape()), y(s.window_shape());
-      for (std::size_t k = 0; k < x.span().size(); ++k)
-        x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
-      for (std::size_t k = 0; k < y.span().size(); ++k)
-        y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+      const auto [x, y] = s.random_tile_and_window(stream);
       Tensor<double> plain(s.window_shape(), -1.0);
       s.exchange->fill(x, plain);
       Tensor<double> ay_plain(s.in.local_shape());
@@ -226,10 +221,7 @@ TEST(HaloExchange, AccumulateCanOverwriteTheTile) {
   for (const Geometry& g : geometries()) {
     ExchangeSetup s(g);
     ++stream;
-    const auto salt = static_cast<std::uint64_t>(s.grid.rank()) << 40;
-    Tensor<double> y(s.window_shape());
-    for (std::size_t k = 0; k < y.span().size(); ++k)
-      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+    const Tensor<double> y = s.random_tile_and_window(stream).second;
     Tensor<double> added(s.in.local_shape()), overwritten(s.in.local_shape(), 123.0);
     s.exchange->accumulate(y, added);
     auto r = s.exchange->start_accumulate(y, overwritten, Layout::nchw, Into::overwrite);
