@@ -20,10 +20,11 @@ struct Geometry {
 };
 
 // The exchange of a conv with this geometry on the test grid, as Conv2d builds it.
+template <typename T = double>
 struct ExchangeSetup {
   const ProcessGrid& grid = test::world_grid();
   Distribution in;
-  std::optional<HaloExchange<double>> exchange;
+  std::optional<HaloExchange<T>> exchange;
 
   explicit ExchangeSetup(const Geometry& g) {
     in = {g.shape, grid.shape(), grid.coords()};
@@ -46,13 +47,13 @@ struct ExchangeSetup {
     return {l.n, l.c, w.h.size(), w.w.size()};
   }
   // A tile and a window-shaped gradient of values in [-0.5, 0.5), different on every rank.
-  std::pair<Tensor<double>, Tensor<double>> random_tile_and_window(std::uint64_t stream) const {
+  std::pair<Tensor<T>, Tensor<T>> random_tile_and_window(std::uint64_t stream) const {
     const auto salt = static_cast<std::uint64_t>(grid.rank()) << 40;
-    Tensor<double> x(in.local_shape()), y(window_shape());
+    Tensor<T> x(in.local_shape()), y(window_shape());
     for (std::size_t k = 0; k < x.span().size(); ++k)
-      x.span()[k] = uniform01(1, stream, salt + k) - 0.5;
+      x.span()[k] = T(uniform01(1, stream, salt + k) - 0.5);
     for (std::size_t k = 0; k < y.span().size(); ++k)
-      y.span()[k] = uniform01(2, stream, salt + k) - 0.5;
+      y.span()[k] = T(uniform01(2, stream, salt + k) - 0.5);
     return {std::move(x), std::move(y)};
   }
 };
@@ -83,7 +84,7 @@ double code(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
 
 TEST(HaloExchange, FillPutsEveryGlobalElementInPlaceAndZerosOutsideTheImage) {
   for (const Geometry& g : geometries()) {
-    ExchangeSetup s(g);
+    ExchangeSetup<> s(g);
     Tensor<double> tile(s.in.local_shape());
     const Range ns = s.in.samples(), hs = s.in.rows(), ws = s.in.cols();
     for (std::int64_t n = 0; n < ns.size(); ++n)
@@ -113,7 +114,7 @@ TEST(HaloExchange, FillPutsEveryGlobalElementInPlaceAndZerosOutsideTheImage) {
 TEST(HaloExchange, AccumulateIsTheAdjointOfFill) {
   std::uint64_t stream = 0;
   for (const Geometry& g : geometries()) {
-    ExchangeSetup s(g);
+    ExchangeSetup<> s(g);
     ++stream;
     const auto [x, y] = s.random_tile_and_window(stream);
     Tensor<double> fx(s.window_shape());
@@ -134,67 +135,74 @@ TEST(HaloExchange, AccumulateIsTheAdjointOfFill) {
 // A window in nChw16c holds exactly the values of the NCHW one, and accumulating from it gives the
 // same tile gradient bit for bit, whatever the tile's layout: the exchange converts while it
 // copies.
-TEST(HaloExchange, ChannelBlockedWindowsHoldTheSameValues) {
+template <typename T>
+void expect_blocked_windows_hold_the_same_values() {
   std::uint64_t stream = 100;
   for (const Geometry& base : geometries()) {
     if (base.ah.kernel != 3 && base.ah.kernel != 5) continue;
     Geometry g = base;
     g.shape.c = 32;  // two channel blocks
-    ExchangeSetup s(g);
+    ExchangeSetup<T> s(g);
     ++stream;
     const auto [x, y] = s.random_tile_and_window(stream);
-    Tensor<double> plain(s.window_shape(), -1.0), blocked(s.window_shape(), -1.0);
+    Tensor<T> plain(s.window_shape(), -1.0), blocked(s.window_shape(), -1.0);
     s.exchange->fill(x, plain);
-    Tensor<double> ay_plain(s.in.local_shape()), ay_blocked(s.in.local_shape());
+    Tensor<T> ay_plain(s.in.local_shape()), ay_blocked(s.in.local_shape());
     s.exchange->accumulate(y, ay_plain);
     s.exchange->set_window_layout(Layout::nchw16c);
     s.exchange->fill(x, blocked);
     s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_blocked);
-    const Tensor<double> back = to_layout(blocked, Layout::nchw16c, Layout::nchw);
+    const Tensor<T> back = to_layout(blocked, Layout::nchw16c, Layout::nchw);
     EXPECT_TRUE(std::equal(back.span().begin(), back.span().end(), plain.span().begin()))
         << "fill, kernel " << g.ah.kernel << " stride " << g.ah.stride;
     EXPECT_TRUE(
         std::equal(ay_blocked.span().begin(), ay_blocked.span().end(), ay_plain.span().begin()))
         << "accumulate, kernel " << g.ah.kernel << " stride " << g.ah.stride;
     // Tiles in nchw16c too (a conv's output handed on as oneDNN wrote it): both sides blocked.
-    Tensor<double> both(s.window_shape(), -1.0), ay_both(s.in.local_shape());
+    Tensor<T> both(s.window_shape(), -1.0), ay_both(s.in.local_shape());
     s.exchange->fill(to_layout(x, Layout::nchw, Layout::nchw16c), both, Layout::nchw16c);
     s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_both, Layout::nchw16c);
     EXPECT_TRUE(std::equal(both.span().begin(), both.span().end(), blocked.span().begin()))
         << "fill from an nchw16c tile, kernel " << g.ah.kernel << " stride " << g.ah.stride;
-    const Tensor<double> ay_back = to_layout(ay_both, Layout::nchw16c, Layout::nchw);
+    const Tensor<T> ay_back = to_layout(ay_both, Layout::nchw16c, Layout::nchw);
     EXPECT_TRUE(std::equal(ay_back.span().begin(), ay_back.span().end(), ay_plain.span().begin()))
         << "accumulate into an nchw16c tile, kernel " << g.ah.kernel << " stride " << g.ah.stride;
   }
 }
 
-// A window of 8, 24 or 40 channels in nChw16c pads its last block (Conv2d uses such windows):
+TEST(HaloExchange, ChannelBlockedWindowsHoldTheSameValues) {
+  expect_blocked_windows_hold_the_same_values<double>();
+  expect_blocked_windows_hold_the_same_values<float>();
+}
+
+// A window of 8, 12, 24 or 40 channels in nChw16c pads its last block (Conv2d uses such windows):
 // it holds the NCHW window's values, accumulating from it gives the same tile gradient bit for
 // bit, and the padding channels get nothing but the zeros of the window's padding outside the
 // image (3 samples: blocks of one sample never run into the next).
-TEST(HaloExchange, ChannelPaddedWindowsHoldTheSameValues) {
+template <typename T>
+void expect_padded_windows_hold_the_same_values() {
   std::uint64_t stream = 300;
   for (const Geometry& base : geometries()) {
     if (base.ah.kernel != 3) continue;
-    for (std::int64_t channels : {8, 24, 40}) {
+    for (std::int64_t channels : {8, 12, 24, 40}) {
       Geometry g = base;
       g.shape.c = channels;
-      ExchangeSetup s(g);
+      ExchangeSetup<T> s(g);
       ++stream;
       const auto [x, y] = s.random_tile_and_window(stream);
-      Tensor<double> plain(s.window_shape(), -1.0);
+      Tensor<T> plain(s.window_shape(), -1.0);
       s.exchange->fill(x, plain);
-      Tensor<double> ay_plain(s.in.local_shape());
+      Tensor<T> ay_plain(s.in.local_shape());
       s.exchange->accumulate(y, ay_plain);
       s.exchange->set_window_layout(Layout::nchw16c);
-      Tensor<double> padded(s.window_shape(), Layout::nchw16c, -7.0);
+      Tensor<T> padded(s.window_shape(), Layout::nchw16c, T(-7));
       s.exchange->fill(x, padded);
-      Tensor<double> ay_padded(s.in.local_shape());
+      Tensor<T> ay_padded(s.in.local_shape());
       s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_padded);
       const std::string what = std::to_string(channels) + " channels, kernel " +
                                std::to_string(g.ah.kernel) + " stride " +
                                std::to_string(g.ah.stride);
-      const Tensor<double> back = to_layout(padded, Layout::nchw16c, Layout::nchw);
+      const Tensor<T> back = to_layout(padded, Layout::nchw16c, Layout::nchw);
       EXPECT_TRUE(std::equal(back.span().begin(), back.span().end(), plain.span().begin()))
           << "fill, " << what;
       EXPECT_TRUE(
@@ -206,12 +214,17 @@ TEST(HaloExchange, ChannelPaddedWindowsHoldTheSameValues) {
         for (std::int64_t c = ws.c; c < channel_blocks(ws.c) * kBlock; ++c)
           for (std::int64_t h = 0; h < ws.h; ++h)
             for (std::int64_t w = 0; w < ws.w; ++w)
-              touched += padded.data()[nchw16c_offset(ws, n, c, h, w)] != -7.0 &&
-                         padded.data()[nchw16c_offset(ws, n, c, h, w)] != 0.0;
+              touched += padded.data()[nchw16c_offset(ws, n, c, h, w)] != T(-7) &&
+                         padded.data()[nchw16c_offset(ws, n, c, h, w)] != T(0);
       EXPECT_EQ(touched, 0) << "padding channels given values, " << what;
       s.exchange->set_window_layout(Layout::nchw);
     }
   }
+}
+
+TEST(HaloExchange, ChannelPaddedWindowsHoldTheSameValues) {
+  expect_padded_windows_hold_the_same_values<double>();
+  expect_padded_windows_hold_the_same_values<float>();
 }
 
 // Accumulating over a tile gradient's old values (Into::overwrite, as layers do into a fresh
@@ -219,7 +232,7 @@ TEST(HaloExchange, ChannelPaddedWindowsHoldTheSameValues) {
 TEST(HaloExchange, AccumulateCanOverwriteTheTile) {
   std::uint64_t stream = 200;
   for (const Geometry& g : geometries()) {
-    ExchangeSetup s(g);
+    ExchangeSetup<> s(g);
     ++stream;
     const Tensor<double> y = s.random_tile_and_window(stream).second;
     Tensor<double> added(s.in.local_shape()), overwritten(s.in.local_shape(), 123.0);
@@ -234,7 +247,7 @@ TEST(HaloExchange, AccumulateCanOverwriteTheTile) {
 
 TEST(HaloExchange, SplitPhaseRefusesASecondExchangeInFlight) {
   const WindowAxis a{.kernel = 3, .pad_begin = 1, .pad_end = 1};
-  ExchangeSetup s({{3, 2, 17, 15}, a, a});
+  ExchangeSetup<> s({{3, 2, 17, 15}, a, a});
   Tensor<double> x(s.in.local_shape(), 1.0), window(s.window_shape());
   auto request = s.exchange->start_fill(x, window);
   Tensor<double> other(s.window_shape());
