@@ -17,9 +17,11 @@ namespace {
 
 using dnnl::memory;
 
-// Whether every value of x inside `image` (rows x columns of x) is finite. One pass over the image
-// part, threaded; exponent bits all set is a NaN or an infinity.
-bool image_finite(const Tensor<float>& x, Layout layout, const Box& image) {
+// Whether oneDNN pools every value of x inside `image` (rows x columns of x) as the reference
+// does: not a NaN or an infinity (exponent bits all set), and not the lowest float, which is
+// where oneDNN's max starts (a window of only that value would keep its first position, padding
+// included, where the reference takes the first image position). One threaded pass.
+bool image_ordinary(const Tensor<float>& x, Layout layout, const Box& image) {
   const Shape4& s = x.shape();
   const std::int64_t v = layout == Layout::nchw16c ? kBlock : 1;
   const std::int64_t planes = s.n * s.c / v, rows = image.h.size();
@@ -35,7 +37,8 @@ bool image_finite(const Tensor<float>& x, Layout layout, const Box& image) {
           for (std::int64_t j = 0; j < segment; ++j) {
             std::uint32_t bits;
             std::memcpy(&bits, p + j, sizeof bits);
-            any |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+            any |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u) |
+                   static_cast<std::uint32_t>(bits == 0xff7fffffu);  // -FLT_MAX
           }
         }
         if (any != 0) bad.store(true, std::memory_order_relaxed);
@@ -74,7 +77,8 @@ std::unique_ptr<OneDnnPool> OneDnnPool::create(PoolKind kind, const PoolShapes& 
   if (g.pad_top != 0 || g.pad_left != 0 || g.kernel_h <= 0 || g.kernel_w <= 0 || g.stride_h <= 0 ||
       g.stride_w <= 0 || x.n != y.n || x.c != y.c || x.numel() == 0 || y.numel() == 0 ||
       (shapes.layout == Layout::nchw16c && x.c % kBlock != 0) ||
-      !fits(x.h, y.h, g.kernel_h, g.stride_h) || !fits(x.w, y.w, g.kernel_w, g.stride_w))
+      !fits(x.h, y.h, g.kernel_h, g.stride_h) || !fits(x.w, y.w, g.kernel_w, g.stride_w) ||
+      g.image.empty() || intersect(g.image, Box{{0, x.h}, {0, x.w}}) != g.image)
     return nullptr;
   onednn::apply_threads();
   auto plan = std::make_unique<Plan>();
@@ -131,8 +135,8 @@ void OneDnnPool::forward(const Tensor<float>& x, Tensor<float>& y) {
   check_shape("input", x.shape(), p.shapes.x);
   check_shape("output", y.shape(), p.shapes.y);
   fallback_.reset();
-  if (!image_finite(x, p.shapes.layout, p.geometry.image)) {
-    // The reference's NaN and infinity rules; it reads NCHW.
+  if (!image_ordinary(x, p.shapes.layout, p.geometry.image)) {
+    // The reference's rules for NaN, infinities and the lowest float; it reads NCHW.
     fallback_.emplace(p.kind, p.geometry);
     if (p.shapes.layout == Layout::nchw) {
       fallback_->forward(x, y);

@@ -206,9 +206,10 @@ TEST(OneDnnPool, MatchesTheReferenceTiesAndPaddingIncluded) {
   EXPECT_EQ(planned_blocked, blocked) << "every nchw16c case has a JIT implementation";
 }
 
-// NaN and infinities follow the reference's rules (a NaN wins, a window of -infinity gives
-// -infinity): the kernel runs the reference for that forward and its backward, and oneDNN again
-// once the data are finite.
+// NaN, infinities and the lowest float follow the reference's rules (a NaN wins, a window of
+// -infinity gives -infinity, a window of the lowest float sends its gradient to its first image
+// position): the kernel runs the reference for that forward and its backward, and oneDNN again
+// once the data are ordinary.
 TEST(OneDnnPool, NonFiniteInputsGiveTheReferenceResults) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -240,6 +241,19 @@ TEST(OneDnnPool, NonFiniteInputsGiveTheReferenceResults) {
         const Result want = reference_result(c, x, dy);
         EXPECT_EQ(mismatches(got.y, want.y, 0), 0) << "forward with " << bad << ", " << c.str();
         EXPECT_EQ(mismatches(got.dx, want.dx, 0), 0) << "backward with " << bad << ", " << c.str();
+      }
+      {
+        // A border window (its first row and column padding) whose image part is all the lowest
+        // float: the reference sends the gradient to its first image position.
+        Tensor<float> x = window_data(c, k->window_padding(), false, 1);
+        for (std::int64_t h = 1; h < 3; ++h)
+          for (std::int64_t w = 1; w < 3; ++w)
+            x.at(0, 7, h, w) = std::numeric_limits<float>::lowest();
+        const Result got = run(*k, c, x, dy);
+        EXPECT_TRUE(k->last_forward_was_reference()) << c.str();
+        const Result want = reference_result(c, x, dy);
+        EXPECT_EQ(mismatches(got.y, want.y, 0), 0) << "forward with -FLT_MAX, " << c.str();
+        EXPECT_EQ(mismatches(got.dx, want.dx, 0), 0) << "backward with -FLT_MAX, " << c.str();
       }
       if (kind == PoolKind::max) {
         Tensor<float> x = window_data(c, k->window_padding(), false, 1);
@@ -273,6 +287,10 @@ TEST(OneDnnPool, DeclinesWhatItCannotExpress) {
   PoolShapes tall = base.shapes();
   tall.x.h += 1;
   EXPECT_EQ(OneDnnPool::create(base.kind, tall, base.geometry()), nullptr);
+  // An image box past the window's edge.
+  PoolGeometry wide = base.geometry();
+  wide.image.w.end += 1;
+  EXPECT_EQ(OneDnnPool::create(base.kind, base.shapes(), wide), nullptr);
   // nchw16c with 4 channels.
   PoolShapes few = base.shapes();
   few.x.c = few.y.c = 4;
