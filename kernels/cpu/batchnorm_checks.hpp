@@ -26,4 +26,17 @@ inline void statistics(const char* kernel, const Shape4& x, const reference::Bat
   channels(kernel, x, s.invstd.size(), "invstd");
 }
 
+// The arguments of batchnorm_backward_data (both implementations take the same ones).
+template <typename T>
+void backward_data(const char* kernel, const Tensor<T>& x, const Tensor<T>& dy,
+                   const reference::BatchNormStats& s, std::size_t weight, std::size_t mean_dy,
+                   std::size_t mean_dy_xhat, const Tensor<T>& dx) {
+  statistics(kernel, x.shape(), s);
+  same(kernel, x.shape(), dy.shape(), "output gradient");
+  same(kernel, x.shape(), dx.shape(), "input gradient");
+  channels(kernel, x.shape(), weight, "weight");
+  channels(kernel, x.shape(), mean_dy, "mean_dy");
+  channels(kernel, x.shape(), mean_dy_xhat, "mean_dy_xhat");
+}
+
 }  // namespace tessera::batchnorm_checks

@@ -193,12 +193,8 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
                              std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
                              Tensor<T>& dx) {
   const Shape4& s = x.shape();
-  statistics("batchnorm_backward_data", s, stats);
-  same("batchnorm_backward_data", s, dy.shape(), "output gradient");
-  same("batchnorm_backward_data", s, dx.shape(), "input gradient");
-  channels("batchnorm_backward_data", s, weight.size(), "weight");
-  channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
-  channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
+  batchnorm_checks::backward_data("batchnorm_backward_data", x, dy, stats, weight.size(),
+                                  mean_dy.size(), mean_dy_xhat.size(), dx);
   const Units u = units_of(s, layout);
   for_each_unit(u, [&](std::int64_t unit) {
     const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });

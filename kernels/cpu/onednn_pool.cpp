@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 
 #include "onednn_common.hpp"
 #include "tessera/error.hpp"
@@ -128,6 +130,27 @@ void check_shape(const char* what, const Shape4& got, const Shape4& planned) {
                                     planned.str() + ", called with " + got.str());
 }
 
+// f(in, out) on NCHW tensors, through copies when the plan's layout is nchw16c: the reference
+// fallback reads NCHW only.
+template <typename F>
+void in_nchw(Layout layout, const Tensor<float>& in, Tensor<float>& out, F&& f) {
+  if (layout == Layout::nchw) {
+    f(in, out);
+    return;
+  }
+  Tensor<float> plain(out.shape(), uninitialized);
+  f(to_layout(in, Layout::nchw16c, Layout::nchw), plain);
+  out = to_layout(plain, Layout::nchw, Layout::nchw16c);
+}
+
+// A primitive's arguments, with max pooling's workspace.
+std::unordered_map<int, memory> pool_args(int in_arg, memory in, int out_arg, memory out,
+                                          PoolKind kind, const memory& workspace) {
+  std::unordered_map<int, memory> args{{in_arg, std::move(in)}, {out_arg, std::move(out)}};
+  if (kind == PoolKind::max) args.insert({DNNL_ARG_WORKSPACE, workspace});
+  return args;
+}
+
 }  // namespace
 
 void OneDnnPool::forward(const Tensor<float>& x, Tensor<float>& y) {
@@ -138,23 +161,16 @@ void OneDnnPool::forward(const Tensor<float>& x, Tensor<float>& y) {
   if (!image_ordinary(x, p.shapes.layout, p.geometry.image)) {
     // The reference's rules for NaN, infinities and the lowest float; it reads NCHW.
     fallback_.emplace(p.kind, p.geometry);
-    if (p.shapes.layout == Layout::nchw) {
-      fallback_->forward(x, y);
-    } else {
-      Tensor<float> y_plain(y.shape(), uninitialized);
-      fallback_->forward(to_layout(x, Layout::nchw16c, Layout::nchw), y_plain);
-      y = to_layout(y_plain, Layout::nchw, Layout::nchw16c);
-    }
+    in_nchw(p.shapes.layout, x, y,
+            [&](const Tensor<float>& in, Tensor<float>& out) { fallback_->forward(in, out); });
     return;
   }
   onednn::run("pooling forward", [&] {
-    memory src(p.x_desc, onednn::cpu_engine(), const_cast<float*>(x.data()));
-    memory dst(p.y_desc, onednn::cpu_engine(), y.data());
-    if (p.kind == PoolKind::max)
-      p.fwd.execute(p.stream,
-                    {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_WORKSPACE, p.workspace}});
-    else
-      p.fwd.execute(p.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
+    p.fwd.execute(p.stream,
+                  pool_args(DNNL_ARG_SRC,
+                            memory(p.x_desc, onednn::cpu_engine(), const_cast<float*>(x.data())),
+                            DNNL_ARG_DST, memory(p.y_desc, onednn::cpu_engine(), y.data()), p.kind,
+                            p.workspace));
     p.stream.wait();
   });
 }
@@ -164,24 +180,16 @@ void OneDnnPool::backward(const Tensor<float>& dy, Tensor<float>& dx) {
   check_shape("output gradient", dy.shape(), p.shapes.y);
   check_shape("input gradient", dx.shape(), p.shapes.x);
   if (fallback_) {
-    if (p.shapes.layout == Layout::nchw) {
-      fallback_->backward(dy, dx);
-    } else {
-      Tensor<float> dx_plain(dx.shape(), uninitialized);
-      fallback_->backward(to_layout(dy, Layout::nchw16c, Layout::nchw), dx_plain);
-      dx = to_layout(dx_plain, Layout::nchw, Layout::nchw16c);
-    }
+    in_nchw(p.shapes.layout, dy, dx,
+            [&](const Tensor<float>& in, Tensor<float>& out) { fallback_->backward(in, out); });
     return;
   }
   onednn::run("pooling backward", [&] {
-    memory diff_dst(p.y_desc, onednn::cpu_engine(), const_cast<float*>(dy.data()));
-    memory diff_src(p.x_desc, onednn::cpu_engine(), dx.data());
-    if (p.kind == PoolKind::max)
-      p.bwd.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                               {DNNL_ARG_DIFF_SRC, diff_src},
-                               {DNNL_ARG_WORKSPACE, p.workspace}});
-    else
-      p.bwd.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, diff_src}});
+    p.bwd.execute(p.stream,
+                  pool_args(DNNL_ARG_DIFF_DST,
+                            memory(p.y_desc, onednn::cpu_engine(), const_cast<float*>(dy.data())),
+                            DNNL_ARG_DIFF_SRC, memory(p.x_desc, onednn::cpu_engine(), dx.data()),
+                            p.kind, p.workspace));
     p.stream.wait();
   });
 }

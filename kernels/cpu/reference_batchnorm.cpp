@@ -104,12 +104,8 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, const Batc
                              std::span<const T> weight, std::span<const double> mean_dy,
                              std::span<const double> mean_dy_xhat, Tensor<T>& dx) {
   const Shape4& s = x.shape();
-  statistics("batchnorm_backward_data", s, stats);
-  same("batchnorm_backward_data", s, dy.shape(), "output gradient");
-  same("batchnorm_backward_data", s, dx.shape(), "input gradient");
-  channels("batchnorm_backward_data", s, weight.size(), "weight");
-  channels("batchnorm_backward_data", s, mean_dy.size(), "mean_dy");
-  channels("batchnorm_backward_data", s, mean_dy_xhat.size(), "mean_dy_xhat");
+  batchnorm_checks::backward_data("batchnorm_backward_data", x, dy, stats, weight.size(),
+                                  mean_dy.size(), mean_dy_xhat.size(), dx);
   for_each_plane(s, [&](std::int64_t c, std::int64_t at, std::int64_t plane) {
     const std::size_t ch = std::size_t(c);
     const double m = stats.mean[ch], r = stats.invstd[ch];
