@@ -26,7 +26,7 @@ void check_box(const Box& box, std::int64_t height, std::int64_t width, const st
 
 }  // namespace
 
-H5Dataset::H5Dataset(const std::string& path, MPI_Comm comm)
+H5Dataset::H5Dataset(const std::string& path, const Comm& comm)
     : file_(h5::File::open_read_parallel(path, comm)) {
   agree(comm, [&] {
     const BatchFileInfo b = inspect_batch_file(file_);

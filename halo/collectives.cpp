@@ -7,94 +7,57 @@
 #include "tessera/error.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/random.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera {
 
-template <>
-MPI_Datatype mpi_type<float>() {
-  return MPI_FLOAT;
-}
-template <>
-MPI_Datatype mpi_type<double>() {
-  return MPI_DOUBLE;
-}
-template <>
-MPI_Datatype mpi_type<int>() {
-  return MPI_INT;
-}
-template <>
-MPI_Datatype mpi_type<long long>() {
-  return MPI_LONG_LONG;
-}
-template <>
-MPI_Datatype mpi_type<std::int64_t>() {
-  return MPI_INT64_T;
-}
-
 template <typename T>
-void allreduce_sum(std::span<T> data, MPI_Comm comm) {
+void allreduce(const Comm& comm, std::span<T> data, ReduceOp op, Group group,
+               const std::string& what) {
   if (data.empty()) return;
-  MPI_Request r = MPI_REQUEST_NULL;
-  TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()),
-                                   mpi_type<T>(), MPI_SUM, comm, &r));
+  Request r = comm.start_allreduce(data, op, group, what);
   Timed timed(Activity::allreduce);
-  wait(r);
+  comm.wait(r);
 }
 
-template void allreduce_sum<float>(std::span<float>, MPI_Comm);
-template void allreduce_sum<double>(std::span<double>, MPI_Comm);
-template void allreduce_sum<long long>(std::span<long long>, MPI_Comm);
+template void allreduce<float>(const Comm&, std::span<float>, ReduceOp, Group, const std::string&);
+template void allreduce<double>(const Comm&, std::span<double>, ReduceOp, Group,
+                                const std::string&);
+template void allreduce<long long>(const Comm&, std::span<long long>, ReduceOp, Group,
+                                   const std::string&);
+template void allreduce<int>(const Comm&, std::span<int>, ReduceOp, Group, const std::string&);
 
-void allreduce_max(std::span<double> data, MPI_Comm comm) {
-  if (data.empty()) return;
-  MPI_Request r = MPI_REQUEST_NULL;
-  TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()),
-                                   MPI_DOUBLE, MPI_MAX, comm, &r));
-  wait(r);
+int allreduce_max(const Comm& comm, int value, Group group) {
+  allreduce(comm, std::span<int>(&value, 1), ReduceOp::max, group);
+  return value;
 }
-
-namespace {
-
-int allreduce_int(int value, MPI_Op op, MPI_Comm comm) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, op, comm, &r));
-  wait(r);
+int allreduce_min(const Comm& comm, int value, Group group) {
+  allreduce(comm, std::span<int>(&value, 1), ReduceOp::min, group);
+  return value;
+}
+long long allreduce_sum(const Comm& comm, long long value, Group group) {
+  allreduce(comm, std::span<long long>(&value, 1), ReduceOp::sum, group);
   return value;
 }
 
-}  // namespace
-
-int allreduce_max(int value, MPI_Comm comm) {
-  return allreduce_int(value, MPI_MAX, comm);
-}
-int allreduce_min(int value, MPI_Comm comm) {
-  return allreduce_int(value, MPI_MIN, comm);
-}
-
-long long allreduce_sum(long long value, MPI_Comm comm) {
-  allreduce_sum(std::span<long long>(&value, 1), comm);
-  return value;
-}
-
-void broadcast(std::string& text, int root, MPI_Comm comm) {
+void broadcast(const Comm& comm, std::string& text, int root, Group group) {
   long long length = static_cast<long long>(text.size());
-  MPI_Request r = MPI_REQUEST_NULL;
-  TESSERA_CHECK_MPI(MPI_Ibcast(&length, 1, MPI_LONG_LONG, root, comm, &r));
-  wait(r);
+  Request r = comm.start_broadcast(std::span<long long>(&length, 1), root, group, "broadcast");
+  comm.wait(r);
   text.resize(static_cast<std::size_t>(length));
   if (length == 0) return;
-  TESSERA_CHECK_MPI(MPI_Ibcast(text.data(), static_cast<int>(length), MPI_CHAR, root, comm, &r));
-  wait(r);
+  r = comm.start_broadcast(std::span<char>(text.data(), text.size()), root, group, "broadcast");
+  comm.wait(r);
 }
 
-void agree(MPI_Comm comm, const std::function<void()>& step) {
+void agree(const Comm& comm, const std::function<void()>& step, const std::string& what) {
   std::string message;
   std::string where;
   bool failed = false;
   try {
     step();
   } catch (const Error& e) {
+    // A timeout is not a disagreement to settle: the peers it waited for may never answer.
+    if (!e.agreed() && e.fatal()) throw;
     failed = true;
     message = e.what();
     where = e.where();
@@ -102,27 +65,22 @@ void agree(MPI_Comm comm, const std::function<void()>& step) {
     failed = true;
     message = e.what();
   }
-  int rank = 0;
-  int size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int first = allreduce_min(failed ? rank : INT_MAX, comm);
+  int first = failed ? comm.rank() : INT_MAX;
+  allreduce(comm, std::span<int>(&first, 1), ReduceOp::min, Group::world, what);
   if (first == INT_MAX) return;
-  broadcast(message, first, comm);
-  broadcast(where, first, comm);
-  if (size > 1 && first != 0) message = "rank " + std::to_string(first) + ": " + message;
+  broadcast(comm, message, first);
+  broadcast(comm, where, first);
+  if (comm.size(Group::world) > 1 && first != 0)
+    message = "rank " + std::to_string(first) + ": " + message;
   throw Error(message, where, /*agreed=*/true);
 }
 
-void check_same_everywhere(const std::string& what, const std::string& value, MPI_Comm comm) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
+void check_same_everywhere(const Comm& comm, const std::string& what, const std::string& value) {
+  const int size = comm.size(Group::world);
   const long long mine = static_cast<long long>(hash_string(value));
   std::vector<long long> all(static_cast<std::size_t>(size));
-  MPI_Request r = MPI_REQUEST_NULL;
-  TESSERA_CHECK_MPI(
-      MPI_Iallgather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, comm, &r));
-  wait(r);
+  Request r = comm.start_allgather(mine, all, Group::world, "agreement on the " + what);
+  comm.wait(r);
   std::string differ;
   for (int k = 1; k < size; ++k)
     if (all[k] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(k);

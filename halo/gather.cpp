@@ -1,8 +1,6 @@
 #include "tessera/gather.hpp"
 
-#include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera {
 namespace {
@@ -10,37 +8,37 @@ namespace {
 // Gathers each rank's tile of `planes_per_sample` planes onto rank 0 and places it with `put`.
 template <typename T, typename Put>
 void gather_tiles(std::span<const T> mine, const Distribution& d, std::int64_t planes,
-                  const ProcessGrid& grid, Put&& put) {
+                  const Comm& comm, Put&& put) {
   constexpr int kTag = 7001;
-  if (grid.rank() != 0) {
-    MPI_Request r;
-    TESSERA_CHECK_MPI(MPI_Isend(mine.data(), static_cast<int>(mine.size()), mpi_type<T>(), 0, kTag,
-                                grid.comm(), &r));
-    wait(r);
+  const std::string what = "gather of a tensor to rank 0";
+  if (comm.rank() != 0) {
+    const Message<const T> send{0, mine.data(), std::ssize(mine)};
+    Request r = comm.start_exchange(Group::world, kTag, std::span<const Message<T>>(),
+                                    std::span<const Message<const T>>(&send, 1), what);
+    comm.wait(r);
     return;
   }
-  const int ranks = grid.shape().size();
+  const int ranks = comm.shape().size();
   std::vector<std::vector<T>> tiles(static_cast<std::size_t>(ranks));
-  std::vector<MPI_Request> requests;
+  std::vector<Message<T>> recv;
   for (int r = 1; r < ranks; ++r) {
-    const Distribution theirs{d.global, d.grid, grid.coords_of(r), d.replicated};
+    const Distribution theirs{d.global, d.grid, comm.coords_of(r), d.replicated};
     const Shape4 s = theirs.local_shape();
     tiles[r].resize(static_cast<std::size_t>(s.n * planes * s.h * s.w));
-    MPI_Request q;
-    TESSERA_CHECK_MPI(MPI_Irecv(tiles[r].data(), static_cast<int>(tiles[r].size()), mpi_type<T>(),
-                                r, kTag, grid.comm(), &q));
-    requests.push_back(q);
+    recv.push_back({r, tiles[r].data(), std::ssize(tiles[r])});
   }
   tiles[0].assign(mine.begin(), mine.end());
-  wait_all(requests);
+  Request q = comm.start_exchange(Group::world, kTag, std::span<const Message<T>>(recv),
+                                  std::span<const Message<const T>>(), what);
+  comm.wait(q);
   for (int r = 0; r < ranks; ++r)
-    put(Distribution{d.global, d.grid, grid.coords_of(r), d.replicated}, tiles[r]);
+    put(Distribution{d.global, d.grid, comm.coords_of(r), d.replicated}, tiles[r]);
 }
 
 }  // namespace
 
 template <typename T>
-Tensor<T> gather_to_root(const DistTensor<T>& x, const ProcessGrid& grid) {
+Tensor<T> gather_to_root(const DistTensor<T>& x, const Comm& grid) {
   const Shape4& g = x.dist.global;
   Tensor<T> whole(grid.rank() == 0 ? g : Shape4{});
   gather_tiles<T>(x.local.span(), x.dist, g.c, grid,
@@ -56,7 +54,7 @@ Tensor<T> gather_to_root(const DistTensor<T>& x, const ProcessGrid& grid) {
   return whole;
 }
 
-template Tensor<float> gather_to_root(const DistTensor<float>&, const ProcessGrid&);
-template Tensor<double> gather_to_root(const DistTensor<double>&, const ProcessGrid&);
+template Tensor<float> gather_to_root(const DistTensor<float>&, const Comm&);
+template Tensor<double> gather_to_root(const DistTensor<double>&, const Comm&);
 
 }  // namespace tessera

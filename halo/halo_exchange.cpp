@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <optional>
 
-#include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/profile.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera {
 namespace {
@@ -166,30 +164,41 @@ Shape4 with_box(const Shape4& s, const Box& b) {
 }  // namespace
 
 template <typename T>
-struct HaloRequest<T>::State {
-  Direction how = Direction::fill;
-  Planes<T> target{};         // window (fill) or tile gradient (accumulate)
-  std::vector<Box> incoming;  // boxes of recv_buffers, in order
-  std::vector<std::vector<T>> recv_buffers;
-  std::vector<std::vector<T>> send_buffers;
-  std::vector<MPI_Request> requests;
-  bool* in_flight = nullptr;
-};
-
-template <typename T>
 HaloRequest<T>::~HaloRequest() {
-  if (!state_) return;
-  // Abandoned mid-flight (an exception unwound past it): never block here, and keep the
-  // buffers alive so a late message cannot land in freed memory. The job is ending anyway.
-  for (MPI_Request& r : state_->requests)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-  if (state_->in_flight) *state_->in_flight = false;
-  (void)state_.release();
+  // Abandoned mid-flight (an exception unwound past it): the messages are released without
+  // blocking (Request), the exchange's buffers stay with it. The job is ending anyway.
+  if (exchange_ == nullptr) return;
+  exchange_->in_flight_ = false;
+  exchange_->abandoned_ = true;
 }
 
 template <typename T>
-HaloExchange<T>::HaloExchange(HaloPlan plan, MPI_Comm comm, int tag)
-    : plan_(std::move(plan)), comm_(comm), tag_(tag) {}
+HaloExchange<T>::~HaloExchange() {
+  if (!abandoned_) return;
+  // Deliberately leaked (the job is ending): moving keeps the buffers where MPI writes.
+  new std::vector<std::vector<T>>(std::move(recv_buffers_));
+  new std::vector<std::vector<T>>(std::move(send_buffers_));
+}
+
+template <typename T>
+HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name,
+                              std::int64_t planes)
+    : plan_(std::move(plan)), comm_(&comm), tag_(tag), name_(std::move(name)) {
+  if (planes > 0) size_buffers(planes);
+}
+
+template <typename T>
+void HaloExchange<T>::size_buffers(std::int64_t planes) {
+  if (planes == planes_) return;
+  auto size = [&](const std::vector<HaloTransfer>& transfers, std::vector<std::vector<T>>& bufs) {
+    bufs.resize(transfers.size());
+    for (std::size_t k = 0; k < transfers.size(); ++k)
+      bufs[k].resize(static_cast<std::size_t>(planes * transfers[k].box.size()));
+  };
+  size(plan_.recv, recv_buffers_);
+  size(plan_.send, send_buffers_);
+  planes_ = planes;
+}
 
 template <typename T>
 void HaloExchange<T>::set_window_layout(Layout layout) {
@@ -202,7 +211,9 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                                       Layout tile_layout, Into into) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
   const bool fill = how == Direction::fill;
-  // fill: tile -> window; accumulate: window -> tile, the same messages reversed.
+  // fill: tile -> window; accumulate: window -> tile, the same messages reversed. A fill receives
+  // into recv_buffers_ what the plan's recv boxes hold; an accumulate receives the plan's send
+  // boxes into send_buffers_ and sends from recv_buffers_.
   const Box& from = fill ? plan_.owned : plan_.window;
   const Box& to = fill ? plan_.window : plan_.owned;
   const auto& incoming = fill ? plan_.recv : plan_.send;
@@ -224,29 +235,22 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   // Either side may be nchw16c: the copies convert.
   const Planes<const T> in = planes_of(source, from, fill ? tile_layout : window_layout_);
   const Planes<T> out = planes_of(target, to, fill ? window_layout_ : tile_layout);
-  HaloRequest<T> request;
-  auto s = std::make_unique<typename HaloRequest<T>::State>();
-  s->how = how;
-  s->target = out;
-  const std::int64_t planes = source.shape().n * source.shape().c;
-  const int tag = 2 * tag_ + (fill ? 0 : 1);
+  size_buffers(source.shape().n * source.shape().c);
+  auto& in_buffers = fill ? recv_buffers_ : send_buffers_;
+  auto& out_buffers = fill ? send_buffers_ : recv_buffers_;
   std::optional<Timed> timed(std::in_place, Activity::halo);
-  for (const HaloTransfer& t : incoming) {
-    s->incoming.push_back(t.box);
-    auto& buf = s->recv_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
-    MPI_Request r;
-    TESSERA_CHECK_MPI(
-        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
-    s->requests.push_back(r);
+  std::vector<Message<T>> recv;
+  std::vector<Message<const T>> send;
+  for (std::size_t k = 0; k < incoming.size(); ++k)
+    recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
+  for (std::size_t k = 0; k < outgoing.size(); ++k) {
+    pack(in, outgoing[k].box, out_buffers[k].data());
+    send.push_back({outgoing[k].peer, out_buffers[k].data(), std::ssize(out_buffers[k])});
   }
-  for (const HaloTransfer& t : outgoing) {
-    auto& buf = s->send_buffers.emplace_back(static_cast<std::size_t>(planes * t.box.size()));
-    pack(in, t.box, buf.data());
-    MPI_Request r;
-    TESSERA_CHECK_MPI(
-        MPI_Isend(buf.data(), static_cast<int>(buf.size()), mpi_type<T>(), t.peer, tag, comm_, &r));
-    s->requests.push_back(r);
-  }
+  HaloRequest<T> request;
+  request.messages_ =
+      comm_->start_exchange(Group::spatial, 2 * tag_ + (fill ? 0 : 1), recv, send,
+                            std::string("halo ") + (fill ? "fill" : "accumulate") + " of " + name_);
   // Zero padding and the local part overlap the messages.
   timed.emplace(Activity::window);
   if (fill) {
@@ -259,24 +263,32 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   } else {
     move_box(in, out, plan_.self, how);
   }
+  how_ = how;
+  target_ = target.data();
+  target_shape_ = target.shape();
+  target_layout_ = out.layout;
   in_flight_ = true;
-  s->in_flight = &in_flight_;
-  request.state_ = std::move(s);
+  request.exchange_ = this;
   return request;
 }
 
 template <typename T>
 void HaloExchange<T>::finish(HaloRequest<T>& request) {
-  TESSERA_CHECK(request.state_ != nullptr, "halo finish: the request is empty or already finished");
-  auto s = std::move(request.state_);
+  TESSERA_CHECK(request.exchange_ == this,
+                "halo finish: the request is empty, already finished or another exchange's");
   {
     Timed timed(Activity::waiting);
-    wait_all(s->requests);
+    comm_->wait(request.messages_);
   }
+  request.exchange_ = nullptr;
   Timed timed(Activity::halo);
+  const bool fill = how_ == Direction::fill;
+  const auto& incoming = fill ? plan_.recv : plan_.send;
+  const auto& buffers = fill ? recv_buffers_ : send_buffers_;
+  const Planes<T> out{target_, target_shape_, fill ? plan_.window : plan_.owned, target_layout_};
   // Received boxes are added in ascending peer order, so results do not depend on timing.
-  for (std::size_t k = 0; k < s->incoming.size(); ++k)
-    unpack(s->recv_buffers[k].data(), s->incoming[k], s->target, s->how);
+  for (std::size_t k = 0; k < incoming.size(); ++k)
+    unpack(buffers[k].data(), incoming[k].box, out, how_);
   in_flight_ = false;
 }
 

@@ -44,4 +44,15 @@ Range input_window(Range out, const WindowAxis& a) {
   return {out.begin * a.stride - a.pad_begin, (out.end - 1) * a.stride - a.pad_begin + a.span()};
 }
 
+void check_splittable(const std::string& what, std::int64_t h, std::int64_t w, int grid_h,
+                      int grid_w) {
+  if (h >= grid_h && w >= grid_w) return;
+  throw Error(what + " cannot be split over " + std::to_string(grid_h) + "x" +
+              std::to_string(grid_w) + " spatial ranks: a tile would have " +
+              (h < grid_h ? (w < grid_w ? "no rows and no columns" : "no rows") : "no columns") +
+              " (use a spatial grid of at most " +
+              std::to_string(std::min<std::int64_t>(h, grid_h)) + "x" +
+              std::to_string(std::min<std::int64_t>(w, grid_w)) + ")");
+}
+
 }  // namespace tessera

@@ -3,7 +3,6 @@
 #include <charconv>
 #include <vector>
 
-#include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera {
@@ -38,36 +37,6 @@ GridShape parse_grid(const std::string& text) {
   for (std::int64_t x : v)
     TESSERA_CHECK(x <= (1 << 30), help);
   return {static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2])};
-}
-
-ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape) : shape_(shape) {
-  int size = 0;
-  TESSERA_CHECK_MPI(MPI_Comm_size(comm, &size));
-  agree(comm, [&] {
-    TESSERA_CHECK(shape.size() == size,
-                  "grid " + shape.str() + " has " + std::to_string(shape.size()) +
-                      " ranks but the job has " + std::to_string(size) + " (run mpiexec -n " +
-                      std::to_string(shape.size()) + ", or choose a grid whose product is " +
-                      std::to_string(size) + ")");
-  });
-  int dims[3] = {shape.n, shape.h, shape.w};
-  int periods[3] = {0, 0, 0};
-  TESSERA_CHECK_MPI(MPI_Cart_create(comm, 3, dims, periods, /*reorder=*/0, &cart_));
-  TESSERA_CHECK_MPI(MPI_Comm_rank(cart_, &rank_));
-  coords_ = coords_of(rank_);
-  TESSERA_CHECK_MPI(
-      MPI_Comm_split(cart_, coords_.n, spatial_rank(coords_.i, coords_.j), &spatial_));
-  TESSERA_CHECK_MPI(MPI_Comm_split(cart_, spatial_rank(coords_.i, coords_.j), coords_.n, &sample_));
-}
-
-ProcessGrid::~ProcessGrid() {
-  for (MPI_Comm* c : {&sample_, &spatial_, &cart_})
-    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
-}
-
-GridCoords ProcessGrid::coords_of(int rank) const {
-  const int hw = shape_.h * shape_.w;
-  return {rank / hw, (rank % hw) / shape_.w, rank % shape_.w};
 }
 
 }  // namespace tessera

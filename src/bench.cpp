@@ -1,4 +1,5 @@
 #include "tessera/bench.hpp"
+#include "tessera/driver.hpp"
 
 #include <sys/resource.h>
 
@@ -18,7 +19,6 @@
 #include "tessera/model.hpp"
 #include "tessera/model_spec.hpp"
 #include "tessera/optimizer.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera {
 namespace {
@@ -72,10 +72,8 @@ std::string pad(const std::string& s, std::size_t width, bool left = false) {
 }
 
 template <typename T>
-int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
+int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, std::ostream& out) {
+  const int rank = world.rank(), size = world.size(Group::world);
   const bool root = rank == 0;
   ModelSpec spec;
   agree(world, [&] {
@@ -89,11 +87,11 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
     if (root && !o.json.empty())
       TESSERA_CHECK(std::ofstream(o.json).good(), "cannot write '" + o.json + "'");
   });
-  ProcessGrid grid(world, o.grid);
+  const Runtime runtime = make_runtime(world, o.grid, ro);
   std::optional<Model<T>> model;
   Shape4 input = o.image;
   if (input.c == 0) input.c = spec.input_channels;
-  agree(world, [&] { model.emplace(spec, grid, input); });
+  agree(world, [&] { model.emplace(spec, runtime, input); });
   model->init_params(o.seed);
   model->set_input_grad(false);  // as in training
   Optimizer<T> optimizer({.kind = OptimizerKind::sgd, .momentum = 0}, *model);
@@ -109,9 +107,10 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
         << " parameters), " << o.dtype << ", grid " << o.grid.str() << " (" << size
         << (size == 1 ? " rank" : " ranks") << "), image " << input.c << "x" << input.h << "x"
         << input.w << ", batch " << input.n << "\n"
-        << "  kernels: " << kernel_backend_description() << "\n"
-        << "  waiting: " << to_string(wait_policy()) << "; " << o.warmup << " warm-up step"
-        << (o.warmup == 1 ? "" : "s") << ", then " << o.steps << " timed; SGD lr " << o.lr << "\n"
+        << "  kernels: " << runtime.backend().description() << "\n"
+        << "  waiting: " << to_string(runtime.comm().wait_settings().policy) << "; " << o.warmup
+        << " warm-up step" << (o.warmup == 1 ? "" : "s") << ", then " << o.steps
+        << " timed; SGD lr " << o.lr << "\n"
         << std::flush;
   }
 
@@ -122,15 +121,12 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
       step_seconds = 0;
     }
     model->state() = {.mode = Mode::train, .seed = o.seed, .step = s};
+    runtime.comm().set_step(s);
     const auto began = clock_type::now();
-    const StepResult<T> r = forward_backward(*model, x, labels, grid);
+    const StepResult<T> r = forward_backward(*model, x, labels);
     optimizer.step(o.lr);
     step_seconds += std::chrono::duration<double>(clock_type::now() - began).count();
-    agree(world, [&] {
-      TESSERA_CHECK(std::isfinite(r.loss), "the loss became " + std::to_string(r.loss) +
-                                               " at step " + std::to_string(s) +
-                                               " (try a smaller --lr)");
-    });
+    check_finite_loss(world, r.loss, s, "try a smaller --lr");
   }
 
   const auto steps = static_cast<double>(o.steps);
@@ -156,18 +152,16 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
     me[6] = v.back();
     me[5] = std::max(0.0, me[6] - mine.seconds);
   }
-  allreduce_sum(std::span<double>(split), world);
+  allreduce_sum(world, std::span<double>(split));
   // Each number's maximum over ranks: the slowest rank sets the pace.
-  allreduce_max(std::span<double>(v), world);
+  allreduce(world, std::span<double>(v), ReduceOp::max);
   double sgemm_min = sgemm;
   {
     std::vector<double> neg{-sgemm};
-    allreduce_max(std::span<double>(neg), world);
+    allreduce(world, std::span<double>(neg), ReduceOp::max);
     sgemm_min = -neg[0];
   }
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const int peak_kib = allreduce_max(static_cast<int>(usage.ru_maxrss), world);
+  const double peak_mib = peak_memory_range_mib(world).second;
   if (!root) return 0;
 
   // Which conv layers count as ">= 32 channels": both sides of the weight.
@@ -187,7 +181,7 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
   j["image"] = {input.c, input.h, input.w};
   j["batch"] = input.n;
   j["threads_per_rank"] = kernel_threads().count;
-  j["kernels"] = kernel_backend_description();
+  j["kernels"] = runtime.backend().description();
   j["steps"] = o.steps;
 
   out << "  per layer, ms per step (each the maximum over ranks); GFLOP/s of this rank's work\n"
@@ -280,7 +274,7 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
     out << "\n";
   }
   out << "  throughput " << fixed(static_cast<double>(input.n) / step, 3)
-      << " images/s; peak memory per rank " << fixed(peak_kib / 1024.0, 1) << " MiB\n";
+      << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB\n";
 
   j["step_seconds"] = step;
   j["critical_rank"] = critical;
@@ -300,7 +294,7 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
   j["conv_gflops"] = conv_rate;
   j["conv32_gflops"] = wide_rate;
   j["sgemm_gflops_per_rank"] = sgemm_min;
-  j["peak_mib"] = peak_kib / 1024.0;
+  j["peak_mib"] = peak_mib;
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     f << j.dump(2) << "\n";
@@ -312,14 +306,11 @@ int bench(const BenchOptions& o, MPI_Comm world, std::ostream& out) {
 
 }  // namespace
 
-int run_bench(const BenchOptions& options, MPI_Comm world, std::ostream& out) {
-  std::string dtype = options.dtype;
-  agree(world, [&] {
-    TESSERA_CHECK(dtype == "float32" || dtype == "float64",
-                  "--dtype must be float32 or float64, got '" + dtype + "'");
-  });
-  return dtype == "float32" ? bench<float>(options, world, out)
-                            : bench<double>(options, world, out);
+int run_bench(const BenchOptions& options, const Comm& world, const RuntimeOptions& runtime,
+              std::ostream& out) {
+  agree(world, [&] { check_dtype(options.dtype); });
+  return with_dtype(options.dtype,
+                    [&](auto zero) { return bench<decltype(zero)>(options, world, runtime, out); });
 }
 
 }  // namespace tessera

@@ -18,6 +18,9 @@ std::string location(std::source_location where) {
 Error::Error(const std::string& message, std::source_location where)
     : std::runtime_error(message), where_(location(where)) {}
 
+Error::Error(const std::string& message, Fatal, std::source_location where)
+    : std::runtime_error(message), where_(location(where)), fatal_(true) {}
+
 Error::Error(const std::string& message, const std::string& where, bool agreed)
     : std::runtime_error(message), where_(where), agreed_(agreed) {}
 

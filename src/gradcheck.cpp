@@ -1,4 +1,5 @@
 #include "tessera/gradcheck.hpp"
+#include "tessera/driver.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -74,19 +75,19 @@ void write_result(h5::File& f, const std::string& group, double loss, const Tens
 }
 
 template <typename T>
-int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
+int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, std::ostream& out) {
   using clock = std::chrono::steady_clock;
   ModelSpec spec;
   agree(world, [&] { spec = load_model(o.model); });
-  ProcessGrid grid(world, o.grid);
+  const Runtime runtime = make_runtime(world, o.grid, ro);
+  const Comm& grid = runtime.comm();
 
   // The batch's shape: from the file, or from the options.
   std::optional<h5::File> input;
   Shape4 shape{o.batch, o.channels > 0 ? o.channels : spec.input_channels, o.height, o.width};
   BatchFileInfo file_info{};
   agree(world, [&] {
-    TESSERA_CHECK(o.dtype == "float32" || o.dtype == "float64",
-                  "bad dtype '" + o.dtype + "': expected float32 or float64");
+    check_dtype(o.dtype);
     TESSERA_CHECK(o.mode == "train" || o.mode == "eval",
                   "bad mode '" + o.mode + "': expected train or eval");
     // Say so now rather than after the work: the dump's directory must exist.
@@ -106,15 +107,14 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
     shape = file_info.images;
   });
 
-  check_same_everywhere("configuration",
+  check_same_everywhere(world, "configuration",
                         spec.json + "|" + o.grid.str() + "|" + shape.str() + "|" + o.dtype + "|" +
                             o.init + "|" + o.input + "|" + std::to_string(o.seed) + "|" + __DATE__ +
-                            __TIME__,
-                        world);
+                            __TIME__);
 
   std::optional<Model<T>> model;
   agree(world, [&] {
-    model.emplace(spec, grid, shape);
+    model.emplace(spec, runtime, shape);
     const Shape4& g = model->output_distribution().global;
     if (input)
       TESSERA_CHECK(file_info.labels == (std::array<std::int64_t, 3>{g.n, g.h, g.w}),
@@ -163,7 +163,7 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
   }
 
   auto t0 = clock::now();
-  StepResult<T> sharded = forward_backward(*model, x, labels, grid);
+  StepResult<T> sharded = forward_backward(*model, x, labels);
   const double sharded_s = std::chrono::duration<double>(clock::now() - t0).count();
   const Tensor<T> output = gather_to_root(sharded.output, grid);
   const Tensor<T> input_grad = gather_to_root(sharded.input_grad, grid);
@@ -172,7 +172,7 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
   int failed = 0;
   agree(world, [&] {
     if (!root) return;
-    ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+    const Runtime single = runtime.single();
     Model<T> ref(spec, single, shape);
     ref.state() = state;
     auto mine = model->params();
@@ -193,7 +193,7 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
       rlabels = random_label_tile(ref.output_distribution(), o.seed);
     }
     t0 = clock::now();
-    StepResult<T> r = forward_backward(ref, rx, rlabels, single);
+    StepResult<T> r = forward_backward(ref, rx, rlabels);
     const double single_s = std::chrono::duration<double>(clock::now() - t0).count();
 
     std::vector<Row> rows;
@@ -256,15 +256,16 @@ int run(const GradcheckOptions& o, MPI_Comm world, std::ostream& out) {
     else
       out << "PASS: all " << rows.size() << " quantities within rtol " << rtol << "\n";
   });
-  failed = allreduce_max(failed, world);
+  failed = allreduce_max(world, failed);
   return failed ? 1 : 0;
 }
 
 }  // namespace
 
-int run_gradcheck(const GradcheckOptions& options, MPI_Comm world, std::ostream& out) {
-  if (options.dtype == "float32") return run<float>(options, world, out);
-  return run<double>(options, world, out);
+int run_gradcheck(const GradcheckOptions& options, const Comm& world, const RuntimeOptions& runtime,
+                  std::ostream& out) {
+  return with_dtype(options.dtype,
+                    [&](auto zero) { return run<decltype(zero)>(options, world, runtime, out); });
 }
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/mpi_comm.hpp"
 
 namespace tessera::h5 {
 namespace {
@@ -102,7 +103,7 @@ File File::open_read(const std::string& path) {
   return File(id, path);
 }
 
-File File::open_read_parallel(const std::string& path, MPI_Comm comm) {
+File File::open_read_parallel(const std::string& path, const Comm& comm) {
   // The local checks are agreed first, so that no rank enters the collective calls alone
   // (H5Pset_fapl_mpio duplicates `comm`; H5Fopen opens the file on every rank).
   agree(comm, [&] {
@@ -111,7 +112,7 @@ File File::open_read_parallel(const std::string& path, MPI_Comm comm) {
   });
   Id fapl(TESSERA_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
 #ifdef H5_HAVE_PARALLEL
-  TESSERA_CHECK_HDF5(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+  TESSERA_CHECK_HDF5(H5Pset_fapl_mpio(fapl, mpi_comm(comm, Group::world), MPI_INFO_NULL));
 #endif
   File file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), path);
   agree(comm, [&] {

@@ -20,8 +20,8 @@ void Confusion::add(const DistTensor<T>& logits, std::span<const std::int32_t> l
     }
 }
 
-void Confusion::reduce(const ProcessGrid& grid) {
-  allreduce_sum(std::span<long long>(counts_), grid.comm());
+void Confusion::reduce(const Comm& comm) {
+  allreduce_sum(comm, std::span<long long>(counts_), Group::world, "allreduce of the metrics");
 }
 
 long long Confusion::total() const {

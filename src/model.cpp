@@ -9,8 +9,8 @@
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/parallel.hpp"
+#include "tessera/partition.hpp"
 #include "tessera/random.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera {
 namespace {
@@ -51,8 +51,9 @@ class PassTimer {
 }  // namespace
 
 template <typename T>
-Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
-    : spec_(spec), grid_(grid) {
+Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
+    : spec_(spec), runtime_(runtime) {
+  const Comm& grid = runtime.comm();
   TESSERA_CHECK(input.c == spec.input_channels,
                 "model '" + spec.name + "' takes " + std::to_string(spec.input_channels) +
                     " input channels, the batch has " + std::to_string(input.c));
@@ -61,13 +62,8 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
                     std::to_string(grid.shape().n) +
                     " data-parallel groups: every group needs at least one sample");
   input_ = {input, grid.shape(), grid.coords()};
-  TESSERA_CHECK(input.h >= grid.shape().h && input.w >= grid.shape().w,
-                "the " + std::to_string(input.h) + "x" + std::to_string(input.w) +
-                    " image cannot be split over " + std::to_string(grid.shape().h) + "x" +
-                    std::to_string(grid.shape().w) + " spatial ranks: a tile would have " +
-                    (input.h < grid.shape().h
-                         ? (input.w < grid.shape().w ? "no rows and no columns" : "no rows")
-                         : "no columns"));
+  check_splittable("the " + std::to_string(input.h) + "x" + std::to_string(input.w) + " image",
+                   input.h, input.w, grid.shape().h, grid.shape().w);
   int tag = 0;
   for (const LayerSpec& l : spec.layers) {
     Node node;
@@ -106,7 +102,7 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
   }
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
-    nodes_[k].layer->bind(grid);
+    nodes_[k].layer->bind(runtime);
   }
   build_buckets();
   const Distribution& out = nodes_.back().out;
@@ -124,6 +120,12 @@ Model<T>::Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input)
                                       "layer '" +
                                       spec.layers.back().name +
                                       "' gives an image (use pixel_cross_entropy)");
+}
+
+template <typename T>
+Model<T>::~Model() {
+  for (Bucket& b : buckets_)
+    if (b.request.pending()) new std::vector<T>(std::move(b.flat));  // deliberately leaked
 }
 
 template <typename T>
@@ -179,7 +181,7 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
     }
     // Every rank walks the same graph, so the buckets start in the same order everywhere.
     for (; next_bucket < buckets_.size() && buckets_[next_bucket].first == k; ++next_bucket)
-      start_bucket(buckets_[next_bucket]);
+      start_bucket(next_bucket);
     poll_buckets();
   }
   if (!input_grad_) return {};
@@ -225,13 +227,16 @@ void Model<T>::build_buckets() {
 }
 
 template <typename T>
-void Model<T>::start_bucket(Bucket& b) {
+void Model<T>::start_bucket(std::size_t index) {
+  Bucket& b = buckets_[index];
   T* at = b.flat.data();
   for (std::size_t k = b.first; k < b.last; ++k)
     for (Param<T>* p : nodes_[k].layer->params())
       at = std::copy(p->grad.data(), p->grad.data() + p->grad.numel(), at);
-  TESSERA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, b.flat.data(), static_cast<int>(b.flat.size()),
-                                   mpi_type<T>(), MPI_SUM, grid_.comm(), &b.request));
+  b.request = runtime_.comm().start_allreduce(
+      std::span<T>(b.flat), ReduceOp::sum, Group::world,
+      "allreduce of gradient bucket " + std::to_string(index) + " (layers '" +
+          nodes_[b.first].layer->name() + "' to '" + nodes_[b.last - 1].layer->name() + "')");
   b.started = true;
 }
 
@@ -240,10 +245,7 @@ void Model<T>::poll_buckets() {
   // MPICH moves a nonblocking collective on only inside MPI calls: a test between layers lets
   // the reductions proceed while the next layer computes.
   for (Bucket& b : buckets_)
-    if (b.request != MPI_REQUEST_NULL) {
-      int done = 0;
-      TESSERA_CHECK_MPI(MPI_Test(&b.request, &done, MPI_STATUS_IGNORE));
-    }
+    runtime_.comm().test(b.request);
 }
 
 template <typename T>
@@ -251,17 +253,14 @@ void Model<T>::reduce_gradients() {
   PassTimer timer(reduce_timing_);
   // Buckets backward() did not start (no backward since the last reduction) start now, so this
   // always sums every gradient.
-  for (Bucket& b : buckets_)
-    if (!b.started) start_bucket(b);
-  std::vector<MPI_Request> requests;
-  for (Bucket& b : buckets_)
-    requests.push_back(b.request);
+  for (std::size_t k = 0; k < buckets_.size(); ++k)
+    if (!buckets_[k].started) start_bucket(k);
   {
     Timed timed(Activity::allreduce);
-    wait_all(requests);
+    for (Bucket& b : buckets_)
+      runtime_.comm().wait(b.request);
   }
   for (Bucket& b : buckets_) {
-    b.request = MPI_REQUEST_NULL;
     b.started = false;
     const T* at = b.flat.data();
     for (std::size_t k = b.first; k < b.last; ++k)
@@ -340,29 +339,29 @@ void Model<T>::init_params(std::uint64_t seed) {
 
 template <typename T>
 LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
-                           std::span<const std::int32_t> labels, const ProcessGrid& grid) {
+                           std::span<const std::int32_t> labels, const Comm& comm) {
   const Shape4& g = logits.dist.global;
   LossResult<T> r;
   r.grad = DistTensor<T>(logits.dist);
   // Replicated logits (one vector per sample) are whole on every spatial rank: all compute the
   // gradient, only the first rank of each sample group counts the loss.
-  const bool counts = !logits.dist.replicated || (grid.coords().i == 0 && grid.coords().j == 0);
+  const bool counts = !logits.dist.replicated || (comm.coords().i == 0 && comm.coords().j == 0);
   const double count = static_cast<double>(g.n) * (kind == LossKind::cross_entropy ? 1 : g.h * g.w);
   double local = reference::pixel_cross_entropy(logits.local, labels, static_cast<T>(1.0 / count),
                                                 &r.grad.local);
   if (!counts) local = 0;
-  allreduce_sum(std::span<double>(&local, 1), grid.comm());
+  allreduce_sum(comm, std::span<double>(&local, 1), Group::world, "allreduce of the loss");
   r.loss = local / count;
   return r;
 }
 
 template <typename T>
 StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
-                               std::span<const std::int32_t> labels, const ProcessGrid& grid) {
+                               std::span<const std::int32_t> labels) {
   StepResult<T> r;
   model.zero_grad();
   r.output = model.forward(input);
-  LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, grid);
+  LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime().comm());
   r.loss = loss.loss;
   r.input_grad = model.backward(loss.grad);
   model.reduce_gradients();
@@ -372,12 +371,12 @@ StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
 template class Model<float>;
 template class Model<double>;
 template LossResult<float> compute_loss(LossKind, const DistTensor<float>&,
-                                        std::span<const std::int32_t>, const ProcessGrid&);
+                                        std::span<const std::int32_t>, const Comm&);
 template LossResult<double> compute_loss(LossKind, const DistTensor<double>&,
-                                         std::span<const std::int32_t>, const ProcessGrid&);
+                                         std::span<const std::int32_t>, const Comm&);
 template StepResult<float> forward_backward(Model<float>&, const DistTensor<float>&,
-                                            std::span<const std::int32_t>, const ProcessGrid&);
+                                            std::span<const std::int32_t>);
 template StepResult<double> forward_backward(Model<double>&, const DistTensor<double>&,
-                                             std::span<const std::int32_t>, const ProcessGrid&);
+                                             std::span<const std::int32_t>);
 
 }  // namespace tessera

@@ -36,11 +36,8 @@ Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
   TESSERA_CHECK(in.n >= g.n, "the batch has " + std::to_string(in.n) +
                                  " samples, fewer than the grid's " + std::to_string(g.n) +
                                  " data-parallel groups: every group needs at least one sample");
-  TESSERA_CHECK(
-      in.h >= g.h && in.w >= g.w,
-      "the " + std::to_string(in.h) + "x" + std::to_string(in.w) + " image cannot be split over " +
-          std::to_string(g.h) + "x" + std::to_string(g.w) + " spatial ranks: a tile would have " +
-          (in.h < g.h ? (in.w < g.w ? "no rows and no columns" : "no rows") : "no columns"));
+  check_splittable("the " + std::to_string(in.h) + "x" + std::to_string(in.w) + " image", in.h,
+                   in.w, g.h, g.w);
   // The plan keeps a few numbers per spatial rank and layer: bound them to what one process holds.
   constexpr std::int64_t max_ranks = std::int64_t{1} << 22;
   TESSERA_CHECK(static_cast<std::int64_t>(g.h) * g.w <= max_ranks,

@@ -1,4 +1,5 @@
 #include "tessera/train.hpp"
+#include "tessera/driver.hpp"
 
 #include <sys/resource.h>
 
@@ -126,8 +127,9 @@ class MetricsFile {
 template <typename T>
 class Trainer {
  public:
-  Trainer(const TrainOptions& o, MPI_Comm world, std::ostream& out)
-      : o_(o), world_(world), out_(out) {}
+  Trainer(const TrainOptions& o, const Comm& world, const RuntimeOptions& runtime,
+          std::ostream& out)
+      : o_(o), world_(world), runtime_options_(runtime), out_(out) {}
   int run();
 
  private:
@@ -137,13 +139,15 @@ class Trainer {
   Record validate(std::int64_t step, std::int64_t epoch);
   void save(std::int64_t step, std::int64_t epoch);
   void print_summary();
-  bool root() const { return grid_->rank() == 0; }
+  bool root() const { return world_.rank() == 0; }
+  const Comm& grid() const { return runtime_->comm(); }
 
   const TrainOptions& o_;
-  MPI_Comm world_;
+  const Comm& world_;
+  const RuntimeOptions& runtime_options_;
   std::ostream& out_;
   ModelSpec spec_;
-  std::unique_ptr<ProcessGrid> grid_;
+  std::optional<Runtime> runtime_;
   std::unique_ptr<Dataset> train_data_, val_data_;
   Split train_, val_;
   std::string data_text_;
@@ -243,11 +247,11 @@ Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
     std::vector<std::int32_t> labels;
     read_batch(val_, order, x, labels);
     const DistTensor<T> logits = model_->forward(x);
-    loss += compute_loss(spec_.loss, logits, labels, *grid_).loss;
+    loss += compute_loss(spec_.loss, logits, labels, grid()).loss;
     confusion.add(logits, labels);
   }
   model_->state().mode = Mode::train;
-  confusion.reduce(*grid_);
+  confusion.reduce(grid());
   r.loss = batches > 0 ? loss / static_cast<double>(batches) : 0;
   r.accuracy = confusion.accuracy();
   r.mean_iou = confusion.mean_iou();
@@ -257,7 +261,7 @@ Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
 template <typename T>
 void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
   Confusion window = *window_confusion_;  // the open window's counts over the whole grid
-  window.reduce(*grid_);
+  window.reduce(grid());
   const CheckpointState state{
       .step = step,
       .epoch = epoch,
@@ -272,18 +276,21 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
       .window_loss = window_loss_,
       .window_counts = {window.counts().begin(), window.counts().end()}};
   // One rank writes; the others wait at the agreement, so a failed write stops every rank.
-  agree(world_, [&] {
-    if (!root()) return;
-    std::filesystem::create_directories(o_.checkpoint_dir);
-    write_checkpoint(checkpoint_path(o_.checkpoint_dir, step), *model_, *optimizer_, state);
-  });
+  agree(
+      world_,
+      [&] {
+        if (!root()) return;
+        std::filesystem::create_directories(o_.checkpoint_dir);
+        write_checkpoint(checkpoint_path(o_.checkpoint_dir, step), *model_, *optimizer_, state);
+      },
+      "checkpoint agreement");
 }
 
 template <typename T>
 void Trainer<T>::print_summary() {
   if (!root()) return;
   const Distribution& in = model_->input_distribution();
-  const GridShape& g = grid_->shape();
+  const GridShape& g = grid().shape();
   out_ << "tessera train: model " << spec_.name << " (" << model_->parameter_count()
        << " parameters), " << o_.dtype << ", loss " << to_string(spec_.loss) << "\n"
        << "  grid " << g.str() << ": " << g.n << " data-parallel group(s) of " << g.h << "x" << g.w
@@ -349,9 +356,9 @@ int Trainer<T>::run() {
       << o_.schedule.gamma << "|" << o_.checkpoint_dir << "|" << o_.checkpoint_every << "|"
       << o_.resume << "|" << o_.log_every << "|" << o_.samples << "|" << o_.height << "|"
       << o_.width << "|" << o_.val_samples << "|" << __DATE__ << __TIME__;
-    check_same_everywhere("configuration (model, options, build)", c.str(), world_);
+    check_same_everywhere(world_, "configuration (model, options, build)", c.str());
   }
-  grid_ = std::make_unique<ProcessGrid>(world_, o_.grid);
+  runtime_.emplace(make_runtime(world_, o_.grid, runtime_options_));
   segmentation_ = spec_.loss == LossKind::pixel_cross_entropy;
   agree(world_, [&] { open_data(); });
 
@@ -362,7 +369,7 @@ int Trainer<T>::run() {
     image = {o_.batch, info.channels, info.height, info.width};
   }
   agree(world_, [&] {
-    model_.emplace(spec_, *grid_, image);
+    model_.emplace(spec_, *runtime_, image);
     const Shape4 out = model_->output_distribution().global;
     classes_ = out.c;
     if (!train_data_) {
@@ -439,7 +446,7 @@ int Trainer<T>::run() {
     agree(world_, [&] {
       if (root()) path = latest_checkpoint(o_.checkpoint_dir);
     });
-    broadcast(path, 0, world_);
+    broadcast(world_, path, 0);
     agree(world_, [&] {
       if (path.empty()) return;
       const CheckpointState expect{
@@ -491,14 +498,9 @@ int Trainer<T>::run() {
     const std::int64_t epoch = step / steps_per_epoch_;
     read_batch(train_, sampler.batch(epoch, step % steps_per_epoch_), x, labels);
     model_->state() = {.mode = Mode::train, .seed = o_.seed, .step = step};
-    const StepResult<T> r = forward_backward(*model_, x, labels, *grid_);
-    // Every rank holds the same global loss, so every rank stops here together.
-    agree(world_, [&] {
-      TESSERA_CHECK(std::isfinite(r.loss),
-                    "the loss became " + std::to_string(r.loss) + " at step " +
-                        std::to_string(step) +
-                        " (try a smaller --lr); the last checkpoint is untouched");
-    });
+    runtime_->comm().set_step(step);
+    const StepResult<T> r = forward_backward(*model_, x, labels);
+    check_finite_loss(world_, r.loss, step, "try a smaller --lr; the last checkpoint is untouched");
     const double lr = learning_rate(schedule_, o_.lr, step);
     optimizer_->step(lr);
     window_loss_ += r.loss;
@@ -510,7 +512,7 @@ int Trainer<T>::run() {
     const bool epoch_end = done % steps_per_epoch_ == 0 || done == total_steps_;
     const bool log = done % o_.log_every == 0 || done == total_steps_ || epoch_end;
     if (log) {
-      window_confusion.reduce(*grid_);
+      window_confusion.reduce(grid());
       const double elapsed = seconds_since(window_began);
       // Epochs count from 1 in the metrics, as on the console.
       Record rec{.step = done,
@@ -565,30 +567,25 @@ int Trainer<T>::run() {
       save(done, done / steps_per_epoch_);
     window_began += clock_type::now() - pause_began;
   }
-  // Peak resident memory per rank: what a user sizes nodes by (Linux reports KiB).
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const int peak_kib = static_cast<int>(usage.ru_maxrss);
-  const int peak_max = allreduce_max(peak_kib, world_), peak_min = allreduce_min(peak_kib, world_);
+  const auto [peak_min, peak_max] = peak_memory_range_mib(world_);
   if (root()) {
     if (line_open) out_ << "\n";
     out_ << "done: " << std::max<std::int64_t>(0, total_steps_ - start) << " steps in "
          << duration_text(seconds_since(began)) << "; peak memory per rank " << std::fixed
-         << std::setprecision(1) << peak_min / 1024.0 << ".." << peak_max / 1024.0 << " MiB"
-         << std::defaultfloat << "\n";
+         << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat
+         << "\n";
   }
   return 0;
 }
 
 }  // namespace
 
-int run_train(const TrainOptions& options, MPI_Comm world, std::ostream& out) {
-  if (options.dtype == "float64") return Trainer<double>(options, world, out).run();
-  agree(world, [&] {
-    TESSERA_CHECK(options.dtype == "float32",
-                  "bad dtype '" + options.dtype + "': expected float32 or float64");
+int run_train(const TrainOptions& options, const Comm& world, const RuntimeOptions& runtime,
+              std::ostream& out) {
+  agree(world, [&] { check_dtype(options.dtype); });
+  return with_dtype(options.dtype, [&](auto zero) {
+    return Trainer<decltype(zero)>(options, world, runtime, out).run();
   });
-  return Trainer<float>(options, world, out).run();
 }
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-// Batches of images and per-pixel labels: from HDF5 files (DESIGN.md section 4, each rank reading
+// Batches of images and per-pixel labels: from HDF5 files (README.md "Files", each rank reading
 // only its own tile) or generated from a seed. Every function is local.
 #pragma once
 

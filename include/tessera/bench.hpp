@@ -3,13 +3,11 @@
 // and exposed reductions, with GFLOP/s of the convolutions against the machine's SGEMM rate.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <ostream>
 #include <string>
 
-#include "tessera/process_grid.hpp"
+#include "tessera/runtime.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera {
@@ -27,8 +25,9 @@ struct BenchOptions {
   std::string json;   // write the results here as JSON
 };
 
-// Collective over `world`. Rank 0 prints to `out`; bad input throws an agreed Error on every
-// rank. Returns 0.
-int run_bench(const BenchOptions& options, MPI_Comm world, std::ostream& out);
+// Collective over the world group of `world`; runs on a grid of options.grid built with `runtime`.
+// Rank 0 prints to `out`; bad input throws an agreed Error on every rank. Returns 0.
+int run_bench(const BenchOptions& options, const Comm& world, const RuntimeOptions& runtime,
+              std::ostream& out);
 
 }  // namespace tessera

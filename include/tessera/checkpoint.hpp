@@ -1,4 +1,4 @@
-// Checkpoints (DESIGN.md section 4): parameters and buffers in the params layout, the optimizer's
+// Checkpoints (README.md "Files"): parameters and buffers in the params layout, the optimizer's
 // state under /optimizer, and /state (step, epoch, seed, model JSON, grid, dtype). Written by one
 // rank to a temporary file in the same directory, flushed and renamed, so a crash mid-write never
 // destroys the last good checkpoint. Every function is local.

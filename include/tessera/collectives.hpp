@@ -1,41 +1,44 @@
-// Collectives that wait through wait_all, and agreement on errors.
+// Blocking collectives on a Comm (each waits through Comm::wait, so each has the watchdog's
+// deadline), and agreement on errors.
 #pragma once
-
-#include <mpi.h>
 
 #include <functional>
 #include <span>
 #include <string>
 
+#include "tessera/comm.hpp"
+
 namespace tessera {
 
+// In-place reduction over `group`; `what` names it for the watchdog. Collective over `group`.
 template <typename T>
-MPI_Datatype mpi_type();
-
-// In-place SUM over `comm`. Collective over `comm`.
+void allreduce(const Comm& comm, std::span<T> data, ReduceOp op, Group group = Group::world,
+               const std::string& what = "allreduce");
 template <typename T>
-void allreduce_sum(std::span<T> data, MPI_Comm comm);
+void allreduce_sum(const Comm& comm, std::span<T> data, Group group = Group::world,
+                   const std::string& what = "allreduce") {
+  allreduce(comm, data, ReduceOp::sum, group, what);
+}
 
-// In-place elementwise MAX over `comm`. Collective over `comm`.
-void allreduce_max(std::span<double> data, MPI_Comm comm);
+// Returns the maximum / minimum / sum of `value` over `group`. Collective over `group`.
+int allreduce_max(const Comm& comm, int value, Group group = Group::world);
+int allreduce_min(const Comm& comm, int value, Group group = Group::world);
+long long allreduce_sum(const Comm& comm, long long value, Group group = Group::world);
 
-// Returns the maximum / minimum of `value` over `comm`. Collective over `comm`.
-int allreduce_max(int value, MPI_Comm comm);
-int allreduce_min(int value, MPI_Comm comm);
-long long allreduce_sum(long long value, MPI_Comm comm);
+// Broadcasts `text` from rank `root` of `group`. Collective over `group`.
+void broadcast(const Comm& comm, std::string& text, int root, Group group = Group::world);
 
-// Broadcasts `text` from `root`. Collective over `comm`.
-void broadcast(std::string& text, int root, MPI_Comm comm);
-
-// Runs `step` on every rank of `comm`; if it throws on any rank, every rank throws an agreed
-// Error with the message of the lowest failing rank (prefixed with that rank when the
-// communicator has more than one). Use it around every check a user can fail, so that a bad
-// input ends all ranks with one message instead of a hang. Collective over `comm`.
-void agree(MPI_Comm comm, const std::function<void()>& step);
+// Runs `step` on every rank; if it throws on any rank, every rank throws an agreed Error with the
+// message of the lowest failing rank (prefixed with that rank when there is more than one). Use it
+// around every check a user can fail, so that a bad input ends all ranks with one message instead
+// of a hang. `what` names the agreement for the watchdog ("checkpoint agreement"). Collective
+// over the world group.
+void agree(const Comm& comm, const std::function<void()>& step,
+           const std::string& what = "agreement on errors");
 
 // Checks that `value` (a description of the run: model, grid, shapes, build) is the same on every
 // rank; otherwise every rank throws an agreed Error naming `what` and the ranks that differ from
-// rank 0 (e.g. a model file that differs between nodes). Collective over `comm`.
-void check_same_everywhere(const std::string& what, const std::string& value, MPI_Comm comm);
+// rank 0 (e.g. a model file that differs between nodes). Collective over the world group.
+void check_same_everywhere(const Comm& comm, const std::string& what, const std::string& value);
 
 }  // namespace tessera

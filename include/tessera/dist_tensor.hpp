@@ -1,5 +1,5 @@
 // A tensor distributed over a process grid: N block-partitioned over the grid's n sample groups,
-// H over its h rows and W over its w columns (DESIGN.md "Distribution"). Local.
+// H over its h rows and W over its w columns (README.md "Design", Distribution). Local.
 #pragma once
 
 #include "tessera/box.hpp"

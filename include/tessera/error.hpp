@@ -7,22 +7,32 @@
 
 namespace tessera {
 
+// Marks an Error after which no agreement between ranks is possible (the watchdog's timeout: the
+// ranks it waited for may never answer).
+struct Fatal {};
+inline constexpr Fatal fatal{};
+
 // Every failure Tessera reports is an Error. `agreed()` is true when every rank of the
 // communicator that raised it holds the same Error (see `agree` in collectives.hpp), so the
-// process may end normally; otherwise `main` must abort the job to avoid a hang.
+// process may end normally; otherwise `main` must abort the job to avoid a hang. `fatal()` errors
+// are never agreed on: agree() passes them through untouched.
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message,
                  std::source_location where = std::source_location::current());
+  Error(const std::string& message, Fatal,
+        std::source_location where = std::source_location::current());
   Error(const std::string& message, const std::string& where, bool agreed);
 
   // "file:line" of the place that raised it.
   const std::string& where() const { return where_; }
   bool agreed() const { return agreed_; }
+  bool fatal() const { return fatal_; }
 
  private:
   std::string where_;
   bool agreed_ = false;
+  bool fatal_ = false;
 };
 
 // Builds the message "what: detail" for a failed foreign call.

@@ -3,13 +3,11 @@
 // gradient and every parameter gradient.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <ostream>
 #include <string>
 
-#include "tessera/process_grid.hpp"
+#include "tessera/runtime.hpp"
 
 namespace tessera {
 
@@ -27,8 +25,10 @@ struct GradcheckOptions {
   std::uint64_t seed = 1;
 };
 
-// Collective over `world`. Rank 0 prints the table to `out`. Returns 0 when every relative error
+// Collective over the world group of `world`; runs on a grid of options.grid built from it with
+// `runtime`. Rank 0 prints the table to `out`. Returns 0 when every relative error
 // is within rtol, 1 otherwise (on every rank). Bad input throws an agreed Error on every rank.
-int run_gradcheck(const GradcheckOptions& options, MPI_Comm world, std::ostream& out);
+int run_gradcheck(const GradcheckOptions& options, const Comm& world, const RuntimeOptions& runtime,
+                  std::ostream& out);
 
 }  // namespace tessera

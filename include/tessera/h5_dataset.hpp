@@ -1,9 +1,7 @@
-// A training set in an HDF5 file (DESIGN.md section 4: /images [N, C, H, W] float32, float64 or
+// A training set in an HDF5 file (README.md "Files": /images [N, C, H, W] float32, float64 or
 // uint8; /labels int32 or int64 [N, H, W] or [N]) read with parallel HDF5: each rank reads only
 // its own tile of the samples it is given, never a whole image.
 #pragma once
-
-#include <mpi.h>
 
 #include <exception>
 #include <string>
@@ -18,7 +16,7 @@ class H5Dataset : public Dataset {
   // Opens `path` with MPI-IO over `comm` and checks its datasets as inspect_batch_file does.
   // Collective over `comm`: a missing, damaged or malformed file is one agreed Error on every
   // rank.
-  H5Dataset(const std::string& path, MPI_Comm comm);
+  H5Dataset(const std::string& path, const Comm& comm);
   // Closes the file: collective over `comm`, except while an exception unwinds the stack. That
   // exception may be this rank's alone, and waiting there for the others would keep main from
   // ending the job; the file then stays open until MPI_Finalize (which closes it collectively)

@@ -1,13 +1,14 @@
-// Moves the boxes of a HaloPlan over MPI, split phase (start / finish), in two directions:
+// Moves the boxes of a HaloPlan through a Comm, split phase (start / finish), in two directions:
 //   fill:       a rank's owned tile -> every window that overlaps it (forward)
 //   accumulate: window gradients -> added into their owners' tiles (backward; the adjoint of fill)
 #pragma once
 
-#include <mpi.h>
-
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "tessera/comm.hpp"
 #include "tessera/halo_plan.hpp"
 #include "tessera/tensor.hpp"
 
@@ -28,24 +29,34 @@ template <typename T>
 class HaloRequest {
  public:
   HaloRequest() = default;
-  HaloRequest(HaloRequest&&) noexcept = default;
-  HaloRequest& operator=(HaloRequest&&) noexcept = default;
+  HaloRequest(HaloRequest&& other) noexcept
+      : messages_(std::move(other.messages_)), exchange_(std::exchange(other.exchange_, nullptr)) {}
+  HaloRequest& operator=(HaloRequest&& other) noexcept {
+    messages_ = std::move(other.messages_);
+    exchange_ = std::exchange(other.exchange_, nullptr);
+    return *this;
+  }
   HaloRequest(const HaloRequest&) = delete;
   HaloRequest& operator=(const HaloRequest&) = delete;
   ~HaloRequest();
 
  private:
   friend class HaloExchange<T>;
-  struct State;
-  std::unique_ptr<State> state_;
+  Request messages_;
+  HaloExchange<T>* exchange_ = nullptr;  // while in flight
 };
 
 template <typename T>
 class HaloExchange {
  public:
-  // `comm` is the spatial communicator the plan's peers index; `tag` tells this exchange's
-  // messages from other exchanges that may be in flight at the same time. Local.
-  HaloExchange(HaloPlan plan, MPI_Comm comm, int tag);
+  // The plan's peers are ranks of `comm`'s spatial group; `tag` tells this exchange's messages
+  // from other exchanges that may be in flight at the same time; `name` ("layer 'c3'") is what
+  // the watchdog names. Message buffers are allocated here for `planes` planes (samples x
+  // channels) and reused by every exchange (a tensor of other planes reallocates them). Local.
+  HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name, std::int64_t planes = 0);
+  HaloExchange(HaloExchange&&) noexcept = default;
+  // An exchange abandoned in flight leaves its buffers allocated: a late message may still land.
+  ~HaloExchange();
 
   const HaloPlan& plan() const { return plan_; }
 
@@ -79,7 +90,7 @@ class HaloExchange {
     return start(Direction::accumulate, window_grad, tile_grad, tile_layout, into);
   }
 
-  // Completes the exchange. Local wait (through wait_all).
+  // Completes the exchange. Local wait (Comm::wait, with its deadline).
   void finish(HaloRequest<T>& request);
 
   void fill(const Tensor<T>& tile, Tensor<T>& window, Layout tile_layout = Layout::nchw) {
@@ -93,15 +104,27 @@ class HaloExchange {
   }
 
  private:
+  friend class HaloRequest<T>;
   HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target,
                        Layout tile_layout, Into into = Into::add);
+  void size_buffers(std::int64_t planes);
 
   HaloPlan plan_;
-  MPI_Comm comm_;
+  const Comm* comm_;
   int tag_;
+  std::string name_;
   Layout window_layout_ = Layout::nchw;
   T window_padding_ = T(0);
   bool in_flight_ = false;
+  bool abandoned_ = false;
+  // One buffer per transfer of plan_.recv / plan_.send, for `planes_` planes.
+  std::int64_t planes_ = -1;
+  std::vector<std::vector<T>> recv_buffers_, send_buffers_;
+  // Of the exchange in flight: its direction and where finish() unpacks.
+  Direction how_ = Direction::fill;
+  T* target_ = nullptr;
+  Shape4 target_shape_;
+  Layout target_layout_ = Layout::nchw;
 };
 
 }  // namespace tessera

@@ -1,9 +1,9 @@
-// A thin RAII layer over HDF5 for Tessera's files (DESIGN.md section 4). Every call is local,
+// A thin RAII layer over HDF5 for Tessera's files (README.md "Files"). Every call is local,
 // except on a file opened with open_read_parallel, whose opening and closing are collective.
 #pragma once
 
 #include <hdf5.h>
-#include <mpi.h>
+#include "tessera/comm.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -31,9 +31,10 @@ class File {
   // Opens an existing file read-only; a missing path or a file that is not HDF5 (or is damaged)
   // is an Error naming the path.
   static File open_read(const std::string& path);
-  // The same with MPI-IO over `comm` (parallel HDF5). Collective over `comm`: every rank gets the
-  // file, or every rank throws one agreed Error. The file's destructor is collective over `comm`.
-  static File open_read_parallel(const std::string& path, MPI_Comm comm);
+  // The same with MPI-IO over `comm` (parallel HDF5). Collective over its world group: every rank
+  // gets the file, or every rank throws one agreed Error. The file's destructor is collective over
+  // `comm`.
+  static File open_read_parallel(const std::string& path, const Comm& comm);
   // Creates (truncates) a file for writing.
   static File create(const std::string& path);
 

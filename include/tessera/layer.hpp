@@ -1,5 +1,6 @@
 // A distributed layer: sets itself up for its input distributions (shapes, parameters), binds to
-// a process grid (halo exchanges), then runs forward and backward on its rank's tiles.
+// a runtime (halo exchanges on its Comm, kernels from its Backend), then runs forward and backward
+// on its rank's tiles.
 #pragma once
 
 #include <functional>
@@ -9,7 +10,7 @@
 #include <vector>
 
 #include "tessera/dist_tensor.hpp"
-#include "tessera/process_grid.hpp"
+#include "tessera/runtime.hpp"
 
 namespace tessera {
 
@@ -66,8 +67,9 @@ class Layer {
   // Checks the inputs, allocates parameters; returns the output distribution. Local and pure;
   // throws an Error naming the layer.
   virtual Distribution setup(std::span<const Distribution> inputs) = 0;
-  // Builds what needs the grid's communicators (halo exchanges). Local.
-  virtual void bind(const ProcessGrid&) {}
+  // Builds what needs the runtime: halo exchanges on its Comm, kernels from its Backend. The
+  // runtime outlives the layer. Local.
+  virtual void bind(const Runtime&) {}
 
   // Collective over the spatial communicator when the layer exchanges halos or reduces
   // statistics (batch norm: over the grid), else local.

@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "tessera/comm.hpp"
 #include "tessera/dist_tensor.hpp"
-#include "tessera/process_grid.hpp"
 
 namespace tessera {
 
@@ -23,8 +23,8 @@ class Confusion {
   template <typename T>
   void add(const DistTensor<T>& logits, std::span<const std::int32_t> labels);
 
-  // Sums the counts over the grid. Collective over the grid's communicator.
-  void reduce(const ProcessGrid& grid);
+  // Sums the counts over the grid. Collective over the world group.
+  void reduce(const Comm& comm);
 
   std::int64_t classes() const { return classes_; }
   long long count(std::int64_t label, std::int64_t predicted) const {

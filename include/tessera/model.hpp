@@ -1,8 +1,6 @@
 // A model distributed over a process grid: a graph of layers, set up for one global input shape.
 #pragma once
 
-#include <mpi.h>
-
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,23 +42,29 @@ struct LayerTiming {
 template <typename T>
 class Model {
  public:
-  // Builds every layer for a global input [N, C, H, W] on `grid` and checks every shape and tile.
-  // Local (pure index math); throws an Error naming the layer at fault.
-  Model(const ModelSpec& spec, const ProcessGrid& grid, Shape4 input);
+  // Builds every layer for a global input [N, C, H, W] on the runtime's grid and checks every
+  // shape and tile; the runtime outlives the model. Local (pure index math); throws an Error
+  // naming the layer at fault.
+  Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input);
+  // A reduction abandoned in flight (an exception) leaves its bucket allocated: a late message
+  // may still land.
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelSpec& spec() const { return spec_; }
+  const Runtime& runtime() const { return runtime_; }
   const Distribution& input_distribution() const { return input_; }
   const Distribution& output_distribution() const { return nodes_.back().out; }
 
   RunState& state() { return state_; }  // mode (train / eval), seed and step
 
-  // Collective over the grid's communicator (halos over the spatial one, batch norm over all).
+  // Collective over the world group (halos over the spatial one, batch norm over all).
   DistTensor<T> forward(const DistTensor<T>& x);
   // Returns dL/dinput. Parameter gradients are summed over all ranks of the grid (spatial and
-  // sample) in buckets of consecutive layers, each started (MPI_Iallreduce) as soon as the
+  // sample) in buckets of consecutive layers, each started (Comm::start_allreduce) as soon as the
   // backward pass has left its layers, so the reduction overlaps the rest of the backward pass;
-  // until reduce_gradients() they hold unspecified values. Collective over the grid's
-  // communicator.
+  // until reduce_gradients() they hold unspecified values. Collective over the world group.
   DistTensor<T> backward(const DistTensor<T>& dy);
 
   void zero_grad();  // local
@@ -70,7 +74,7 @@ class Model {
   // its halo exchange, and backward() returns an empty tensor. Local; set the same on every rank.
   void set_input_grad(bool needed);
   // Completes the reductions backward() started: every rank then holds the gradient of the
-  // global loss. Collective over the grid's communicator.
+  // global loss. Collective over the world group.
   void reduce_gradients();
 
   // Per layer, in model order; and the part of reduce_gradients() that was not hidden. Local.
@@ -99,15 +103,15 @@ class Model {
   struct Bucket {
     std::size_t first = 0, last = 0;
     std::vector<T> flat;
-    MPI_Request request = MPI_REQUEST_NULL;
+    Request request;
     bool started = false;
   };
   void build_buckets();
-  void start_bucket(Bucket& b);
+  void start_bucket(std::size_t index);
   void poll_buckets();
 
   ModelSpec spec_;
-  const ProcessGrid& grid_;
+  const Runtime& runtime_;
   Distribution input_;
   std::vector<Node> nodes_;
   RunState state_;
@@ -126,13 +130,13 @@ struct LossResult {
   DistTensor<T> grad;  // dL/dlogits on this rank's tile
 };
 
-// Collective over the grid's communicator.
+// Collective over the world group of `comm`.
 template <typename T>
 LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
-                           std::span<const std::int32_t> labels, const ProcessGrid& grid);
+                           std::span<const std::int32_t> labels, const Comm& comm);
 
 // One evaluation of the loss and every gradient: zero_grad, forward, loss, backward and the
-// gradient reduction. Collective over the grid's communicator.
+// gradient reduction. Collective over the world group of the model's runtime.
 template <typename T>
 struct StepResult {
   double loss = 0;
@@ -141,6 +145,6 @@ struct StepResult {
 };
 template <typename T>
 StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
-                               std::span<const std::int32_t> labels, const ProcessGrid& grid);
+                               std::span<const std::int32_t> labels);
 
 }  // namespace tessera

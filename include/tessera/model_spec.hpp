@@ -1,4 +1,4 @@
-// A model as described by its JSON file (DESIGN.md section 5), validated, dtype-free. Local.
+// A model as described by its JSON file (README.md "Models (JSON)"), validated, dtype-free. Local.
 #pragma once
 
 #include <cstdint>

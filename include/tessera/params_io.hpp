@@ -1,4 +1,4 @@
-// Parameters and buffers in HDF5, in PyTorch layouts (DESIGN.md section 4):
+// Parameters and buffers in HDF5, in PyTorch layouts (README.md "Files"):
 // /params/<layer>/weight (conv OIHW, transposed conv [in, out, kh, kw], linear [out, in], batch
 // norm [C]), /params/<layer>/bias [C], /buffers/<layer>/running_mean|running_var [C]; root
 // attribute format = "tessera-params-1". Every function is local.

@@ -1,8 +1,9 @@
-// Block partitions and convolution windows: the index math of DESIGN.md section 2.
+// Block partitions and convolution windows: the index math of README.md "Design".
 // Every function here is local and pure.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "tessera/box.hpp"
 
@@ -30,6 +31,13 @@ struct WindowAxis {
 
 // Output extent of the window op over an input of `extent`; may be <= 0 (impossible shape).
 std::int64_t window_output_extent(std::int64_t extent, const WindowAxis& a);
+
+// Checks that an image of h x w splits over the grid's h x w spatial ranks with rows and
+// columns on every rank; otherwise throws an Error "<what> cannot be split over ... a tile would
+// have no rows (use a spatial grid of at most ...)". `what`: "the 17x15 image", "layer 'c2'
+// (conv2d): its 2x3 output". The one place this rule is written. Local.
+void check_splittable(const std::string& what, std::int64_t h, std::int64_t w, int grid_h,
+                      int grid_w);
 
 // Input rows that output rows `out` read: [ob*S - P, (oe-1)*S - P + D*(K-1) + 1), not clipped to
 // the image (the part outside [0, extent) is zero padding). Empty when `out` is empty.

@@ -1,7 +1,6 @@
-// The n x h x w process grid: n data-parallel groups, each an h x w spatial grid.
+// The n x h x w process grid: n data-parallel groups, each an h x w spatial grid. Its
+// communicators are a Comm (comm.hpp).
 #pragma once
-
-#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -33,37 +32,6 @@ struct GridCoords {
   int n = 0;
   int i = 0;
   int j = 0;
-};
-
-// The grid over a communicator, with sub-communicators:
-//   spatial: the h*w ranks of my sample group (rank = i*w + j)
-//   sample:  the n ranks that hold the same tile of different samples (rank = n)
-// Ranks are not reordered: rank in `comm` = n*h*w + i*w + j.
-class ProcessGrid {
- public:
-  // Collective over `comm`. Throws an agreed Error if shape.size() != size of `comm`.
-  ProcessGrid(MPI_Comm comm, GridShape shape);
-  ~ProcessGrid();
-  ProcessGrid(const ProcessGrid&) = delete;
-  ProcessGrid& operator=(const ProcessGrid&) = delete;
-
-  const GridShape& shape() const { return shape_; }
-  const GridCoords& coords() const { return coords_; }
-  int rank() const { return rank_; }
-  MPI_Comm comm() const { return cart_; }
-  MPI_Comm spatial() const { return spatial_; }
-  MPI_Comm sample() const { return sample_; }
-
-  int spatial_rank(int i, int j) const { return i * shape_.w + j; }
-  GridCoords coords_of(int rank) const;
-
- private:
-  GridShape shape_;
-  GridCoords coords_;
-  int rank_ = 0;
-  MPI_Comm cart_ = MPI_COMM_NULL;
-  MPI_Comm spatial_ = MPI_COMM_NULL;
-  MPI_Comm sample_ = MPI_COMM_NULL;
 };
 
 }  // namespace tessera

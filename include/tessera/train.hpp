@@ -2,14 +2,12 @@
 // progress and metrics.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <ostream>
 #include <string>
 
 #include "tessera/optimizer.hpp"
-#include "tessera/process_grid.hpp"
+#include "tessera/runtime.hpp"
 
 namespace tessera {
 
@@ -37,8 +35,10 @@ struct TrainOptions {
   bool progress_line = false;  // one updating line (a terminal) instead of plain lines
 };
 
-// Collective over `world`. Rank 0 prints to `out`. Returns 0 on success; bad input throws an
+// Collective over the world group of `world`; trains on a grid of options.grid built with
+// `runtime`. Rank 0 prints to `out`. Returns 0 on success; bad input throws an
 // agreed Error on every rank.
-int run_train(const TrainOptions& options, MPI_Comm world, std::ostream& out);
+int run_train(const TrainOptions& options, const Comm& world, const RuntimeOptions& runtime,
+              std::ostream& out);
 
 }  // namespace tessera

@@ -8,7 +8,7 @@
 
 namespace tessera::cli {
 
-int bench_command(const std::vector<std::string>& args, MPI_Comm world) {
+int bench_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime) {
   BenchOptions o;
   std::string grid, image = "3x2048x2048";
   std::int64_t batch = 1;
@@ -38,7 +38,7 @@ int bench_command(const std::vector<std::string>& args, MPI_Comm world) {
              "convolutions' GFLOP/s against the\nSGEMM rate. Default: conv-bench on one "
              "3x2048x2048 image (scripts/bench/compare_pytorch.py\ntimes PyTorch beside it). "
              "TESSERA_OVERLAP=0 turns off the interior/border overlap.",
-             d, args, vm, world))
+             d, args, vm, world, runtime))
     return 0;
   agree(world, [&] {
     o.grid = grid_or_default(grid, world);
@@ -46,7 +46,7 @@ int bench_command(const std::vector<std::string>& args, MPI_Comm world) {
     o.image.n = batch;
     TESSERA_CHECK(batch >= 1, "--batch must be at least 1, got " + std::to_string(batch));
   });
-  return run_bench(o, world, std::cout);
+  return run_bench(o, world, runtime, std::cout);
 }
 
 }  // namespace tessera::cli

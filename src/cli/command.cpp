@@ -7,7 +7,6 @@
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 #include "tessera/model_spec.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera::cli {
 
@@ -18,15 +17,16 @@ po::options_description common_options() {
       "read options from this INI file (key = value; the command line wins)")(
       "wait", po::value<std::string>(),
       "how ranks wait for messages: spin, or sleep (polite polling for more ranks than "
-      "cores); default: detected, or $TESSERA_WAIT");
+      "cores); default: detected, or $TESSERA_WAIT")(
+      "timeout", po::value<double>(),
+      "seconds any one wait for other ranks may take before the job ends with a message naming "
+      "the operation and the ranks that did not answer (default 600, or $TESSERA_TIMEOUT)");
   return o;
 }
 
-GridShape grid_or_default(const std::string& text, MPI_Comm world) {
+GridShape grid_or_default(const std::string& text, const Comm& world) {
   if (!text.empty()) return parse_grid(text);
-  int size = 1;
-  MPI_Comm_size(world, &size);
-  return GridShape{1, 1, size};
+  return GridShape{1, 1, world.size(Group::world)};
 }
 
 Shape4 parse_image(const std::string& text) {
@@ -45,15 +45,9 @@ std::string model_option_help() {
   return "model JSON file or built-in name (" + models + ")";
 }
 
-bool is_root(MPI_Comm world) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  return rank == 0;
-}
-
 bool parse(const std::string& command, const std::string& summary,
            const po::options_description& options, const std::vector<std::string>& args,
-           po::variables_map& vm, MPI_Comm world) {
+           po::variables_map& vm, const Comm& world, RuntimeOptions& runtime) {
   po::options_description all;
   all.add(options).add(common_options());
   agree(world, [&] {
@@ -70,7 +64,8 @@ bool parse(const std::string& command, const std::string& summary,
         const std::string path = vm["config"].as<std::string>();
         TESSERA_CHECK(std::filesystem::exists(path), "config file '" + path + "' does not exist");
         std::ifstream in(path);
-        po::store(po::parse_config_file(in, options), vm);
+        // The common options too: `timeout = 1200` and `wait = sleep` belong in a job's file.
+        po::store(po::parse_config_file(in, all), vm);
       }
       po::notify(vm);
     } catch (const po::error& e) {
@@ -84,10 +79,10 @@ bool parse(const std::string& command, const std::string& summary,
                 << all << std::endl;
     return false;
   }
-  WaitPolicy policy = detect_wait_policy(world);
-  if (vm.count("wait"))
-    agree(world, [&] { policy = parse_wait_policy(vm["wait"].as<std::string>()); });
-  set_wait_policy(policy);
+  agree(world, [&] {
+    if (vm.count("wait")) runtime.wait = parse_wait_policy(vm["wait"].as<std::string>());
+    if (vm.count("timeout")) runtime.timeout = check_timeout(vm["timeout"].as<double>());
+  });
   return true;
 }
 

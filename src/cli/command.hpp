@@ -1,34 +1,39 @@
-// Shared pieces of the `tessera` subcommands.
+// Shared pieces of the `tessera` subcommands. Each gets from main the job's ranks as a 1x1xP
+// grid (`world`) and the runtime options of the environment, which its command line overrides.
 #pragma once
-
-#include <mpi.h>
 
 #include <boost/program_options.hpp>
 
 #include <string>
 #include <vector>
-#include "tessera/process_grid.hpp"
+
+#include "tessera/comm.hpp"
+#include "tessera/runtime.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera::cli {
 
 namespace po = boost::program_options;
 
-// What every subcommand accepts: --help, --config FILE (INI; the command line wins), --wait.
+// What every subcommand accepts: --help, --config FILE (INI; the command line wins), --wait,
+// --timeout.
 po::options_description common_options();
 
 // Parses `args` (the words after the subcommand) against `options` plus the common ones, reading
-// --config when given. Returns false when --help was asked for (the help has been printed on
-// rank 0). Collective over `world` (errors are agreed on every rank).
+// --config when given; --wait and --timeout go into `runtime`. Returns false when --help was
+// asked for (the help has been printed on rank 0). Collective over `world` (errors are agreed on
+// every rank).
 bool parse(const std::string& command, const std::string& summary,
            const po::options_description& options, const std::vector<std::string>& args,
-           po::variables_map& vm, MPI_Comm world);
+           po::variables_map& vm, const Comm& world, RuntimeOptions& runtime);
 
-bool is_root(MPI_Comm world);
+inline bool is_root(const Comm& world) {
+  return world.rank() == 0;
+}
 
 // The grid given as NxHxW, or 1x1xP for the P ranks of `world` when `text` is empty. Local; a
 // bad string throws (call it inside agree()).
-GridShape grid_or_default(const std::string& text, MPI_Comm world);
+GridShape grid_or_default(const std::string& text, const Comm& world);
 
 // "CxHxW": channels, height and width, three positive integers; returned with n = 0. Local; a bad
 // string throws (call it inside agree()).
@@ -37,16 +42,18 @@ Shape4 parse_image(const std::string& text);
 // "model JSON file or built-in name (...)", the built-in names listed. Local.
 std::string model_option_help();
 
-int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world);
+int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
+                      RuntimeOptions runtime);
 // Collective over `world` (errors are agreed): every rank computes the same plan, rank 0 prints
 // it. Needs no mpiexec: one process plans a grid of any size.
-int plan_command(const std::vector<std::string>& args, MPI_Comm world);
+int plan_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime);
 // Collective over `world`: trains; rank 0 prints progress.
-int train_command(const std::vector<std::string>& args, MPI_Comm world);
+int train_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime);
 // Collective over `world`: times training steps; rank 0 prints the table.
-int bench_command(const std::vector<std::string>& args, MPI_Comm world);
+int bench_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime);
 // Collective over `world` (errors are agreed): rank 0 writes the synthetic dataset file, the
-// other ranks wait for its outcome.
-int datagen_command(const std::vector<std::string>& args, MPI_Comm world);
+// other ranks wait for its outcome, without a deadline (the write takes as long as the file).
+int datagen_command(const std::vector<std::string>& args, const Comm& world,
+                    RuntimeOptions runtime);
 
 }  // namespace tessera::cli

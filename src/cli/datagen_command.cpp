@@ -1,4 +1,4 @@
-// `tessera datagen`: writes the built-in synthetic dataset to an HDF5 file (DESIGN.md section 4),
+// `tessera datagen`: writes the built-in synthetic dataset to an HDF5 file (README.md "Files"),
 // streamed one band of chunk rows at a time, so no image, let alone the dataset, has to fit in
 // memory. Rank 0 writes; the other ranks only wait for its result (the data is cheap to
 // generate and one writer keeps the file simple).
@@ -19,7 +19,6 @@
 #include "tessera/error.hpp"
 #include "tessera/hdf5.hpp"
 #include "tessera/synthetic.hpp"
-#include "tessera/wait.hpp"
 
 namespace tessera::cli {
 namespace {
@@ -149,7 +148,8 @@ void write_dataset(SyntheticDataset& data, const Request& r, h5::File& file, std
 
 }  // namespace
 
-int datagen_command(const std::vector<std::string>& args, MPI_Comm world) {
+int datagen_command(const std::vector<std::string>& args, const Comm& world,
+                    RuntimeOptions runtime) {
   SyntheticOptions o;
   std::string output, task = "segmentation", dtype = "float32", chunk = "256x256";
   po::options_description d("Datagen options");
@@ -177,12 +177,13 @@ int datagen_command(const std::vector<std::string>& args, MPI_Comm world) {
              "tile, as\n`tessera train --data` and `tessera gradcheck --input` read it. The file "
              "is written\nstreamed and atomically (a temporary file renamed at the end); rank 0 "
              "writes.",
-             d, args, vm, world))
+             d, args, vm, world, runtime))
     return 0;
-  // The other ranks wait for the whole run, and rank 0 only once: poll politely so the waiting
-  // ranks leave the cores to the writer (unless the user chose otherwise).
-  if (!vm.count("wait") && std::getenv("TESSERA_WAIT") == nullptr)
-    set_wait_policy(WaitPolicy::sleep);
+  // The other ranks wait for the whole write, with no deadline (it takes as long as the file),
+  // polling politely so that they leave the cores to the writer (unless the user chose
+  // otherwise).
+  const std::unique_ptr<Comm> waiting =
+      world.make_grid(world.shape(), {runtime.wait.value_or(WaitPolicy::sleep), kNoTimeout});
 
   std::unique_ptr<SyntheticDataset> data;
   Request r;
@@ -219,7 +220,7 @@ int datagen_command(const std::vector<std::string>& args, MPI_Comm world) {
               << bytes_text(static_cast<double>(r.label_bytes)) << std::endl;
   }
   double elapsed = 0;
-  agree(world, [&] {
+  agree(*waiting, [&] {
     if (!root) return;
     namespace fs = std::filesystem;
     const fs::path target(r.output);

@@ -8,7 +8,8 @@
 
 namespace tessera::cli {
 
-int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world) {
+int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
+                      RuntimeOptions runtime) {
   GradcheckOptions o;
   std::string grid;
   po::options_description d("Gradcheck options");
@@ -40,10 +41,10 @@ int gradcheck_command(const std::vector<std::string>& args, MPI_Comm world) {
           "Runs one forward and backward pass of the model sharded over the grid and on a single "
           "rank,\nand compares the loss, the output, the input gradient and every parameter "
           "gradient.\nExits 1 when a relative error exceeds the tolerance.",
-          d, args, vm, world))
+          d, args, vm, world, runtime))
     return 0;
   agree(world, [&] { o.grid = grid_or_default(grid, world); });
-  return run_gradcheck(o, world, std::cout);
+  return run_gradcheck(o, world, runtime, std::cout);
 }
 
 }  // namespace tessera::cli

@@ -15,6 +15,8 @@
 #include "tessera/gpu.hpp"
 #include "tessera/hdf5.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/mpi_comm.hpp"
+#include "tessera/runtime.hpp"
 #include "tessera_config.h"
 
 #if TESSERA_HAVE_ONEDNN
@@ -37,7 +39,7 @@ constexpr const char* kUsage =
     "\n"
     "Run 'tessera <command> --help' for a command's options; 'tessera --version' for the build.\n";
 
-void print_version() {
+void print_version(const tessera::RuntimeOptions& runtime) {
   std::cout << "tessera " << TESSERA_VERSION << "\n";
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);
@@ -64,23 +66,34 @@ void print_version() {
   } else {
     std::cout << "  CUDA: not built\n";
   }
-  std::cout << "  kernels: " << tessera::kernel_backend_description() << "\n";
+  std::cout << "  kernels: " << tessera::backend_of(runtime.kernels).description() << "\n";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The environment's defaults, read once (runtime.hpp); a bad value is reported below, once the
+  // ranks can agree on it.
+  tessera::RuntimeOptions runtime;
+  std::string bad_environment;
+  try {
+    runtime = tessera::runtime_options_from_environment();
+  } catch (const tessera::Error& e) {
+    bad_environment = e.what();
+  }
   // Every step allocates and frees the same large activations. glibc serves blocks above 32 MiB
   // with mmap and returns them on free, so each step page-faulted every activation afresh: 58% of
   // a step's time. Kept in the heap, freed blocks are reused without faults (conv-bench step on
   // one 2048x2048 image: 27.8 s -> 8.0 s), for about 14% more peak memory (fragmentation: one
   // step of unet-small on 2048x2048, 4090 -> 4666 MiB). TESSERA_KEEP_FREED=0 keeps glibc's way.
-  if (const char* keep = std::getenv("TESSERA_KEEP_FREED");
-      keep == nullptr || std::string(keep) != "0") {
+  if (runtime.keep_freed) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, -1);
   }
+  tessera::set_kernel_threads(runtime.threads);
   MPI_Init(&argc, &argv);
+  // MPI failures come back as error codes, which TESSERA_CHECK_MPI turns into Errors.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   tessera::h5::quiet();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -90,23 +103,29 @@ int main(int argc, char** argv) {
   try {
     const std::string command = args.empty() ? "" : args.front();
     const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
-    // A bad TESSERA_KERNELS stops every rank with one message before any command runs.
-    tessera::agree(MPI_COMM_WORLD, [] { tessera::kernel_backend(); });
+    // The job's ranks as a 1x1xP grid, for the commands' agreements before they build their grid.
+    const tessera::WaitPolicy detected = tessera::MpiComm::detect_wait_policy(MPI_COMM_WORLD);
+    const tessera::MpiComm world(MPI_COMM_WORLD, {1, 1, size},
+                                 {runtime.wait.value_or(detected), runtime.timeout});
+    // A bad environment variable stops every rank with one message before any command runs.
+    tessera::agree(world, [&] {
+      if (!bad_environment.empty()) throw tessera::Error(bad_environment);
+    });
     if (command == "--version" || command == "version") {
-      if (rank == 0) print_version();
+      if (rank == 0) print_version(runtime);
     } else if (command.empty() || command == "--help" || command == "-h" || command == "help") {
       if (rank == 0) std::cout << kUsage;
       rc = command.empty() ? 2 : 0;
     } else if (command == "gradcheck") {
-      rc = tessera::cli::gradcheck_command(rest, MPI_COMM_WORLD);
+      rc = tessera::cli::gradcheck_command(rest, world, runtime);
     } else if (command == "train") {
-      rc = tessera::cli::train_command(rest, MPI_COMM_WORLD);
+      rc = tessera::cli::train_command(rest, world, runtime);
     } else if (command == "plan") {
-      rc = tessera::cli::plan_command(rest, MPI_COMM_WORLD);
+      rc = tessera::cli::plan_command(rest, world, runtime);
     } else if (command == "bench") {
-      rc = tessera::cli::bench_command(rest, MPI_COMM_WORLD);
+      rc = tessera::cli::bench_command(rest, world, runtime);
     } else if (command == "datagen") {
-      rc = tessera::cli::datagen_command(rest, MPI_COMM_WORLD);
+      rc = tessera::cli::datagen_command(rest, world, runtime);
     } else {
       if (rank == 0)
         std::cerr << "tessera: error: unknown command '" << command << "'\n\n" << kUsage;

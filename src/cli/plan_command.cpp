@@ -2,13 +2,14 @@
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/driver.hpp"
 #include "tessera/error.hpp"
 #include "tessera/model_spec.hpp"
 #include "tessera/plan.hpp"
 
 namespace tessera::cli {
 
-int plan_command(const std::vector<std::string>& args, MPI_Comm world) {
+int plan_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime) {
   std::string model = "convstack-small", grid, image, dtype = "float32";
   std::int64_t batch = 1;
   po::options_description d("Plan options");
@@ -26,15 +27,14 @@ int plan_command(const std::vector<std::string>& args, MPI_Comm world) {
              "rank against\na single device. Runs as one process for a grid of any size (no "
              "mpiexec needed).\nAn impossible grid is refused with the reason and a grid that "
              "works.",
-             d, args, vm, world))
+             d, args, vm, world, runtime))
     return 0;
   Plan plan;
   agree(world, [&] {
     TESSERA_CHECK(!grid.empty(), "--grid NxHxW is required (see tessera plan --help)");
     TESSERA_CHECK(!image.empty(), "--image CxHxW is required (see tessera plan --help)");
     PlanOptions o{.grid = parse_grid(grid), .input = parse_image(image), .dtype = dtype};
-    TESSERA_CHECK(dtype == "float32" || dtype == "float64",
-                  "bad dtype '" + dtype + "': expected float32 or float64");
+    check_dtype(dtype);
     TESSERA_CHECK(batch >= o.grid.n,
                   "--batch " + std::to_string(batch) + " is smaller than the grid's " +
                       std::to_string(o.grid.n) +

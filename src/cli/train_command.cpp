@@ -10,7 +10,7 @@
 
 namespace tessera::cli {
 
-int train_command(const std::vector<std::string>& args, MPI_Comm world) {
+int train_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime) {
   TrainOptions o;
   std::string grid, optimizer = "adam", schedule = "constant", progress = "auto";
   o.optimizer.kind = OptimizerKind::adam;
@@ -61,7 +61,7 @@ int train_command(const std::vector<std::string>& args, MPI_Comm world) {
   if (!parse("train",
              "Trains a model with its images tiled over the grid. Every option can also be set in "
              "an INI file\ngiven with --config (key = value; the command line wins).",
-             d, args, vm, world))
+             d, args, vm, world, runtime))
     return 0;
   agree(world, [&] {
     o.grid = grid_or_default(grid, world);
@@ -71,7 +71,7 @@ int train_command(const std::vector<std::string>& args, MPI_Comm world) {
                   "bad --progress '" + progress + "': expected auto, line or plain");
   });
   o.progress_line = progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
-  return run_train(o, world, std::cout);
+  return run_train(o, world, runtime, std::cout);
 }
 
 }  // namespace tessera::cli

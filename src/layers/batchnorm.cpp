@@ -56,18 +56,19 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   T* running_mean = running_mean_.value.data();
   T* running_var = running_var_.value.data();
   if (mode_ == Mode::train) {
-    TESSERA_CHECK(comm_ != MPI_COMM_NULL,
+    TESSERA_CHECK(comm_ != nullptr,
                   "layer '" + this->name() + "' (batchnorm2d): forward before bind");
     const double count = static_cast<double>(count_);
     // Two passes, so that a mean large next to the spread costs no precision.
+    const std::string what = "batch-norm statistics of layer '" + this->name() + "'";
     fast::batchnorm_sum(x.local, layout_, std::span<double>(mean_));
-    allreduce_sum(std::span<double>(mean_), comm_);
+    allreduce_sum(*comm_, std::span<double>(mean_), Group::world, what);
     for (double& v : mean_)
       v /= count;
     std::vector<double> square_sum(channels);
     fast::batchnorm_centered_square_sum(x.local, layout_, std::span<const double>(mean_),
                                         std::span<double>(square_sum));
-    allreduce_sum(std::span<double>(square_sum), comm_);
+    allreduce_sum(*comm_, std::span<double>(square_sum), Group::world, what);
     const double m = spec_.momentum;
     for (std::size_t c = 0; c < channels; ++c) {
       const double var = square_sum[c] / count;  // biased: what the batch is normalised with
@@ -106,7 +107,8 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   // From here on `sums` holds what the input gradient subtracts: the batch means of dy and of
   // dy * xhat in training, nothing in evaluation.
   if (mode_ == Mode::train) {
-    allreduce_sum(std::span<double>(sums), comm_);
+    allreduce_sum(*comm_, std::span<double>(sums), Group::world,
+                  "batch-norm gradient sums of layer '" + this->name() + "'");
     for (double& v : sums)
       v /= static_cast<double>(count_);
   } else {

@@ -91,7 +91,7 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
-void Conv2d<T>::bind_kernel(const Box& window) {
+void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // The model is built for one global batch, so every shape here is fixed for the layer's life.
   const Shape4 in = this->in_dist().local_shape();
   const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
@@ -110,14 +110,14 @@ void Conv2d<T>::bind_kernel(const Box& window) {
   const Layout y_fast =
       this->blocked_output_allowed() && y.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
   for (auto [xl, yl] : {std::pair{x_fast, y_fast}, std::pair{Layout::nchw, Layout::nchw}}) {
-    kernel_ = make_conv_kernel<T>({.x = x,
-                                   .w = weight_.value.shape(),
-                                   .y = y,
-                                   .bias = spec_.bias,
-                                   .x_layout = xl,
-                                   .y_layout = yl},
-                                  geometry_);
-    if (kernel_ && plan_regions(window, x, y, xl, yl)) {
+    kernel_ = backend.conv<T>({.x = x,
+                               .w = weight_.value.shape(),
+                               .y = y,
+                               .bias = spec_.bias,
+                               .x_layout = xl,
+                               .y_layout = yl},
+                              geometry_);
+    if (kernel_ && plan_regions(window, x, y, xl, yl, backend)) {
       this->set_window_layout(xl);
       out_layout_ = yl;
       return;
@@ -128,10 +128,10 @@ void Conv2d<T>::bind_kernel(const Box& window) {
 
 template <typename T>
 bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,
-                             Layout y_layout) {
+                             Layout y_layout, const Backend& backend) {
   regions_.clear();
   const HaloPlan& plan = this->plan();
-  if (!halo_overlap() || plan.recv.empty()) return true;
+  if (!this->overlap() || plan.recv.empty()) return true;
   const WindowMap map = *this->window();
   const Box tile = this->out_dist().tile();
   const Shape4& image = this->in_dist().global;
@@ -154,17 +154,17 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
     const BoxAt out{b.h.begin - tile.h.begin, b.w.begin - tile.w.begin};
     Region r{.in = at,
              .out = out,
-             .kernel = make_conv_kernel<T>({.x = {x.n, x.c, footprint.h.size(), footprint.w.size()},
-                                            .w = weight_.value.shape(),
-                                            .y = {y.n, y.c, b.h.size(), b.w.size()},
-                                            .bias = spec_.bias,
-                                            .x_outer = x,
-                                            .y_outer = y,
-                                            .x_layout = x_layout,
-                                            .y_layout = y_layout,
-                                            .x_at = at,
-                                            .y_at = out},
-                                           geometry_)};
+             .kernel = backend.conv<T>({.x = {x.n, x.c, footprint.h.size(), footprint.w.size()},
+                                        .w = weight_.value.shape(),
+                                        .y = {y.n, y.c, b.h.size(), b.w.size()},
+                                        .bias = spec_.bias,
+                                        .x_outer = x,
+                                        .y_outer = y,
+                                        .x_layout = x_layout,
+                                        .y_layout = y_layout,
+                                        .x_at = at,
+                                        .y_at = out},
+                                       geometry_)};
     if (!r.kernel) {
       regions_.clear();
       return false;  // a box these layouts cannot take: try the next ones

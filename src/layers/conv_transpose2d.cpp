@@ -137,7 +137,7 @@ Distribution ConvTranspose2d<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
-void ConvTranspose2d<T>::bind_kernel(const Box& win) {
+void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
   // With the window starting at input row ib and the tile at output row qb, local output
   // r = q - qb receives local input l = i - ib through tap j when r = l*S + j - (qb + P - ib*S):
   // the global map with the padding shifted, possibly negative.
@@ -159,7 +159,7 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win) {
   // The window in nchw16c when a fast kernel takes it (no reorder of it in any pass).
   const Layout fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
   for (const Layout layout : {fast, Layout::nchw}) {
-    kernel_ = make_conv_kernel<T>(
+    kernel_ = backend.conv<T>(
         {.x = out, .w = weight_.value.shape(), .y = window, .bias = false, .y_layout = layout},
         geometry_);
     if (kernel_) {

@@ -25,7 +25,10 @@ template <typename T>
 DistTensor<T> GlobalAvgPool<T>::forward(const DistTensor<T>& x, const RunState&) {
   DistTensor<T> y(out_);
   reference::spatial_sums<T>(x.local, y.local.span());
-  allreduce_sum(y.local.span(), spatial_);
+  TESSERA_CHECK(comm_ != nullptr,
+                "layer '" + this->name() + "' (global_avgpool): forward before bind");
+  allreduce_sum(*comm_, y.local.span(), Group::spatial,
+                "spatial sums of layer '" + this->name() + "'");
   const T area = static_cast<T>(in_.global.h * in_.global.w);
   for (T& v : y.local.span())
     v /= area;

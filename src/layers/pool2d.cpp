@@ -63,7 +63,7 @@ Distribution Pool2d<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
-void Pool2d<T>::bind_kernel(const Box& w) {
+void Pool2d<T>::bind_kernel(const Box& w, const Backend& backend) {
   // The window holds padding where it leaves the image; max pooling must tell it from real
   // values, so the kernel gets the image's part of the window in window coordinates.
   const Shape4& s = this->in_dist().global;
@@ -84,7 +84,7 @@ void Pool2d<T>::bind_kernel(const Box& w) {
   // conversions before or after (a conv's blocked output pooled for the next conv). Else NCHW.
   const bool blocked = this->blocked_output_allowed() && in.c % kBlock == 0;
   for (const Layout layout : {blocked ? Layout::nchw16c : Layout::nchw, Layout::nchw}) {
-    kernel_ = make_pool_kernel<T>(spec_.kind, {.x = x, .y = y, .layout = layout}, geometry);
+    kernel_ = backend.pool<T>(spec_.kind, {.x = x, .y = y, .layout = layout}, geometry);
     if (kernel_) {
       this->set_window_layout(layout);
       this->set_window_padding(kernel_->window_padding());

@@ -1,9 +1,9 @@
 #include "tessera/layers/window.hpp"
 
-#include <cstdlib>
 #include <utility>
 
 #include "tessera/error.hpp"
+#include "tessera/partition.hpp"
 
 namespace tessera {
 
@@ -26,21 +26,15 @@ HaloPlan window_plan(const Distribution& in, const Distribution& out, const Wind
 
 template <typename T>
 HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
-                                const WindowMap& map, const ProcessGrid& grid, int tag) {
-  return HaloExchange<T>(window_plan(in, out, map, in.me.i, in.me.j), grid.spatial(), tag);
+                                const WindowMap& map, const Comm& comm, int tag,
+                                const std::string& name) {
+  const Shape4 l = in.local_shape();
+  return HaloExchange<T>(window_plan(in, out, map, in.me.i, in.me.j), comm, tag, name, l.n * l.c);
 }
 
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan) {
   const Shape4 l = in.local_shape();
   return {l.n, l.c, plan.window.h.size(), plan.window.w.size()};
-}
-
-bool halo_overlap() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_OVERLAP");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return on;
 }
 
 Range outputs_reading_within(Range out, Range ready, const std::function<Range(Range)>& map) {
@@ -72,15 +66,8 @@ void require_spatial(const std::string& who, const Distribution& in) {
 
 void require_tiles(const std::string& who, const Distribution& out) {
   const std::int64_t h = out.global.h, w = out.global.w;
-  const int gh = out.grid.h, gw = out.grid.w;
-  TESSERA_CHECK(h >= gh && w >= gw,
-                who + ": its " + std::to_string(h) + "x" + std::to_string(w) +
-                    " output cannot be split over " + std::to_string(gh) + "x" +
-                    std::to_string(gw) + " spatial ranks: a tile would have " +
-                    (h < gh ? (w < gw ? "no rows and no columns" : "no rows") : "no columns") +
-                    " (use a spatial grid of at most " +
-                    std::to_string(std::min<std::int64_t>(h, gh)) + "x" +
-                    std::to_string(std::min<std::int64_t>(w, gw)) + ")");
+  check_splittable(who + ": its " + std::to_string(h) + "x" + std::to_string(w) + " output", h, w,
+                   out.grid.h, out.grid.w);
 }
 
 template <typename T>
@@ -98,9 +85,11 @@ const Distribution& WindowLayer<T>::set_distributions(const std::string& who,
 }
 
 template <typename T>
-void WindowLayer<T>::bind(const ProcessGrid& grid) {
-  exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), grid, tag_));
-  bind_kernel(exchange_->plan().window);
+void WindowLayer<T>::bind(const Runtime& runtime) {
+  overlap_ = runtime.overlap();
+  exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), runtime.comm(), tag_,
+                                       "layer '" + this->name() + "'"));
+  bind_kernel(exchange_->plan().window, runtime.backend());
 }
 
 template <typename T>
@@ -153,9 +142,11 @@ DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
 }
 
 template HaloExchange<float> window_exchange(const Distribution&, const Distribution&,
-                                             const WindowMap&, const ProcessGrid&, int);
+                                             const WindowMap&, const Comm&, int,
+                                             const std::string&);
 template HaloExchange<double> window_exchange(const Distribution&, const Distribution&,
-                                              const WindowMap&, const ProcessGrid&, int);
+                                              const WindowMap&, const Comm&, int,
+                                              const std::string&);
 template class WindowLayer<float>;
 template class WindowLayer<double>;
 

@@ -4,8 +4,13 @@
 Shares the driver of cli_tests.py (every rank's exit code, one error line, no hang).
 """
 import csv
+import os
 import shutil
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -232,6 +237,14 @@ def train_errors(env):
     expect_error(env.tessera(2, "train", *SMALL, "--optimizer", "sgd", "--momentum", "-1"),
                  "momentum", ">= 0")
     expect_error(env.tessera(2, "train", *SMALL, "--weight-decay", "nan"), "weight_decay")
+    for bad in ["0", "-3", "inf"]:
+        expect_error(env.tessera(2, "train", *SMALL, "--timeout", bad), "timeout", "seconds > 0")
+    env.path("t.ini").write_text("timeout = 0\n")
+    expect_error(env.tessera(2, "train", *SMALL, "--config", env.path("t.ini")), "timeout",
+                 "seconds > 0")
+    r = env.run_cmd([env.mpiexec, "-n", "2", "/usr/bin/env", "TESSERA_TIMEOUT=soon", env.exe,
+                     "train", *SMALL, "--steps", "1"])
+    expect_error(r, "TESSERA_TIMEOUT", "soon")
     # A model file that differs between nodes (here: between ranks) is named, not a hang.
     base.write_json(env.path("m0.json"), {
         "input_channels": 3, "layers": [
@@ -254,7 +267,7 @@ def train_errors(env):
 def train_metrics_and_config(env):
     ini = env.path("run.ini")
     ini.write_text("model = convnet-small\nsteps = 4\nbatch = 4\nsamples = 8\n"
-                   "val-samples = 4\nheight = 16\nwidth = 16\nlog-every = 2\n")
+                   "val-samples = 4\nheight = 16\nwidth = 16\nlog-every = 2\ntimeout = 120\n")
     r = env.tessera(2, "train", "--config", ini, "--metrics", env.path("m.jsonl"),
                     "--progress", "plain")
     expect_ok(r, "model convnet-small", "step 4/4", "validation")
@@ -311,6 +324,170 @@ def train_from_files(env):
     (bad / "checkpoint-7.h5").write_text("not a checkpoint")
     expect_error(env.tessera(2, "train", "--data", seg, "--batch", "4", "--steps", "1",
                              "--checkpoint-dir", bad, "--resume"), "checkpoint-7.h5")
+
+
+
+# ------------------------------------------------------------------------------------------
+# The watchdog: a rank that stops ends the job with a message; a slow one does not.
+
+class Job:
+    """`mpiexec -n NP tessera ARGS...` in its own session, its output collected as it comes."""
+
+    def __init__(self, env, np_, *args):
+        self.env = env
+        self.argv = [env.mpiexec, "-n", str(np_), env.exe, *map(str, args)]
+        self.proc = subprocess.Popen(self.argv, cwd=env.tmp, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=dict(os.environ, MPIEXEC_TIMEOUT="120"),
+                                     start_new_session=True)
+        self.chunks = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in iter(self.proc.stdout.readline, b""):
+            self.chunks.append(line.decode(errors="replace"))
+
+    def output(self):
+        return "".join(self.chunks)
+
+    def wait_for(self, text, seconds):
+        deadline = time.monotonic() + seconds
+        while text not in self.output():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.kill()
+                fail(f"expected {text!r} within {seconds} s", self.result())
+            time.sleep(0.05)
+
+    def descendants(self):
+        """The processes started under mpiexec (Hydra puts each rank in a session of its own,
+        so the job's session does not hold them)."""
+        parents = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    pass
+        out = []
+        for pid in parents:
+            p = pid
+            for _ in range(8):
+                p = parents.get(p, 0)
+                if p == self.proc.pid:
+                    out.append(pid)
+                    break
+                if p <= 1:
+                    break
+        return out
+
+    def rank_pid(self, rank):
+        """The process of MPI rank `rank` (its PMI_RANK) of this job."""
+        for pid in self.descendants():
+            try:
+                if os.readlink(f"/proc/{pid}/exe") != str(self.env.exe):
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in environ:
+                return pid
+        self.kill()
+        fail(f"found no process of rank {rank}", self.result())
+
+    def finish(self, seconds):
+        """Waits for mpiexec; returns (exit code, seconds waited), killing the job after
+        `seconds`."""
+        start = time.monotonic()
+        try:
+            rc = self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            fail(f"the job hung: still running {seconds} s later", self.result())
+        self.reader.join(timeout=10)
+        return rc, time.monotonic() - start
+
+    def kill(self):
+        if self.proc.poll() is None:
+            for pid in self.descendants():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def result(self):
+        return base.Result(self.argv, self.proc.poll(), self.output())
+
+
+def alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@scenario
+def train_watchdog_stopped_rank(env):
+    """A rank stopped mid-training (SIGSTOP: a hung device, a debugger) ends the job within the
+    timeout and a few seconds, with one message naming the operation, the step and the rank."""
+    timeout = 3
+    job = Job(env, 2, "train", "--steps", "100000", "--log-every", "1", "--progress", "plain",
+              "--timeout", timeout)
+    try:
+        job.wait_for("step 3/", 120)
+        pids = [job.rank_pid(0), job.rank_pid(1)]
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        rc, _ = job.finish(timeout + 60)
+        took = time.monotonic() - stopped
+    finally:
+        job.kill()
+    r = job.result()
+    if rc == 0:
+        fail("expected a non-zero exit code when a rank stopped", r)
+    line = next((l for l in r.output.splitlines() if "timeout: rank 0 waited" in l), None)
+    if line is None:
+        fail("expected rank 0's timeout message", r)
+    for part in ["at step", "rank(s) 1 did not answer the watchdog", f"--timeout {timeout} s"]:
+        if part not in line:
+            fail(f"expected the timeout message to contain {part!r}", r)
+    if took > timeout + 30:
+        fail(f"expected the job to end within {timeout + 30} s of the stop, took {took:.0f} s", r)
+    time.sleep(0.5)
+    left = [p for p in pids if alive(p)]
+    if left:
+        fail(f"expected no rank left running, found process(es) {left}", r)
+
+
+@scenario
+def train_watchdog_slow_rank(env):
+    """A rank stopped for 2 s and continued, within a 30 s timeout, changes nothing: the run
+    ends normally."""
+    job = Job(env, 2, "train", "--steps", "40", "--log-every", "1", "--progress", "plain",
+              "--timeout", "30")
+    try:
+        job.wait_for("step 3/", 120)
+        pid = job.rank_pid(1)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(2)
+        os.kill(pid, signal.SIGCONT)
+        rc, _ = job.finish(300)
+    finally:
+        job.kill()
+    r = job.result()
+    if rc != 0 or "step 40/40" not in r.output or "done:" not in r.output:
+        fail("expected the run to end normally after its rank was continued", r)
+    if "timeout" in r.output:
+        fail("expected no timeout", r)
 
 
 if __name__ == "__main__":

@@ -10,41 +10,36 @@
 #include "tessera/error.hpp"
 
 namespace tessera::test {
-namespace {
-
-template <typename T>
-double span_error(std::span<const T> a, std::span<const T> b) {
-  return rel_error<T, T>(a, b, max_abs<T>(b));
-}
-
-}  // namespace
-
 template <typename T>
 void check_model(const ModelSpec& spec, Shape4 input, const std::string& what,
                  const CheckOptions& options) {
   const double tol =
       options.tolerance > 0 ? options.tolerance : (std::is_same_v<T, double> ? 1e-10 : 1e-4);
-  const ProcessGrid& grid = world_grid();
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Runtime& grid = world_runtime();
+  const Runtime& single = single_runtime();
 
   std::optional<Model<T>> sharded, reference;
+  const GridShape g = grid.comm().shape();
+  const std::int64_t smallest_h = options.smallest_h > 0 ? options.smallest_h : input.h;
+  const std::int64_t smallest_w = options.smallest_w > 0 ? options.smallest_w : input.w;
+  const bool expect_refusal = smallest_h < g.h || smallest_w < g.w;
   try {
     sharded.emplace(spec, grid, input);
   } catch (const Error& e) {
-    // Only shapes this grid cannot split (or no grid can) may be refused, and the reason must
-    // name the layer.
-    EXPECT_NE(std::string(e.what()).find("layer '"), std::string::npos) << what << ": " << e.what();
-    try {
-      reference.emplace(spec, single, input);
-    } catch (const Error&) {
-      return;  // impossible on one rank too
-    }
-    const GridShape g = grid.shape();
-    EXPECT_TRUE(std::string(e.what()).find("no rows") != std::string::npos ||
-                std::string(e.what()).find("no columns") != std::string::npos)
-        << what << ": refused on " << g.str() << " only: " << e.what();
+    const std::string m = e.what();
+    EXPECT_TRUE(expect_refusal) << what << ": refused on " << g.str()
+                                << ", whose smallest image is " << smallest_h << "x" << smallest_w
+                                << ": " << m;
+    // A refusal names the layer and the tile it would leave empty.
+    EXPECT_TRUE(contains(m, "layer '")) << what << ": " << m;
+    EXPECT_TRUE(contains(m, "no rows") || contains(m, "no columns")) << what << ": " << m;
+    EXPECT_NO_THROW(reference.emplace(spec, single, input))
+        << what << ": one rank refuses it as well";
     return;
   }
+  EXPECT_FALSE(expect_refusal) << what << ": expected grid " << g.str()
+                               << " to refuse a model whose smallest image is " << smallest_h << "x"
+                               << smallest_w << ", and it accepted";
   reference.emplace(spec, single, input);
   for (Model<T>* m : {&*sharded, &*reference}) {
     m->init_params(options.seed);
@@ -57,12 +52,12 @@ void check_model(const ModelSpec& spec, Shape4 input, const std::string& what,
   const auto labels = random_label_tile(sharded->output_distribution(), options.seed);
   const auto rlabels = random_label_tile(reference->output_distribution(), options.seed);
 
-  StepResult<T> s = forward_backward(*sharded, x, labels, grid);
-  StepResult<T> r = forward_backward(*reference, rx, rlabels, single);
+  StepResult<T> s = forward_backward(*sharded, x, labels);
+  StepResult<T> r = forward_backward(*reference, rx, rlabels);
 
   EXPECT_NEAR(s.loss, r.loss, tol * std::abs(r.loss)) << what;
   if (!options.zero_input_grad) {
-    EXPECT_GT(max_abs<T>(std::as_const(r.input_grad.local).span()), 0.0)
+    EXPECT_GT(max_abs(std::as_const(r.input_grad.local).span()), 0.0)
         << what << ": the reference input gradient is zero";
   }
   EXPECT_LE(tile_error(s.output, r.output.local), tol) << what << ": output";
@@ -70,15 +65,15 @@ void check_model(const ModelSpec& spec, Shape4 input, const std::string& what,
   auto ps = sharded->params(), pr = reference->params();
   EXPECT_EQ(ps.size(), pr.size()) << what;
   for (std::size_t k = 0; k < std::min(ps.size(), pr.size()); ++k)
-    EXPECT_LE(span_error<T>(std::as_const(ps[k].param->grad).span(),
-                            std::as_const(pr[k].param->grad).span()),
-              tol)
+    EXPECT_LE(
+        rel_error(std::as_const(ps[k].param->grad).span(), std::as_const(pr[k].param->grad).span()),
+        tol)
         << what << ": gradient of " << ps[k].key();
   auto bs = sharded->buffers(), br = reference->buffers();
   EXPECT_EQ(bs.size(), br.size()) << what;
   for (std::size_t k = 0; k < std::min(bs.size(), br.size()); ++k)
-    EXPECT_LE(span_error<T>(std::as_const(bs[k].buffer->value).span(),
-                            std::as_const(br[k].buffer->value).span()),
+    EXPECT_LE(rel_error(std::as_const(bs[k].buffer->value).span(),
+                        std::as_const(br[k].buffer->value).span()),
               tol)
         << what << ": buffer " << bs[k].key();
 }

@@ -6,17 +6,19 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "mpi_test.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
 #include "tessera/hdf5.hpp"
-#include "tessera/wait.hpp"
+#include "tessera/mpi_comm.hpp"
 
 namespace tessera::test {
 namespace {
 
 GridShape g_grid;
-std::unique_ptr<ProcessGrid> g_world_grid;
+std::optional<Runtime> g_world, g_single;
 
 // Prints the failures of a non-root rank, tagged with the rank (the root prints everything).
 class RankFailurePrinter : public testing::EmptyTestEventListener {
@@ -37,7 +39,7 @@ class CombineRanks : public testing::EmptyTestEventListener {
  public:
   void OnTestEnd(const testing::TestInfo& info) override {
     const int mine = info.result()->Failed() ? 1 : 0;
-    const int any = allreduce_max(mine, MPI_COMM_WORLD);
+    const int any = allreduce_max(world(), mine);
     if (any && !mine) ADD_FAILURE() << "failed on another rank";
   }
 };
@@ -47,42 +49,59 @@ class CombineRanks : public testing::EmptyTestEventListener {
 GridShape test_grid() {
   return g_grid;
 }
-const ProcessGrid& world_grid() {
-  return *g_world_grid;
+const Runtime& world_runtime() {
+  return *g_world;
+}
+const Runtime& single_runtime() {
+  return *g_single;
+}
+const Comm& world() {
+  return g_world->comm();
+}
+Runtime make_test_runtime(const RuntimeOptions& options) {
+  return make_runtime(world(), g_grid, options);
 }
 
 }  // namespace tessera::test
 
 int main(int argc, char** argv) {
+  using namespace tessera;
   MPI_Init(&argc, &argv);
-  tessera::h5::quiet();
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  h5::quiet();
   testing::InitGoogleTest(&argc, argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  tessera::test::g_grid = {1, 1, size};
+  test::g_grid = {1, 1, size};
   for (int k = 1; k < argc; ++k)
-    if (std::strncmp(argv[k], "--grid=", 7) == 0)
-      tessera::test::g_grid = tessera::parse_grid(argv[k] + 7);
-  tessera::set_wait_policy(tessera::detect_wait_policy(MPI_COMM_WORLD));
-  tessera::test::g_world_grid =
-      std::make_unique<tessera::ProcessGrid>(MPI_COMM_WORLD, tessera::test::g_grid);
+    if (std::strncmp(argv[k], "--grid=", 7) == 0) test::g_grid = parse_grid(argv[k] + 7);
+  // The runtime the tests share, from the environment as main builds it (TESSERA_KERNELS=reference
+  // runs the suite on the reference kernels).
+  const RuntimeOptions options = runtime_options_from_environment();
+  set_kernel_threads(options.threads);
+  const WaitSettings wait{options.wait.value_or(MpiComm::detect_wait_policy(MPI_COMM_WORLD)),
+                          options.timeout};
+  test::g_world.emplace(std::make_unique<MpiComm>(MPI_COMM_WORLD, test::g_grid, wait), options);
+  test::g_single.emplace(test::g_world->single());
 
   // Combining must run before the printer reports a test, so the printer is re-appended after it.
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
   testing::TestEventListener* printer = listeners.Release(listeners.default_result_printer());
-  listeners.Append(new tessera::test::CombineRanks());
+  listeners.Append(new test::CombineRanks());
   if (rank != 0) {
     delete printer;
-    listeners.Append(new tessera::test::RankFailurePrinter(rank));
+    listeners.Append(new test::RankFailurePrinter(rank));
   } else {
     listeners.Append(printer);
-    std::cout << "grid " << tessera::test::g_grid.str() << " on " << size
-              << " ranks, waiting: " << tessera::to_string(tessera::wait_policy()) << std::endl;
+    std::cout << "grid " << test::g_grid.str() << " on " << size
+              << " ranks, waiting: " << to_string(wait.policy)
+              << ", kernels: " << to_string(options.kernels) << std::endl;
   }
   int rc = RUN_ALL_TESTS();
-  rc = tessera::allreduce_max(rc, MPI_COMM_WORLD);
-  tessera::test::g_world_grid.reset();
+  rc = allreduce_max(test::world(), rc);
+  test::g_single.reset();
+  test::g_world.reset();
   MPI_Finalize();
   return rc;
 }

@@ -8,15 +8,13 @@ namespace tessera {
 namespace {
 
 int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
+  return test::world().rank();
 }
 
 TEST(Agree, AnErrorOnOneRankIsRaisedOnEveryRankWithItsMessage) {
   const int failing = 1;
   try {
-    agree(MPI_COMM_WORLD, [&] {
+    agree(test::world(), [&] {
       if (world_rank() == failing) throw Error("bad tile on this rank");
     });
     ADD_FAILURE() << "no error";
@@ -28,7 +26,7 @@ TEST(Agree, AnErrorOnOneRankIsRaisedOnEveryRankWithItsMessage) {
 
 TEST(Agree, TheLowestFailingRankSpeaks) {
   try {
-    agree(MPI_COMM_WORLD, [&] { throw Error("failed on " + std::to_string(world_rank())); });
+    agree(test::world(), [&] { throw Error("failed on " + std::to_string(world_rank())); });
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "failed on 0");  // rank 0's message needs no prefix
@@ -36,14 +34,14 @@ TEST(Agree, TheLowestFailingRankSpeaks) {
 }
 
 TEST(Agree, NoErrorNoThrow) {
-  EXPECT_NO_THROW(agree(MPI_COMM_WORLD, [] {}));
+  EXPECT_NO_THROW(agree(test::world(), [] {}));
 }
 
 TEST(CheckSameEverywhere, NamesTheRanksThatDiffer) {
-  EXPECT_NO_THROW(check_same_everywhere("model", "same text", MPI_COMM_WORLD));
+  EXPECT_NO_THROW(check_same_everywhere(test::world(), "model", "same text"));
   const int rank = world_rank();
   try {
-    check_same_everywhere("model", rank == 1 ? "other" : "same", MPI_COMM_WORLD);
+    check_same_everywhere(test::world(), "model", rank == 1 ? "other" : "same");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_TRUE(e.agreed());

@@ -110,24 +110,18 @@ DistTensor<T> make_input(const Distribution& d, const std::function<double(std::
   return x;
 }
 
-template <typename S, typename R>
-double span_error(std::span<const S> a, std::span<const R> b) {
-  EXPECT_EQ(a.size(), b.size());
-  return test::rel_error<S, R>(a, b, test::max_abs<R>(b));
-}
-
 // One step of `sharded` (on the test grid) and of `reference` (on one rank) with the same batch;
 // expects loss, output, input gradient, every parameter gradient and every buffer within `tol`.
 template <typename S, typename R>
-void expect_same_step(Model<S>& sharded, Model<R>& reference, const ProcessGrid& single,
+void expect_same_step(Model<S>& sharded, Model<R>& reference,
                       const std::function<double(std::int64_t)>& input, std::uint64_t seed,
                       double tol, const std::string& what) {
   const DistTensor<S> x = make_input<S>(sharded.input_distribution(), input);
   const DistTensor<R> rx = make_input<R>(reference.input_distribution(), input);
   const auto labels = random_label_tile(sharded.output_distribution(), seed);
   const auto rlabels = random_label_tile(reference.output_distribution(), seed);
-  const StepResult<S> s = forward_backward(sharded, x, labels, test::world_grid());
-  const StepResult<R> r = forward_backward(reference, rx, rlabels, single);
+  const StepResult<S> s = forward_backward(sharded, x, labels);
+  const StepResult<R> r = forward_backward(reference, rx, rlabels);
   EXPECT_NEAR(s.loss, r.loss, tol * std::abs(r.loss)) << what;
   EXPECT_LE(test::tile_error(s.output, r.output.local), tol) << what << ": output";
   EXPECT_LE(test::tile_error(s.input_grad, r.input_grad.local), tol) << what << ": input gradient";
@@ -135,16 +129,16 @@ void expect_same_step(Model<S>& sharded, Model<R>& reference, const ProcessGrid&
   auto pr = reference.params();
   ASSERT_EQ(ps.size(), pr.size()) << what;
   for (std::size_t k = 0; k < ps.size(); ++k)
-    EXPECT_LE(span_error(std::as_const(ps[k].param->grad).span(),
-                         std::as_const(pr[k].param->grad).span()),
+    EXPECT_LE(test::rel_error(std::as_const(ps[k].param->grad).span(),
+                              std::as_const(pr[k].param->grad).span()),
               tol)
         << what << ": gradient of " << ps[k].key();
   auto bs = sharded.buffers();
   auto br = reference.buffers();
   ASSERT_EQ(bs.size(), br.size()) << what;
   for (std::size_t k = 0; k < bs.size(); ++k)
-    EXPECT_LE(span_error(std::as_const(bs[k].buffer->value).span(),
-                         std::as_const(br[k].buffer->value).span()),
+    EXPECT_LE(test::rel_error(std::as_const(bs[k].buffer->value).span(),
+                              std::as_const(br[k].buffer->value).span()),
               tol)
         << what << ": buffer " << bs[k].key();
 }
@@ -162,19 +156,19 @@ template <typename T>
 void check_eval_after_training() {
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-4;
   const ModelSpec spec = parse_model(conv_bn_model(R"("momentum": 0.4)"));
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Runtime& single = test::single_runtime();
   for (Shape4 input : {Shape4{3, 2, 17, 15}, Shape4{3, 2, 10, 9}}) {
-    Model<T> sharded(spec, test::world_grid(), input);
+    Model<T> sharded(spec, test::world_runtime(), input);
     Model<T> reference(spec, single, input);
     for (Model<T>* m : {&sharded, &reference})
       m->init_params(11);
     const std::string what = input.str() + (std::is_same_v<T, double> ? " float64" : " float32");
     for (std::uint64_t step = 1; step <= 2; ++step)
-      expect_same_step(sharded, reference, single, uniform_input(step), step, tol,
+      expect_same_step(sharded, reference, uniform_input(step), step, tol,
                        what + " training step " + std::to_string(step));
     EXPECT_NE(reference.buffers().at(0).buffer->value.data()[0], T(0)) << what;
     sharded.state().mode = reference.state().mode = Mode::eval;
-    expect_same_step(sharded, reference, single, uniform_input(3), 3, tol, what + " evaluation");
+    expect_same_step(sharded, reference, uniform_input(3), 3, tol, what + " evaluation");
   }
 }
 
@@ -200,9 +194,9 @@ TEST(BatchNormGrad, LargeMeanIsStableInFloat32AgainstFloat64) {
     const std::int64_t channel = (k / (17 * 15)) % 2;  // the 17x15 image's planes
     return (channel == 0 ? 1e6 : -7e5) + step / 16;
   };
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Runtime& single = test::single_runtime();
   const Shape4 shape{3, 2, 17, 15};
-  Model<float> sharded(spec, test::world_grid(), shape);
+  Model<float> sharded(spec, test::world_runtime(), shape);
   Model<double> reference(spec, single, shape);
   sharded.init_params(3);
   reference.init_params(3);
@@ -220,7 +214,7 @@ TEST(BatchNormGrad, LargeMeanIsStableInFloat32AgainstFloat64) {
   for (std::size_t k = 2; k < ps.size(); ++k)
     for (std::int64_t i = 0; i < pr[k].param->value.numel(); ++i)
       pr[k].param->value.data()[i] = double(ps[k].param->value.data()[i]);
-  expect_same_step(sharded, reference, single, input, 4, 1e-4, "mean 1e6, float32 vs float64");
+  expect_same_step(sharded, reference, input, 4, 1e-4, "mean 1e6, float32 vs float64");
   // bn0's running mean took a tenth (its momentum) of the batch mean of channel 0.
   EXPECT_NEAR(sharded.buffers().at(0).buffer->value.data()[0], 1e5, 0.1);
 }

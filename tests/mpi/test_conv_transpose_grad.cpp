@@ -24,6 +24,14 @@ struct TransposeCase {
       << " output_padding " << output_padding << " image " << height << "x" << width;
     return s.str();
   }
+  // The smaller of the image and the transposed conv's output (the conv before keeps the
+  // image's extent).
+  test::CheckOptions options() const {
+    const ConvTransposeAxis a{
+        .kernel = kernel, .stride = stride, .padding = padding, .output_padding = output_padding};
+    return {.smallest_h = std::min(height, a.output_extent(height)),
+            .smallest_w = std::min(width, a.output_extent(width))};
+  }
   std::string layer() const {
     std::ostringstream s;
     s << R"({"name": "up", "type": "conv_transpose2d", "out_channels": 4, "kernel": )" << kernel
@@ -61,12 +69,14 @@ std::vector<TransposeCase> transpose_cases() {
 
 TEST(ConvTransposeGrad, MatrixFloat64) {
   for (const TransposeCase& c : transpose_cases())
-    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                              c.options());
 }
 
 TEST(ConvTransposeGrad, MatrixFloat32) {
   for (const TransposeCase& c : transpose_cases())
-    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                             c.options());
 }
 
 // A tile whose outputs no input reaches has an empty window: kernel 1, stride 3, padding 1,
@@ -135,6 +145,13 @@ struct GroupCase {
       << width;
     return s.str();
   }
+  // The grouped conv's output rows and columns (the first conv keeps the image's).
+  test::CheckOptions options() const {
+    if (padding == "\"same\"") return {.smallest_h = height, .smallest_w = width};
+    const std::int64_t ph = padding == "0" ? 0 : 2, pw = padding == "0" ? 0 : 1;  // or [2, 1]
+    return {.smallest_h = test::window_rows(height, kernel, stride, dilation, ph),
+            .smallest_w = test::window_rows(width, kernel, stride, dilation, pw)};
+  }
   std::string model() const {
     std::ostringstream s;
     s << R"({"name": "grouped", "input_channels": 2, "layers": [)"
@@ -157,19 +174,23 @@ std::vector<GroupCase> group_cases() {
           for (std::int64_t d : {1, 2})
             for (std::string p : {"0", "\"same\"", "[2, 1]"}) {
               if (p == "\"same\"" && s != 1) continue;
-              out.push_back({groups, outs, k, s, d, p, h, w});
+              const GroupCase c{groups, outs, k, s, d, p, h, w};
+              // A kernel reaching past the padded image has no output on any grid.
+              if (c.options().smallest_h > 0 && c.options().smallest_w > 0) out.push_back(c);
             }
   return out;
 }
 
 TEST(GroupedConvGrad, MatrixFloat64) {
   for (const GroupCase& c : group_cases())
-    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                              c.options());
 }
 
 TEST(GroupedConvGrad, MatrixFloat32) {
   for (const GroupCase& c : group_cases())
-    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                             c.options());
 }
 
 // A depthwise-separable block (depthwise 3x3 stride 2, pointwise 1x1), back up through

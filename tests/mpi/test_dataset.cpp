@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "mpi_test.hpp"
@@ -24,9 +25,7 @@ namespace tessera {
 namespace {
 
 int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
+  return test::world().rank();
 }
 
 // A path every rank agrees on (rank 0's process id), removed by rank 0 once every rank is done
@@ -38,11 +37,11 @@ class SharedPath {
       path_ = (std::filesystem::temp_directory_path() /
                ("tessera_test_dataset_" + std::to_string(::getpid()) + "_" + name + ".h5"))
                   .string();
-    broadcast(path_, 0, MPI_COMM_WORLD);
+    broadcast(test::world(), path_, 0);
   }
   ~SharedPath() {
     try {
-      allreduce_max(0, MPI_COMM_WORLD);  // a barrier that waits through wait_all
+      allreduce_max(test::world(), 0);  // a barrier that waits through Comm::wait
     } catch (...) {
     }
     std::error_code ignored;
@@ -98,7 +97,7 @@ void write_raw(const std::string& path, const std::string& name, hid_t type, con
 
 // Rank 0 writes the file; the agreement doubles as the barrier before anyone opens it.
 void write_dataset(const std::string& path, const Spec& s) {
-  agree(MPI_COMM_WORLD, [&] {
+  agree(test::world(), [&] {
     if (world_rank() != 0) return;
     std::vector<std::int64_t> dims{s.n, s.c, s.h, s.w};
     dims.resize(static_cast<std::size_t>(s.image_rank), 1);
@@ -149,7 +148,7 @@ void write_dataset(const std::string& path, const Spec& s) {
 }
 
 Distribution image_dist(const Spec& s) {
-  const ProcessGrid& grid = test::world_grid();
+  const Comm& grid = test::world();
   return {{s.n, s.c, s.h, s.w}, grid.shape(), grid.coords()};
 }
 Distribution label_dist(const Spec& s) {
@@ -198,7 +197,7 @@ TEST(H5Dataset, EachRankReadsItsTileOfTheRequestedSamples) {
     const Spec& s = specs[k];
     const SharedPath path("tiles" + std::to_string(k));
     write_dataset(path.str(), s);
-    H5Dataset data(path.str(), MPI_COMM_WORLD);
+    H5Dataset data(path.str(), test::world());
     const DatasetInfo& info = data.info();
     EXPECT_EQ(info.samples, s.n);
     EXPECT_EQ(info.channels, s.c);
@@ -238,7 +237,7 @@ TEST(H5Dataset, EachRankReadsItsTileOfTheRequestedSamples) {
 // different numbers of samples, so a collective read would hang), takes the sample's identity
 // from the data it read, and the counts are summed over the groups.
 TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
-  const ProcessGrid& grid = test::world_grid();
+  const Comm& grid = test::world();
   const Spec s{.pixels = Pixels::float32,
                .labels = Labels::int32,
                .per_pixel = false,
@@ -246,7 +245,7 @@ TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
                .label_n = 23};
   const SharedPath path("epoch");
   write_dataset(path.str(), s);
-  H5Dataset data(path.str(), MPI_COMM_WORLD);
+  H5Dataset data(path.str(), test::world());
   const Box tile = image_dist(s).tile();
   for (std::int64_t batch : {5, 6})
     for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
@@ -265,7 +264,7 @@ TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
         for (std::int32_t id : labels)
           ++seen[static_cast<std::size_t>(id)];
       }
-      allreduce_sum(std::span<long long>(seen), grid.sample());
+      allreduce_sum(grid, std::span<long long>(seen), Group::sample);
       const std::vector<std::int64_t>& order = sampler.permutation(epoch);
       const std::int64_t used = sampler.batches_per_epoch() * batch;
       for (std::int64_t k = 0; k < s.n; ++k)
@@ -289,27 +288,36 @@ TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
 TEST(H5Dataset, ARankUnwindingFromItsOwnErrorDoesNotWaitInTheClose) {
   const SharedPath path("unwinding");
   write_dataset(path.str(), Spec{});
+  // The others wait for rank 0 with a deadline: were rank 0 stuck in the close, they would end
+  // with the watchdog's message instead of the one below.
+  const std::unique_ptr<Comm> bounded =
+      test::world().make_grid(test::world().shape(), {test::world().wait_settings().policy, 60});
+  std::string caught;
   try {
-    H5Dataset data(path.str(), MPI_COMM_WORLD);
+    H5Dataset data(path.str(), test::world());
     if (world_rank() == 0) throw Error("rank 0 alone");
-    // The others wait here for rank 0, which joins after its catch: were it stuck in the close,
-    // this would never return (MPIEXEC_TIMEOUT).
-    allreduce_max(0, MPI_COMM_WORLD);
+    allreduce_max(*bounded, 0);
     throw Error("the others unwind too, so that the close at MPI_Finalize is everyone's");
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    caught = e.what();
   }
-  if (world_rank() == 0) allreduce_max(0, MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    EXPECT_EQ(caught, "rank 0 alone");
+    allreduce_max(*bounded, 0);  // out of the close: the others' wait ends
+  } else {
+    EXPECT_TRUE(test::contains(caught, "the others unwind too")) << caught;
+  }
 }
 
 // Opens `path`; expects an agreed Error holding `expect`, with the same message on every rank.
 void expect_agreed_error(const std::string& path, const std::string& expect) {
   try {
-    H5Dataset data(path, MPI_COMM_WORLD);
+    H5Dataset data(path, test::world());
     ADD_FAILURE() << "no error for a file that should hold " << expect;
   } catch (const Error& e) {
     EXPECT_TRUE(e.agreed()) << e.what();
     EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
-    EXPECT_NO_THROW(check_same_everywhere("error message", e.what(), MPI_COMM_WORLD));
+    EXPECT_NO_THROW(check_same_everywhere(test::world(), "error message", e.what()));
   }
 }
 
@@ -320,7 +328,7 @@ TEST(H5Dataset, ABadFileIsOneAgreedErrorOnEveryRank) {
   }
   {
     const SharedPath path("text");
-    agree(MPI_COMM_WORLD, [&] {
+    agree(test::world(), [&] {
       if (world_rank() == 0) std::ofstream(path.str()) << "not hdf5\n";
     });
     expect_agreed_error(path.str(), "' is not an HDF5 file");
@@ -328,7 +336,7 @@ TEST(H5Dataset, ABadFileIsOneAgreedErrorOnEveryRank) {
   {
     const SharedPath path("truncated");
     write_dataset(path.str(), Spec{.n = 40, .label_n = 40});
-    agree(MPI_COMM_WORLD, [&] {
+    agree(test::world(), [&] {
       if (world_rank() == 0)
         std::filesystem::resize_file(path.str(), std::filesystem::file_size(path.str()) / 2);
     });
@@ -347,7 +355,7 @@ TEST(H5Dataset, ABadFileIsOneAgreedErrorOnEveryRank) {
   }
   {
     const SharedPath path("no_labels");
-    agree(MPI_COMM_WORLD, [&] {
+    agree(test::world(), [&] {
       if (world_rank() != 0) return;
       h5::File f = h5::File::create(path.str());
       const std::vector<float> pixels(2 * 3 * 4 * 5, 1.0f);
@@ -363,7 +371,7 @@ TEST(H5Dataset, BadPixelsAndLabelsNameTheFileSampleAndTile) {
   const Spec s{.pixels = Pixels::float64, .labels = Labels::int64, .per_pixel = true};
   const SharedPath path("bad_values");
   write_dataset(path.str(), s);
-  agree(MPI_COMM_WORLD, [&] {
+  agree(test::world(), [&] {
     if (world_rank() != 0) return;
     const hid_t f = TESSERA_CHECK_HDF5(H5Fopen(path.str().c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
     const auto poke = [&](const char* name, hid_t type, std::vector<hsize_t> at,
@@ -388,11 +396,11 @@ TEST(H5Dataset, BadPixelsAndLabelsNameTheFileSampleAndTile) {
          {4, static_cast<hsize_t>(s.label_h - 1), static_cast<hsize_t>(s.label_w - 1)}, &huge);
     H5Fclose(f);
   });
-  H5Dataset data(path.str(), MPI_COMM_WORLD);
+  H5Dataset data(path.str(), test::world());
   const Distribution id = image_dist(s), ld = label_dist(s);
   const Box image_box = id.tile(), label_box = ld.tile();
   // The spatial rank that owns a pixel, and the lowest world rank among its owners.
-  const ProcessGrid& grid = test::world_grid();
+  const Comm& grid = test::world();
   const auto owner = [&](const Distribution& d, std::int64_t h, std::int64_t w) {
     const int i = block_owner(d.global.h, grid.shape().h, h);
     const int j = block_owner(d.global.w, grid.shape().w, w);
@@ -426,7 +434,7 @@ TEST(H5Dataset, BadPixelsAndLabelsNameTheFileSampleAndTile) {
     std::vector<std::int32_t> labels;
     bool threw = false;
     try {
-      agree(MPI_COMM_WORLD, [&] {
+      agree(test::world(), [&] {
         try {
           data.read(samples, image_box, label_box, images, labels);
         } catch (const Error&) {

@@ -22,7 +22,7 @@ struct Geometry {
 // The exchange of a conv with this geometry on the test grid, as Conv2d builds it.
 template <typename T = double>
 struct ExchangeSetup {
-  const ProcessGrid& grid = test::world_grid();
+  const Comm& grid = test::world();
   Distribution in;
   std::optional<HaloExchange<T>> exchange;
 
@@ -38,8 +38,8 @@ struct ExchangeSetup {
         windows.push_back(
             {input_window(out.tile_of(i, j).h, g.ah), input_window(out.tile_of(i, j).w, g.aw)});
       }
-    exchange.emplace(make_halo_plan(owned, windows, grid.spatial_rank(in.me.i, in.me.j)),
-                     grid.spatial(), 1);
+    exchange.emplace(make_halo_plan(owned, windows, grid.spatial_rank(in.me.i, in.me.j)), grid, 1,
+                     "layer 'test'");
   }
   Shape4 window_shape() const {
     const Shape4 l = in.local_shape();
@@ -126,7 +126,7 @@ TEST(HaloExchange, AccumulateIsTheAdjointOfFill) {
       sums[0] += fx.span()[k] * y.span()[k];
     for (std::size_t k = 0; k < x.span().size(); ++k)
       sums[1] += x.span()[k] * ay.span()[k];
-    allreduce_sum(std::span<double>(sums, 2), s.grid.comm());
+    allreduce_sum(s.grid, std::span<double>(sums, 2));
     EXPECT_NEAR(sums[0], sums[1], 1e-12 * std::max(1.0, std::abs(sums[0])))
         << "kernel " << g.ah.kernel << " stride " << g.ah.stride << " dilation " << g.ah.dilation;
   }
@@ -255,37 +255,6 @@ TEST(HaloExchange, SplitPhaseRefusesASecondExchangeInFlight) {
   s.exchange->finish(request);
   EXPECT_THROW(s.exchange->finish(request), Error);  // already finished
   s.exchange->fill(x, window);                       // usable again
-}
-
-TEST(ProcessGrid, AWrongGridIsAnAgreedErrorOnEveryRank) {
-  GridShape g = test::test_grid();
-  g.w += 1;
-  try {
-    ProcessGrid grid(MPI_COMM_WORLD, g);
-    ADD_FAILURE() << "accepted a grid of the wrong size";
-  } catch (const Error& e) {
-    EXPECT_TRUE(e.agreed());
-    EXPECT_NE(std::string(e.what()).find("mpiexec -n"), std::string::npos) << e.what();
-  }
-}
-
-TEST(ProcessGrid, SubCommunicatorsFollowTheCoordinates) {
-  const ProcessGrid& grid = test::world_grid();
-  int spatial_rank = -1, sample_rank = -1, spatial_size = 0, sample_size = 0;
-  MPI_Comm_rank(grid.spatial(), &spatial_rank);
-  MPI_Comm_rank(grid.sample(), &sample_rank);
-  MPI_Comm_size(grid.spatial(), &spatial_size);
-  MPI_Comm_size(grid.sample(), &sample_size);
-  const GridCoords c = grid.coords();
-  EXPECT_EQ(spatial_rank, grid.spatial_rank(c.i, c.j));
-  EXPECT_EQ(sample_rank, c.n);
-  EXPECT_EQ(spatial_size, grid.shape().h * grid.shape().w);
-  EXPECT_EQ(sample_size, grid.shape().n);
-  int cart[3];
-  MPI_Cart_coords(grid.comm(), grid.rank(), 3, cart);
-  EXPECT_EQ(cart[0], c.n);
-  EXPECT_EQ(cart[1], c.i);
-  EXPECT_EQ(cart[2], c.j);
 }
 
 }  // namespace

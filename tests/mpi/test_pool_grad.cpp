@@ -33,6 +33,11 @@ struct PoolCase {
     s << " image " << height << "x" << width;
     return s.str();
   }
+  // The pooling's output rows and columns (upsampling only grows them).
+  test::CheckOptions options() const {
+    return {.smallest_h = test::window_rows(height, kernel, stride, 1, padding),
+            .smallest_w = test::window_rows(width, kernel, stride, 1, padding)};
+  }
   // conv (so that the input gradient flows through a halo layer) -> pool -> [upsample] -> 1x1
   // conv head to 3 classes.
   std::string model() const {
@@ -75,22 +80,26 @@ std::vector<PoolCase> pool_upsample_cases() {
 
 TEST(PoolGrad, MatrixFloat64) {
   for (const PoolCase& c : pool_cases())
-    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                              c.options());
 }
 
 TEST(PoolGrad, MatrixFloat32) {
   for (const PoolCase& c : pool_cases())
-    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                             c.options());
 }
 
 TEST(PoolGrad, PoolThenUpsampleFloat64) {
   for (const PoolCase& c : pool_upsample_cases())
-    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                              c.options());
 }
 
 TEST(PoolGrad, PoolThenUpsampleFloat32) {
   for (const PoolCase& c : pool_upsample_cases())
-    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str());
+    test::check_model<float>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(),
+                             c.options());
 }
 
 // Non-square kernels, strides and paddings, and an upsample straight after the input conv.
@@ -126,9 +135,11 @@ TEST(PoolGrad, ConvPoolConvUpsampleConv) {
 // a wrong element, not rounding. Unlike check_model, which compares the layer with itself on one
 // rank, this checks the layer's window geometry against the kernels' definition.
 template <typename T, typename Whole>
-void expect_layer_matches_whole(UnaryLayer<T>& layer, Shape4 shape, double dy_unit, Whole&& whole,
-                                const std::string& what) {
-  const ProcessGrid& grid = test::world_grid();
+void expect_layer_matches_whole(UnaryLayer<T>& layer, Shape4 shape, Shape4 expected_out,
+                                double dy_unit, Whole&& whole, const std::string& what) {
+  const Comm& grid = test::world();
+  // Declared by the case: a grid with more spatial rows or columns than the output has refuses.
+  const bool expect_refusal = expected_out.h < grid.shape().h || expected_out.w < grid.shape().w;
   // {-2, -1, 0}: many equal maxima, and all-negative windows at the border, which must not pick
   // the zero padding.
   auto value = [](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
@@ -139,13 +150,16 @@ void expect_layer_matches_whole(UnaryLayer<T>& layer, Shape4 shape, double dy_un
   try {
     out = layer.setup(in);
   } catch (const Error& e) {
-    // Only a grid that leaves a rank without output rows or columns may refuse.
-    EXPECT_TRUE(std::string(e.what()).find("no rows") != std::string::npos ||
-                std::string(e.what()).find("no columns") != std::string::npos)
+    EXPECT_TRUE(expect_refusal) << what << ": " << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "no rows") || test::contains(e.what(), "no columns"))
         << what << ": " << e.what();
     return;
   }
-  layer.bind(grid);
+  EXPECT_FALSE(expect_refusal) << what << ": expected the grid to refuse a " << expected_out.h
+                               << "x" << expected_out.w << " output";
+  EXPECT_EQ(out.global.h, expected_out.h) << what;
+  EXPECT_EQ(out.global.w, expected_out.w) << what;
+  layer.bind(test::world_runtime());
 
   Tensor<T> x_all(shape);
   for (std::int64_t n = 0; n < shape.n; ++n)
@@ -213,9 +227,11 @@ void expect_pool_layers_match_the_kernels(const std::string& dtype) {
                                  std::to_string(s) + " padding " + std::to_string(p);
         const nlohmann::json fields = {{"kernel", k}, {"stride", s}, {"padding", p}};
         const reference::PoolGeometry g = reference::pool_geometry(shape, k, k, s, s, p, p);
+        const Shape4 out{shape.n, shape.c, test::window_rows(shape.h, k, s, 1, p),
+                         test::window_rows(shape.w, k, s, 1, p)};
         Pool2d<T> max_layer("l", parse_pool2d(layer_spec("maxpool2d", fields)), 1);
         expect_layer_matches_whole(
-            max_layer, shape, 1.0,
+            max_layer, shape, out, 1.0,
             [&](const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& y, Tensor<T>& dx) {
               std::vector<std::int64_t> argmax(static_cast<std::size_t>(y.numel()));
               reference::maxpool2d_forward(x, y, std::span<std::int64_t>(argmax), g);
@@ -225,7 +241,7 @@ void expect_pool_layers_match_the_kernels(const std::string& dtype) {
         // Gradients in multiples of the kernel area: every share dy / area is an integer.
         Pool2d<T> avg_layer("l", parse_pool2d(layer_spec("avgpool2d", fields)), 2);
         expect_layer_matches_whole(
-            avg_layer, shape, double(k * k),
+            avg_layer, shape, out, double(k * k),
             [&](const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& y, Tensor<T>& dx) {
               reference::avgpool2d_forward(x, y, g);
               reference::avgpool2d_backward(dy, dx, g);
@@ -241,7 +257,7 @@ TEST(PoolGrad, LayersMatchTheKernelsOnTheWholeImageTiesIncluded) {
     UpsampleNearest<double> layer(
         "l", parse_upsample(layer_spec("upsample_nearest", {{"scale", s}})), 3);
     expect_layer_matches_whole(
-        layer, {3, 2, 7, 5}, 1.0,
+        layer, {3, 2, 7, 5}, {3, 2, 7 * s, 5 * s}, 1.0,
         [&](const Tensor<double>& x, const Tensor<double>& dy, Tensor<double>& y,
             Tensor<double>& dx) {
           const reference::UpsampleGeometry g{.scale_h = s, .scale_w = s};

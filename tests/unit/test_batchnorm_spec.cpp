@@ -5,13 +5,17 @@
 #include <initializer_list>
 #include <string>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/batchnorm.hpp"
 #include "tessera/model.hpp"
 #include "tessera/model_spec.hpp"
+#include "unit_test.hpp"
 
 namespace tessera {
 namespace {
+
+using test::expect_mentions;
 
 std::string model_with(const std::string& layers) {
   return R"({"name": "t", "input_channels": 2, "layers": [)" + layers + "]}";
@@ -20,11 +24,6 @@ std::string model_with(const std::string& layers) {
 BatchNormSpec spec_of(const std::string& layer) {
   const ModelSpec m = parse_model(model_with(layer));
   return parse_batchnorm(m.layers.at(0));
-}
-
-void expect_mentions(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts)
-    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
 }
 
 TEST(BatchNormSpec, DefaultsAreTorchs) {
@@ -69,7 +68,7 @@ TEST(BatchNormSpec, ErrorsNameTheLayerAndTheField) {
 
 TEST(BatchNormSpec, OneValuePerChannelIsRefusedAtSetUp) {
   const ModelSpec spec = parse_model(model_with(R"({"name": "bn1", "type": "batchnorm2d"})"));
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Runtime& single = test::single_runtime();
   try {
     Model<double> m(spec, single, {1, 2, 1, 1});
     ADD_FAILURE() << "accepted a batch of one value per channel";
@@ -83,7 +82,7 @@ TEST(BatchNormSpec, OneValuePerChannelIsRefusedAtSetUp) {
 
 TEST(BatchNormSpec, ParamsAndBuffersStartAsTorchs) {
   const ModelSpec spec = parse_model(model_with(R"({"name": "bn1", "type": "batchnorm2d"})"));
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Runtime& single = test::single_runtime();
   Model<float> m(spec, single, {2, 2, 3, 3});
   m.init_params(5);
   auto ps = m.params();

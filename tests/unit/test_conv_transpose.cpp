@@ -13,15 +13,22 @@
 #include <string>
 #include <vector>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_conv_transpose.hpp"
 #include "tessera/layers/conv_transpose2d.hpp"
 #include "tessera/model_spec.hpp"
 #include "tessera/random.hpp"
+#include "unit_test.hpp"
 
 namespace tessera {
 namespace {
+
+using test::dot;
+using test::expect_mentions;
+using test::max_abs;
+using test::rel_error;
 
 using reference::ConvGeometry;
 
@@ -30,34 +37,7 @@ constexpr std::uint64_t kSeed = 20240612;
 // Values already rounded to float, so float and double runs see the same data.
 template <typename T>
 Tensor<T> random_tensor(Shape4 s, std::uint64_t stream) {
-  Tensor<T> t(s);
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    t.data()[k] =
-        static_cast<T>(static_cast<float>(2.0 * uniform01(kSeed, stream, std::uint64_t(k)) - 1.0));
-  return t;
-}
-
-double dot(std::span<const double> a, std::span<const double> b) {
-  double s = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    s += a[k] * b[k];
-  return s;
-}
-
-double max_abs(std::span<const double> a) {
-  double m = 0;
-  for (double v : a)
-    m = std::max(m, std::abs(v));
-  return m;
-}
-
-// max |a - b| / max |b|.
-double rel_error(std::span<const double> a, std::span<const double> b) {
-  double diff = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    diff = std::max(diff, std::abs(a[k] - b[k]));
-  const double scale = max_abs(b);
-  return scale == 0 ? diff : diff / scale;
+  return test::random_tensor<T>(s, kSeed, stream);
 }
 
 // The transposed convolution from its definition, in double: every input x[n, c, i, i'] adds
@@ -344,14 +324,13 @@ std::vector<LayerCase> layer_sweep() {
 
 // One layer on a 1x1x1 grid with seeded parameters.
 struct SingleRankLayer {
-  ProcessGrid grid{MPI_COMM_SELF, GridShape{1, 1, 1}};
   ConvTranspose2d<double> layer;
   Distribution in;
 
   SingleRankLayer(const LayerCase& c, std::int64_t batch)
       : layer("t", c.spec(), 1), in{{batch, 3, c.h, c.w}, GridShape{1, 1, 1}, GridCoords{}} {
     layer.setup(in);
-    layer.bind(grid);
+    layer.bind(test::single_runtime());
     std::uint64_t stream = 100;
     for (Param<double>* p : layer.params())
       p->value = random_tensor<double>(p->value.shape(), ++stream);
@@ -479,11 +458,6 @@ std::string error_of(const std::string& layer, Shape4 input = {1, 3, 5, 5}) {
   }
   ADD_FAILURE() << "accepted " << layer;
   return "";
-}
-
-void expect_mentions(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts)
-    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
 }
 
 TEST(ConvTranspose2dLayer, FieldErrorsNameTheLayerAndTheField) {

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/conv2d.hpp"
 #include "tessera/model_spec.hpp"
@@ -19,6 +20,7 @@
 namespace tessera {
 namespace {
 
+using test::expect_mentions;
 
 // A model with the given layers (JSON text of the list's items) and the defaults otherwise.
 std::string model_with(const std::string& layers, const std::string& extra = "") {
@@ -46,12 +48,6 @@ std::string parse_error(const std::string& json, const std::string& source = "mo
   return "";
 }
 
-// Checks that `message` holds every one of `parts`.
-void expect_mentions(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts)
-    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-}
-
 TEST(ModelSpec, BuiltinConvstackSmallLoads) {
   const std::vector<std::string> names = builtin_model_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "convstack-small"), names.end());
@@ -68,8 +64,7 @@ TEST(ModelSpec, BuiltinConvstackSmallLoads) {
     EXPECT_EQ(m.layers[i].name, expect_names[i]);
     const bool conv = expect_names[i][0] != 'r';
     EXPECT_EQ(m.layers[i].type, conv ? "conv2d" : "relu");
-    EXPECT_EQ(m.layers[i].inputs,
-              std::vector<std::string>{i == 0 ? "input" : expect_names[i - 1]});
+    EXPECT_EQ(m.layers[i].inputs, std::vector<std::string>{i == 0 ? "input" : expect_names[i - 1]});
   }
   const Conv2dSpec c2 = parse_conv2d(m.layers[2]);
   EXPECT_EQ(c2.out_channels, 8);

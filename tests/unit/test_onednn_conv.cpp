@@ -25,11 +25,15 @@
 #include "tessera_config.h"
 
 #if TESSERA_HAVE_ONEDNN
+#include "../common/test_helpers.hpp"
 #include "tessera/kernels/onednn_conv.hpp"
+#include "unit_test.hpp"
 #endif
 
 namespace tessera {
 namespace {
+
+using test::rel_error;
 
 using reference::ConvGeometry;
 
@@ -37,11 +41,7 @@ constexpr std::uint64_t kSeed = 20240923;
 constexpr double kTolerance = 1e-4;  // float32, relative to the largest reference value
 
 Tensor<float> random_tensor(Shape4 s, std::uint64_t stream) {
-  Tensor<float> t(s);
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    t.data()[k] =
-        static_cast<float>(2.0 * uniform01(kSeed, stream, static_cast<std::uint64_t>(k)) - 1.0);
-  return t;
+  return test::random_tensor<float>(s, kSeed, stream);
 }
 
 Tensor<double> to_double(const Tensor<float>& t) {
@@ -49,16 +49,6 @@ Tensor<double> to_double(const Tensor<float>& t) {
   for (std::int64_t k = 0; k < t.numel(); ++k)
     out.data()[k] = t.data()[k];
   return out;
-}
-
-// max |a - b| / max |b|.
-double rel_error(std::span<const float> a, std::span<const double> b) {
-  double diff = 0, scale = 0;
-  for (std::size_t k = 0; k < b.size(); ++k) {
-    diff = std::max(diff, std::abs(double(a[k]) - b[k]));
-    scale = std::max(scale, std::abs(b[k]));
-  }
-  return scale > 0 ? diff / scale : diff;
 }
 
 struct Case {
@@ -231,22 +221,29 @@ TEST(KernelBackend, ParsesAndRefuses) {
 
 TEST(KernelBackend, Float64AlwaysUsesTheReference) {
   const Case c = sweep()[5];
-  EXPECT_EQ(make_conv_kernel<double>(c.shapes(), c.geometry())->name(), "reference");
+  for (KernelBackend b : test::built_backends())
+    EXPECT_EQ(backend_of(b).conv<double>(c.shapes(), c.geometry())->name(), "reference");
+  EXPECT_EQ(backend_of(KernelBackend::reference).conv<float>(c.shapes(), c.geometry())->name(),
+            "reference");
 }
 
-// Whatever the build and TESSERA_KERNELS, the float32 kernel handed out computes what the
-// reference does; cases a fast backend declines get the reference itself.
+// Whatever the backend, the float32 kernel handed out computes what the reference does; cases a
+// fast backend declines get the reference itself.
 TEST(KernelBackend, FloatKernelsMatchTheReferenceAndDeclinedCasesFallBack) {
   const std::vector<Case> cases = sweep();
-  for (std::size_t i = 0; i < cases.size(); i += 7) {
-    std::unique_ptr<ConvKernel<float>> k =
-        make_conv_kernel<float>(cases[i].shapes(), cases[i].geometry());
-    expect_matches_reference(*k, cases[i]);
-  }
-  for (const Case& c : declined_cases()) {
-    std::unique_ptr<ConvKernel<float>> k = make_conv_kernel<float>(c.shapes(), c.geometry());
-    EXPECT_EQ(k->name(), "reference") << c.str();
-    expect_matches_reference(*k, c);
+  for (KernelBackend b : test::built_backends()) {
+    SCOPED_TRACE(to_string(b));
+    const Backend& backend = backend_of(b);
+    for (std::size_t i = 0; i < cases.size(); i += 7) {
+      std::unique_ptr<ConvKernel<float>> k =
+          backend.conv<float>(cases[i].shapes(), cases[i].geometry());
+      expect_matches_reference(*k, cases[i]);
+    }
+    for (const Case& c : declined_cases()) {
+      std::unique_ptr<ConvKernel<float>> k = backend.conv<float>(c.shapes(), c.geometry());
+      EXPECT_EQ(k->name(), "reference") << c.str();
+      expect_matches_reference(*k, c);
+    }
   }
 }
 
@@ -267,25 +264,30 @@ TEST(KernelBackend, OnlyFastKernelsTakeChannelBlockedInputs) {
   c.groups = 1;
   ConvShapes s = c.shapes();
   s.x_layout = Layout::nchw16c;
-  EXPECT_EQ(make_conv_kernel<double>(s, c.geometry()), nullptr);
+  for (KernelBackend b : test::built_backends())
+    EXPECT_EQ(backend_of(b).conv<double>(s, c.geometry()), nullptr);
+  EXPECT_EQ(backend_of(KernelBackend::reference).conv<float>(s, c.geometry()), nullptr);
 }
 
+// Both backends in one process: each layer gets its kernel from the runtime it is bound to.
 TEST(KernelBackend, Conv2dPlansItsKernelAtBind) {
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
-  const Distribution in{{2, 3, 17, 15}, single.shape(), single.coords()};
-  const Conv2dSpec spec{
-      .out_channels = 8, .kernel = {3, 3}, .pad_begin = {1, 1}, .pad_end = {1, 1}};
-  Conv2d<float> f("c1", spec, 1);
-  f.setup(in);
-  EXPECT_EQ(f.kernel(), nullptr);
-  f.bind(single);
-  ASSERT_NE(f.kernel(), nullptr);
-  const bool fast = kernel_backend() == KernelBackend::onednn;
-  EXPECT_EQ(f.kernel()->name().starts_with("onednn"), fast) << f.kernel()->name();
-  Conv2d<double> d("c1", spec, 1);
-  d.setup(in);
-  d.bind(single);
-  EXPECT_EQ(d.kernel()->name(), "reference");
+  for (KernelBackend b : test::built_backends()) {
+    const Runtime& single = test::single_runtime(b);
+    const Distribution in{{2, 3, 17, 15}, single.comm().shape(), single.comm().coords()};
+    const Conv2dSpec spec{
+        .out_channels = 8, .kernel = {3, 3}, .pad_begin = {1, 1}, .pad_end = {1, 1}};
+    Conv2d<float> f("c1", spec, 1);
+    f.setup(in);
+    EXPECT_EQ(f.kernel(), nullptr);
+    f.bind(single);
+    ASSERT_NE(f.kernel(), nullptr);
+    const bool fast = b == KernelBackend::onednn;
+    EXPECT_EQ(f.kernel()->name().starts_with("onednn"), fast) << f.kernel()->name();
+    Conv2d<double> d("c1", spec, 1);
+    d.setup(in);
+    d.bind(single);
+    EXPECT_EQ(d.kernel()->name(), "reference");
+  }
 }
 
 #if TESSERA_HAVE_ONEDNN
@@ -408,7 +410,7 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
 // gradient and every parameter gradient agree to float32 rounding.
 void expect_float32_matches_float64(const ModelSpec& spec, Shape4 input, std::uint64_t seed,
                                     const std::string& what) {
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
+  const Runtime& single = test::single_runtime(KernelBackend::onednn);
   Model<float> f(spec, single, input);
   Model<double> d(spec, single, input);
   f.init_params(seed);
@@ -419,8 +421,8 @@ void expect_float32_matches_float64(const ModelSpec& spec, Shape4 input, std::ui
   for (std::int64_t k = 0; k < xd.local.numel(); ++k)
     xf.local.data()[k] = static_cast<float>(xd.local.data()[k]);
   const std::vector<std::int32_t> labels = random_label_tile(d.output_distribution(), seed);
-  const StepResult<float> rf = forward_backward(f, xf, labels, single);
-  const StepResult<double> rd = forward_backward(d, xd, labels, single);
+  const StepResult<float> rf = forward_backward(f, xf, labels);
+  const StepResult<double> rd = forward_backward(d, xd, labels);
   EXPECT_NEAR(rf.loss, rd.loss, 1e-5 * std::abs(rd.loss)) << what;
   EXPECT_LE(rel_error(rf.output.local.span(), rd.output.local.span()), kTolerance) << what;
   EXPECT_LE(rel_error(rf.input_grad.local.span(), rd.input_grad.local.span()), kTolerance) << what;
@@ -474,9 +476,8 @@ TEST(OneDnnConv, TransposedConvLayersGiveTheReferenceResults) {
 }
 
 TEST(OneDnnConv, TransposedConvPlansTheAdjointConvAtBind) {
-  if (kernel_backend() != KernelBackend::onednn) GTEST_SKIP() << "TESSERA_KERNELS=reference";
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
-  const Distribution in{{2, 32, 9, 8}, single.shape(), single.coords()};
+  const Runtime& single = test::single_runtime(KernelBackend::onednn);
+  const Distribution in{{2, 32, 9, 8}, single.comm().shape(), single.comm().coords()};
   ConvTranspose2d<float> f("up", {.out_channels = 16, .kernel = {2, 2}, .stride = {2, 2}}, 1);
   f.setup(in);
   f.bind(single);

@@ -22,6 +22,7 @@
 
 #if TESSERA_HAVE_ONEDNN
 #include "tessera/kernels/onednn_pool.hpp"
+#include "unit_test.hpp"
 #endif
 
 namespace tessera {
@@ -163,14 +164,20 @@ int mismatches(const Tensor<float>& got, const Tensor<float>& want, double toler
 
 TEST(PoolKernel, Float64AndReferenceBackendUseTheReference) {
   const PoolGeometry g = reference::pool_geometry({1, 2, 6, 6}, 2, 2, 2, 2, 0, 0);
-  EXPECT_EQ(
-      make_pool_kernel<double>(PoolKind::max, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
-      "reference");
-  // The reference takes no nchw16c.
-  EXPECT_EQ(
-      make_pool_kernel<double>(
-          PoolKind::max, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}, .layout = Layout::nchw16c}, g),
-      nullptr);
+  for (KernelBackend b : test::built_backends()) {
+    const Backend& backend = backend_of(b);
+    EXPECT_EQ(
+        backend.pool<double>(PoolKind::max, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
+        "reference");
+    // The reference takes no nchw16c.
+    EXPECT_EQ(
+        backend.pool<double>(
+            PoolKind::max, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}, .layout = Layout::nchw16c}, g),
+        nullptr);
+  }
+  const Backend& reference = backend_of(KernelBackend::reference);
+  EXPECT_EQ(reference.pool<float>(PoolKind::avg, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
+            "reference");
 }
 
 #if TESSERA_HAVE_ONEDNN
@@ -302,23 +309,22 @@ TEST(OneDnnPool, DeclinesWhatItCannotExpress) {
 }
 
 TEST(OneDnnPool, IsWhatTheFactoryGivesForFloat32) {
-  if (kernel_backend() != KernelBackend::onednn) GTEST_SKIP() << "TESSERA_KERNELS=reference";
+  const Backend& onednn = backend_of(KernelBackend::onednn);
   const PoolGeometry g = reference::pool_geometry({1, 16, 6, 6}, 2, 2, 2, 2, 0, 0);
-  auto k = make_pool_kernel<float>(
+  auto k = onednn.pool<float>(
       PoolKind::avg, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}, .layout = Layout::nchw16c}, g);
   ASSERT_NE(k, nullptr);
   EXPECT_TRUE(k->name().starts_with("onednn")) << k->name();
   // NCHW: oneDNN's when it has a JIT implementation, else the reference; never none.
-  EXPECT_NE(make_pool_kernel<float>(PoolKind::avg, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}}, g),
+  EXPECT_NE(onednn.pool<float>(PoolKind::avg, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}}, g),
             nullptr);
 }
 
 // The layer plans its kernel at bind: oneDNN on nchw16c where the model lets its output go on
 // blocked (16 channels), the reference for float64.
 TEST(OneDnnPool, Pool2dPlansItsKernelAtBind) {
-  if (kernel_backend() != KernelBackend::onednn) GTEST_SKIP() << "TESSERA_KERNELS=reference";
-  ProcessGrid single(MPI_COMM_SELF, GridShape{1, 1, 1});
-  const Distribution in{{2, 16, 17, 15}, single.shape(), single.coords()};
+  const Runtime& single = test::single_runtime(KernelBackend::onednn);
+  const Distribution in{{2, 16, 17, 15}, single.comm().shape(), single.comm().coords()};
   LayerSpec spec;
   spec.name = "p";
   spec.type = "maxpool2d";

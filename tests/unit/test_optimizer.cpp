@@ -24,6 +24,7 @@
 #include "tessera/model_spec.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/process_grid.hpp"
+#include "unit_test.hpp"
 
 namespace tessera {
 namespace {
@@ -48,8 +49,7 @@ using LearningRate = std::function<double(int)>;  // of step k, 0-based
 
 template <typename T>
 struct Net {
-  ProcessGrid grid{MPI_COMM_SELF, GridShape{1, 1, 1}};
-  Model<T> model{parse_model(kModel), grid, Shape4{1, 2, 1, 1}};
+  Model<T> model{parse_model(kModel), test::single_runtime(), Shape4{1, 2, 1, 1}};
 
   Net() {
     int i = 0;

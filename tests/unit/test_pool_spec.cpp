@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/pool2d.hpp"
 #include "tessera/layers/upsample.hpp"
@@ -12,6 +13,8 @@
 
 namespace tessera {
 namespace {
+
+using test::expect_mentions;
 
 std::string model_with(const std::string& layer) {
   return R"({"name": "t", "input_channels": 3, "layers": [)" + layer + "]}";
@@ -33,11 +36,6 @@ std::string parse_error(const std::string& layer) {
     ADD_FAILURE() << "not a tessera::Error (" << e.what() << ") for " << layer;
   }
   return "";
-}
-
-void expect_mentions(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts)
-    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
 }
 
 TEST(PoolSpec, StrideDefaultsToTheKernelAndPaddingToZero) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/batchnorm_kernels.hpp"
 #include "tessera/kernels/reference_batchnorm.hpp"
@@ -20,6 +21,8 @@
 namespace tessera {
 namespace {
 
+using test::rel_error;
+
 using reference::BatchNormStats;
 
 constexpr std::uint64_t kSeed = 20240612;
@@ -27,31 +30,12 @@ constexpr std::uint64_t kSeed = 20240612;
 // Uniform in [lo, hi), rounded to float so that float and double runs see the same data.
 template <typename T>
 Tensor<T> random_tensor(Shape4 s, std::uint64_t stream, double lo = -1, double hi = 1) {
-  Tensor<T> t(s);
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    t.data()[k] = static_cast<T>(
-        static_cast<float>(lo + (hi - lo) * uniform01(kSeed, stream, std::uint64_t(k))));
-  return t;
+  return test::random_tensor<T>(s, kSeed, stream, lo, hi);
 }
 
 template <typename T>
 std::vector<T> random_vector(std::int64_t n, std::uint64_t stream, double lo, double hi) {
-  std::vector<T> v(static_cast<std::size_t>(n));
-  for (std::size_t k = 0; k < v.size(); ++k)
-    v[k] = static_cast<T>(static_cast<float>(lo + (hi - lo) * uniform01(kSeed, stream, k)));
-  return v;
-}
-
-// max |a - b| / max |b|.
-template <typename A, typename B>
-double rel_error(std::span<const A> a, std::span<const B> b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    diff = std::max(diff, std::abs(double(a[k]) - double(b[k])));
-    scale = std::max(scale, std::abs(double(b[k])));
-  }
-  return scale > 0 ? diff / scale : diff;
+  return test::random_vector<T>(n, kSeed, stream, lo, hi);
 }
 
 // The training statistics of x composed from the kernels on one tile: the whole batch.
@@ -118,10 +102,7 @@ Grads<T> train_backward(const Tensor<T>& x, const Tensor<T>& g, const std::vecto
 }
 
 double dot(const Tensor<double>& a, const Tensor<double>& b) {
-  double s = 0;
-  for (std::int64_t k = 0; k < a.numel(); ++k)
-    s += a.data()[k] * b.data()[k];
-  return s;
+  return test::dot(a.span(), b.span());
 }
 
 // Central difference of f at `value` (perturbed in place and restored).

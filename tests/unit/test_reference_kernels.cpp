@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/pointwise.hpp"
@@ -18,30 +19,23 @@
 namespace tessera {
 namespace {
 
+using test::dot;
+using test::max_abs;
+using test::rel_error;
+
 using reference::ConvGeometry;
 
 constexpr std::uint64_t kSeed = 20240611;
 
-// Uniform in [-1, 1), a pure function of (stream, index).
-double uniform_pm1(std::uint64_t stream, std::uint64_t index) {
-  return 2.0 * uniform01(kSeed, stream, index) - 1.0;
-}
-
 // Random values already rounded to float, so float and double runs see the same data.
 template <typename T>
 Tensor<T> random_tensor(Shape4 s, std::uint64_t stream) {
-  Tensor<T> t(s);
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    t.data()[k] = static_cast<T>(static_cast<float>(uniform_pm1(stream, std::uint64_t(k))));
-  return t;
+  return test::random_tensor<T>(s, kSeed, stream);
 }
 
 template <typename T>
 std::vector<T> random_vector(std::int64_t n, std::uint64_t stream) {
-  std::vector<T> v(static_cast<std::size_t>(n));
-  for (std::size_t k = 0; k < v.size(); ++k)
-    v[k] = static_cast<T>(static_cast<float>(uniform_pm1(stream, k)));
-  return v;
+  return test::random_vector<T>(n, kSeed, stream);
 }
 
 template <typename To, typename From>
@@ -58,37 +52,6 @@ Tensor<T> abs_of(const Tensor<T>& t) {
   for (std::int64_t k = 0; k < t.numel(); ++k)
     out.data()[k] = std::abs(t.data()[k]);
   return out;
-}
-
-double dot(std::span<const double> a, std::span<const double> b) {
-  double s = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    s += a[k] * b[k];
-  return s;
-}
-
-double max_abs(std::span<const double> a) {
-  double m = 0;
-  for (double v : a)
-    m = std::max(m, std::abs(v));
-  return m;
-}
-
-// max |a - b| / max |b|: the max-norm relative error of `a` against the reference `b`.
-template <typename A>
-double rel_error_of(std::span<const A> a, std::span<const double> b) {
-  double diff = 0, scale = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    diff = std::max(diff, std::abs(double(a[k]) - b[k]));
-    scale = std::max(scale, std::abs(b[k]));
-  }
-  return scale == 0 ? diff : diff / scale;
-}
-double rel_error(std::span<const double> a, std::span<const double> b) {
-  return rel_error_of(a, b);
-}
-double rel_error(std::span<const float> a, std::span<const double> b) {
-  return rel_error_of(a, b);
 }
 
 // floor((in + pad_begin + pad_end - d*(k-1) - 1) / s) + 1, or 0 when no window fits.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference_pool.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
@@ -20,6 +21,9 @@
 namespace tessera {
 namespace {
 
+using test::dot;
+using test::rel_error;
+
 using reference::PoolGeometry;
 using reference::UpsampleGeometry;
 
@@ -28,11 +32,7 @@ constexpr std::uint64_t kSeed = 20240917;
 // Uniform in [-1, 1), rounded to float so that float and double runs see the same data.
 template <typename T>
 Tensor<T> random_tensor(Shape4 s, std::uint64_t stream) {
-  Tensor<T> t(s);
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    t.data()[k] =
-        static_cast<T>(static_cast<float>(2.0 * uniform01(kSeed, stream, std::uint64_t(k)) - 1.0));
-  return t;
+  return test::random_tensor<T>(s, kSeed, stream);
 }
 
 // Distinct values 0.01 apart (a seeded shuffle of -n/2 .. n/2 - 1, times 0.01): no ties, and no
@@ -51,22 +51,6 @@ Tensor<double> distinct_tensor(Shape4 s, std::uint64_t stream) {
   for (std::int64_t k = 0; k < n; ++k)
     t.data()[order[std::size_t(k)]] = 0.01 * double(k - n / 2);
   return t;
-}
-
-double dot(std::span<const double> a, std::span<const double> b) {
-  double s = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    s += a[k] * b[k];
-  return s;
-}
-
-double rel_error(std::span<const double> a, std::span<const double> b) {
-  double diff = 0, scale = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    diff = std::max(diff, std::abs(a[k] - b[k]));
-    scale = std::max(scale, std::abs(b[k]));
-  }
-  return scale == 0 ? diff : diff / scale;
 }
 
 // PyTorch's floor-mode output extent: (in + 2 pad - kernel) / stride + 1.

@@ -1,10 +1,13 @@
-// Which kernels run: the process-wide backend and the factories that honour it. The one place that
-// chooses between the reference kernels and the fast ones (STYLE.md 5); layers ask a factory and
-// never name a backend.
+// Which kernels run: a Backend hands out planned kernel objects, one factory per operation, and
+// declines what it does not do well (oneDNN's own pattern). The reference
+// backend implements every factory; the oneDNN backend overrides the float32 convolutions and
+// pooling and falls back to the reference for the rest. Layers get their backend from the Runtime
+// at bind() and never name one. One process may use both (tests do).
 #pragma once
 
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
@@ -16,44 +19,73 @@ enum class KernelBackend { reference, onednn };
 const char* to_string(KernelBackend b);
 // "reference" | "onednn"; throws an Error otherwise, or for onednn in a build without it. Local.
 KernelBackend parse_kernel_backend(const std::string& text);
+// onednn when this build has it, else reference. Local.
+KernelBackend default_kernel_backend();
 
-// The process-wide backend: onednn when this build has it, else reference; the environment
-// variable TESSERA_KERNELS=reference|onednn overrides. Read once, on first use (a bad value
-// throws an Error then, on every rank alike). Local.
-KernelBackend kernel_backend();
-
-// Threads each rank's fast kernels use: the cores this process may run on (its affinity mask)
-// divided by the ranks of the job on this node, at least 1. The ranks per node come from the
-// launcher's environment (MPI_LOCALNRANKS from MPICH's Hydra, OMPI_COMM_WORLD_LOCAL_SIZE from
-// Open MPI, else 1); OMP_NUM_THREADS, when set, wins. Computed once. Local.
+// Threads each rank's kernels use (fast kernels and the threaded loops of parallel.hpp). One
+// OpenMP thread pool serves the whole process, so this is the one process-wide setting: main (and
+// each test main) sets it once from the runtime options (runtime.hpp). Default 1. Local.
 struct KernelThreads {
   int count = 1;
   std::string reason;  // "8 cores / 4 ranks on this node", "OMP_NUM_THREADS=4"
 };
+void set_kernel_threads(const KernelThreads& threads);
 const KernelThreads& kernel_threads();
 
-// One line for `tessera --version`: the backend, its library and threads. Local.
-std::string kernel_backend_description();
+// Cores this process may run on (its affinity mask; srun --cpu-bind narrows it). Local.
+int available_cores();
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual KernelBackend kind() const { return KernelBackend::reference; }
+  // One line for `tessera --version` and `tessera bench`: what runs where. Local.
+  virtual std::string description() const;
+
+  // A conv kernel planned for `shapes` and `g`: the backend's own when it accepts the case, else
+  // the reference. Never null for an NCHW x and y; with nchw16c (which only fast kernels take)
+  // null when no fast kernel accepts it. Local.
+  template <typename T>
+  std::unique_ptr<ConvKernel<T>> conv(const ConvShapes& shapes,
+                                      const reference::ConvGeometry& g) const {
+    if constexpr (std::is_same_v<T, float>)
+      return conv_float(shapes, g);
+    else
+      return conv_double(shapes, g);
+  }
+  // A pooling kernel planned for `shapes` and `g` (no geometry padding: a window with its image
+  // box), as conv() decides. Never null for NCHW; with nchw16c null when no fast kernel accepts
+  // it. Local.
+  template <typename T>
+  std::unique_ptr<PoolKernel<T>> pool(PoolKind kind, const PoolShapes& shapes,
+                                      const reference::PoolGeometry& g) const {
+    if constexpr (std::is_same_v<T, float>)
+      return pool_float(kind, shapes, g);
+    else
+      return pool_double(kind, shapes, g);
+  }
+
+ protected:
+  // The reference's factories; a fast backend overrides and calls these for what it declines.
+  virtual std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
+                                                        const reference::ConvGeometry& g) const;
+  virtual std::unique_ptr<ConvKernel<double>> conv_double(const ConvShapes& shapes,
+                                                          const reference::ConvGeometry& g) const;
+  virtual std::unique_ptr<PoolKernel<float>> pool_float(PoolKind kind, const PoolShapes& shapes,
+                                                        const reference::PoolGeometry& g) const;
+  virtual std::unique_ptr<PoolKernel<double>> pool_double(PoolKind kind, const PoolShapes& shapes,
+                                                          const reference::PoolGeometry& g) const;
+};
+
+// The backend of `kind`, alive for the whole process (backends hold no state). Local; throws an
+// Error for onednn in a build without it.
+const Backend& backend_of(KernelBackend kind);
 
 // The float32 matrix-multiply rate of the fast backend's GEMM (oneDNN's dnnl_sgemm) on this
 // rank with kernel_threads(), in GFLOP/s: the best of `repeats` products of two n x n matrices.
 // The yardstick the convolutions are measured against. Returns 0 in a build without oneDNN.
 // Local.
 double sgemm_gflops(std::int64_t n = 2048, int repeats = 5);
-
-// A conv kernel planned for `shapes` and `g`: the fast one of the active backend when it accepts
-// the case (float32 only: oneDNN has no float64 on CPU), else the reference. Never null for an
-// NCHW x and y; with nchw16c (which only fast kernels take) null when no fast kernel accepts it.
-// Local.
-template <typename T>
-std::unique_ptr<ConvKernel<T>> make_conv_kernel(const ConvShapes& shapes,
-                                                const reference::ConvGeometry& g);
-
-// A pooling kernel planned for `shapes` and `g` (no geometry padding: a window with its image box):
-// oneDNN's for float32 when the active backend is onednn and it accepts the case, else the
-// reference. Never null for NCHW; with nchw16c null when no fast kernel accepts it. Local.
-template <typename T>
-std::unique_ptr<PoolKernel<T>> make_pool_kernel(PoolKind kind, const PoolShapes& shapes,
-                                                const reference::PoolGeometry& g);
 
 }  // namespace tessera

@@ -1,6 +1,6 @@
 // What a layer asks of a 2-D convolution kernel: one object planned for fixed shapes at bind time,
 // executed every step. The reference kernel is one implementation; faster ones (oneDNN) are
-// others, handed out by make_conv_kernel (kernels/backend.hpp). All local: kernels know nothing
+// others, handed out by Backend::conv (kernels/backend.hpp). All local: kernels know nothing
 // about ranks.
 #pragma once
 
@@ -22,7 +22,7 @@ namespace tessera {
 //
 // `x_layout` is the layout of x and of dx (a halo layer's window and its gradient), `y_layout` of
 // y and dy: nchw16c lets oneDNN read and write them with no reorder. Only fast kernels take it
-// (make_conv_kernel).
+// (Backend::conv).
 
 // Where a box starts in its outer tensor: local row and column (half-open boxes of the planned
 // shape from there).

@@ -1,6 +1,6 @@
 // The oneDNN (libdnnl) 2-D convolution, float32: forward, backward-data and backward-weights
-// (with bias) primitives planned once for fixed shapes, executed every step (STYLE.md 4). Built
-// only when TESSERA_HAVE_ONEDNN; layers reach it through make_conv_kernel (kernels/backend.hpp).
+// (with bias) primitives planned once for fixed shapes, executed every step. Built
+// only when TESSERA_HAVE_ONEDNN; layers reach it through Backend::conv (kernels/backend.hpp).
 //
 // Each primitive picks its own layout (format_tag::any) and a reorder planned with it converts on
 // the way in and out when Tessera's layout differs. Weights are converted at every call (they

@@ -1,6 +1,6 @@
 // oneDNN (libdnnl) 2-D max and average pooling, float32: forward (training) and backward
 // primitives planned once for fixed shapes, executed every step. Built only when
-// TESSERA_HAVE_ONEDNN; layers reach it through make_pool_kernel (kernels/backend.hpp).
+// TESSERA_HAVE_ONEDNN; layers reach it through Backend::pool (kernels/backend.hpp).
 //
 // The primitives read the whole window with no padding of their own, so that oneDNN's fast
 // (dense-only) implementations take it: average pooling counts the zeros outside the image as

@@ -1,7 +1,7 @@
 // What a pooling layer asks of a pooling kernel: one object planned for fixed shapes at bind
 // time, executed every step; it keeps what its backward needs (the max's argmax) from the forward
 // before. The reference kernel is one implementation, oneDNN's (kernels/onednn_pool.hpp) another,
-// handed out by make_pool_kernel (kernels/backend.hpp). All local: kernels know nothing about
+// handed out by Backend::pool (kernels/backend.hpp). All local: kernels know nothing about
 // ranks.
 #pragma once
 

@@ -3,8 +3,6 @@
 // as on one device, not per tile.
 #pragma once
 
-#include <mpi.h>
-
 #include <vector>
 
 #include "tessera/layer.hpp"
@@ -28,7 +26,7 @@ BatchNormSpec parse_batchnorm(const LayerSpec& spec);
 // then the sum of squared deviations, each one allreduce), and updates
 // running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance.
 // Its backward needs one more allreduce (the sums of dy and dy * xhat). Forward and backward are
-// then collective over the grid's communicator.
+// then collective over the world group.
 // Evaluation: normalises with the running statistics; pointwise and local.
 template <typename T>
 class BatchNorm2d final : public UnaryLayer<T> {
@@ -40,7 +38,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
   // train with (PyTorch: "Expected more than 1 value per channel when training").
   using UnaryLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const ProcessGrid& grid) override { comm_ = grid.comm(); }
+  void bind(const Runtime& runtime) override { comm_ = &runtime.comm(); }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
@@ -52,7 +50,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
 
  private:
   BatchNormSpec spec_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  const Comm* comm_ = nullptr;
   std::int64_t count_ = 0;  // values per channel in the global batch: N * H * W
   Param<T> weight_, bias_;
   Buffer<T> running_mean_, running_var_;

@@ -57,17 +57,17 @@ class Conv2d final : public WindowLayer<T> {
 
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
-  void bind_kernel(const Box& window) override;
+  void bind_kernel(const Box& window, const Backend& backend) override;
   // Plans regions_ for the window (box `window`, local shape `x`) and the output tile (local shape
   // `y`) in these layouts; false when some box kernel declines them.
   bool plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,
-                    Layout y_layout);
+                    Layout y_layout, const Backend& backend);
 
   Conv2dSpec spec_;
   reference::ConvGeometry geometry_;
   Param<T> weight_, bias_;
   std::unique_ptr<ConvKernel<T>> kernel_;
-  // With halo_overlap(), halos to receive and an interior that needs none: the border strips of
+  // With overlap(), halos to receive and an interior that needs none: the border strips of
   // the output tile (top, bottom, left, right; the empty ones left out), computed again after the
   // halos arrived, each by a box kernel planned at bind. Empty: no overlap.
   struct Region {

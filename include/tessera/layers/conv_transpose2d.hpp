@@ -67,7 +67,7 @@ class ConvTranspose2d final : public WindowLayer<T> {
   std::string kernel_name() const { return kernel_ ? kernel_->name() : "reference loops"; }
 
  private:
-  void bind_kernel(const Box& window) override;
+  void bind_kernel(const Box& window, const Backend& backend) override;
 
   ConvTranspose2dSpec spec_;
   // The kernel's map from the window to the output tile: padding shifted by both origins.

@@ -11,7 +11,7 @@ namespace tessera {
 // Type global_avgpool; no fields.
 void parse_global_avgpool(const LayerSpec& spec);
 
-// Averages each channel over the whole image. Forward: collective over the spatial communicator;
+// Averages each channel over the whole image. Forward: collective over the spatial group;
 // backward: local.
 template <typename T>
 class GlobalAvgPool final : public UnaryLayer<T> {
@@ -19,14 +19,14 @@ class GlobalAvgPool final : public UnaryLayer<T> {
   using UnaryLayer<T>::UnaryLayer;
   using UnaryLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const ProcessGrid& grid) override { spatial_ = grid.spatial(); }
+  void bind(const Runtime& runtime) override { comm_ = &runtime.comm(); }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
 
  private:
   Distribution in_, out_;
-  MPI_Comm spatial_ = MPI_COMM_NULL;
+  const Comm* comm_ = nullptr;
 };
 
 struct LinearSpec {

@@ -47,7 +47,7 @@ class Pool2d final : public WindowLayer<T> {
   std::string kernel_name() const { return kernel_ ? kernel_->name() : "none"; }
 
  private:
-  void bind_kernel(const Box& window) override;
+  void bind_kernel(const Box& window, const Backend& backend) override;
 
   Pool2dSpec spec_;
   std::unique_ptr<PoolKernel<T>> kernel_;  // planned for the window, with the image part marked

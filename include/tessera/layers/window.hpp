@@ -21,18 +21,15 @@ WindowMap conv_window(const WindowAxis& rows, const WindowAxis& cols);
 HaloPlan window_plan(const Distribution& in, const Distribution& out, const WindowMap& map, int i,
                      int j);
 
-// This rank's exchange on the grid's spatial communicator. Local.
+// This rank's exchange on the comm's spatial group; `name` ("layer 'c1'") for the watchdog.
+// Local.
 template <typename T>
 HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
-                                const WindowMap& map, const ProcessGrid& grid, int tag);
+                                const WindowMap& map, const Comm& comm, int tag,
+                                const std::string& name);
 
 // Shape of the local window buffer: my samples and channels, the plan's window box.
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan);
-
-// Whether convolutions compute their tile while halos travel and then recompute the border strips
-// that read them (default on; TESSERA_OVERLAP=0 turns it off, to measure what it hides). Read
-// once. Local.
-bool halo_overlap();
 
 // The outputs of `out` (a range of output rows or columns) whose inputs, through `map`, all lie
 // in `ready`: a contiguous range, possibly empty (map is monotone). Local and pure.
@@ -59,7 +56,7 @@ class WindowLayer : public UnaryLayer<T> {
  public:
   // Builds this rank's exchange from window() and the distributions of the last setup(), then
   // hands the window box to bind_kernel. Local.
-  void bind(const ProcessGrid& grid) final;
+  void bind(const Runtime& runtime) final;
   // Pure in the spec: `tessera plan` asks for it after setup() alone, with no grid bound.
   std::optional<WindowMap> window() const override = 0;
 
@@ -75,8 +72,11 @@ class WindowLayer : public UnaryLayer<T> {
   const Distribution& out_dist() const { return out_; }
 
   // For layers whose kernel geometry depends on where this rank's window lies (global input
-  // coordinates, not clipped to the image). Local.
-  virtual void bind_kernel(const Box& /*window*/) {}
+  // coordinates, not clipped to the image); plans its kernels with `backend`. Local.
+  virtual void bind_kernel(const Box& /*window*/, const Backend& /*backend*/) {}
+  // Whether convolutions compute their tile while halos travel and then recompute the border
+  // strips that read them (Runtime::overlap). Valid after bind(). Local.
+  bool overlap() const { return overlap_; }
 
   // Allocates the window, fills it from x's tiles (zeros outside the image) and keeps it until
   // the next forward. Neighbour-wise collective over the spatial communicator.
@@ -107,6 +107,7 @@ class WindowLayer : public UnaryLayer<T> {
 
  private:
   int tag_;
+  bool overlap_ = true;
   Distribution in_, out_;
   std::optional<HaloExchange<T>> exchange_;
   Tensor<T> window_;

@@ -1,0 +1,59 @@
+// What a run is made of, built once (in main, or in a test) and passed down: the
+// communicators (Comm), the kernel backend, and the switches that change how, not what, Tessera
+// computes. Layers receive it at bind(); nothing below it reads the environment or a global
+// setting (the one exception is the kernel thread count: backend.hpp says why).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "tessera/comm.hpp"
+#include "tessera/kernels/backend.hpp"
+
+namespace tessera {
+
+struct RuntimeOptions {
+  KernelBackend kernels = default_kernel_backend();
+  // Convolutions compute their tile while halos travel, then the border strips (README
+  // "Overlap"); off only to measure what it hides.
+  bool overlap = true;
+  std::optional<WaitPolicy> wait;  // none: detected from ranks and cores per node
+  double timeout = 600;            // seconds any one wait may take (the watchdog)
+  // Keep freed blocks in the heap so each step reuses them without page faults (main applies it).
+  bool keep_freed = true;
+  KernelThreads threads;
+};
+
+// The documented environment defaults, the one place Tessera reads the environment:
+//   TESSERA_KERNELS=reference|onednn, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
+//   TESSERA_TIMEOUT=seconds, TESSERA_KEEP_FREED=0|1; the kernel threads from OMP_NUM_THREADS,
+//   else the cores of this process's affinity mask divided by the ranks the launcher started on
+//   this node (MPI_LOCALNRANKS from MPICH's Hydra, OMPI_COMM_WORLD_LOCAL_SIZE from Open MPI).
+// Command-line options override them. Local; a bad value throws an Error naming the variable.
+RuntimeOptions runtime_options_from_environment();
+
+class Runtime {
+ public:
+  // Local: takes over `comm` (built collectively by the caller).
+  Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options);
+
+  Comm& comm() const { return *comm_; }
+  const Backend& backend() const { return *backend_; }
+  bool overlap() const { return options_.overlap; }
+  const RuntimeOptions& options() const { return options_; }
+
+  // The same options on a 1x1x1 grid of this rank alone (single-rank reference runs). Local.
+  Runtime single() const;
+
+ private:
+  std::unique_ptr<Comm> comm_;
+  const Backend* backend_;
+  RuntimeOptions options_;
+};
+
+// A runtime on the grid `grid` over the ranks of `world`, waiting as options.wait says (else as
+// `world` does). Collective over the world group; throws an agreed Error when the grid does not
+// fit the job.
+Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options);
+
+}  // namespace tessera

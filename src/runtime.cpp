@@ -1,0 +1,101 @@
+#include "tessera/runtime.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+namespace {
+
+// The value of `name`, or nullptr when it is unset or empty.
+const char* variable(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// A positive integer from the environment, else 0. OMP_NUM_THREADS may be a list ("4,2"): its
+// first entry is the outer level's count.
+int count_of(const char* name) {
+  const char* text = variable(name);
+  if (text == nullptr) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  return end != text && v > 0 && v < (1 << 20) ? static_cast<int>(v) : 0;
+}
+
+bool switch_of(const char* name, bool fallback) {
+  const char* text = variable(name);
+  if (text == nullptr) return fallback;
+  const std::string v = text;
+  if (v == "0") return false;
+  if (v == "1") return true;
+  throw Error(std::string(name) + ": expected 0 or 1, got '" + v + "'");
+}
+
+KernelThreads threads_from_environment() {
+  if (const int omp = count_of("OMP_NUM_THREADS"); omp > 0)
+    return {omp, "OMP_NUM_THREADS=" + std::to_string(omp)};
+  // Launchers say how many ranks they started on this node; asking MPI would be a collective.
+  int ranks = 0;
+  for (const char* name : {"MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    if (ranks == 0) ranks = count_of(name);
+  const bool known = ranks > 0;
+  ranks = std::max(ranks, 1);
+  const int cores = available_cores();
+  auto count = [](int n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  return {std::max(1, cores / ranks),
+          count(cores, "core") + " / " + count(ranks, "rank") +
+              (known ? " on this node" : " (the launcher did not say how many share the node)")};
+}
+
+// Prefixes an Error from parsing a variable's value with the variable's name.
+template <typename F>
+auto parsed(const char* name, F&& parse) {
+  try {
+    return parse(std::string(variable(name)));
+  } catch (const Error& e) {
+    throw Error(std::string(name) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+RuntimeOptions runtime_options_from_environment() {
+  RuntimeOptions o;
+  if (variable("TESSERA_KERNELS"))
+    o.kernels =
+        parsed("TESSERA_KERNELS", [](const std::string& v) { return parse_kernel_backend(v); });
+  o.overlap = switch_of("TESSERA_OVERLAP", true);
+  if (variable("TESSERA_WAIT"))
+    o.wait = parsed("TESSERA_WAIT", [](const std::string& v) { return parse_wait_policy(v); });
+  if (variable("TESSERA_TIMEOUT"))
+    o.timeout = parsed("TESSERA_TIMEOUT", [](const std::string& v) {
+      char* end = nullptr;
+      const double s = std::strtod(v.c_str(), &end);
+      TESSERA_CHECK(end != v.c_str() && *end == '\0', "bad timeout '" + v + "': expected seconds");
+      return check_timeout(s);
+    });
+  o.keep_freed = switch_of("TESSERA_KEEP_FREED", true);
+  o.threads = threads_from_environment();
+  return o;
+}
+
+Runtime::Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options)
+    : comm_(std::move(comm)), backend_(&backend_of(options.kernels)), options_(options) {
+  TESSERA_CHECK(comm_ != nullptr, "a runtime needs communicators");
+}
+
+Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options) {
+  const WaitSettings wait{options.wait.value_or(world.wait_settings().policy), options.timeout};
+  return Runtime(world.make_grid(grid, wait), options);
+}
+
+Runtime Runtime::single() const {
+  return Runtime(comm_->make_single(), options_);
+}
+
+}  // namespace tessera
