@@ -120,6 +120,13 @@ std::unique_ptr<PoolKernel<double>> Backend::pool_double(PoolKind kind, const Po
   return reference_pool<double>(kind, shapes, g);
 }
 
+std::unique_ptr<BatchNormKernel<float>> Backend::batch_norm_float() const {
+  return make_cpu_batch_norm<float>();
+}
+std::unique_ptr<BatchNormKernel<double>> Backend::batch_norm_double() const {
+  return make_cpu_batch_norm<double>();
+}
+
 const Backend& backend_of(KernelBackend kind) {
   static const Backend reference;
   if (kind == KernelBackend::reference) return reference;

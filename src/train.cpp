@@ -130,9 +130,29 @@ class Trainer {
   Trainer(const TrainOptions& o, const Comm& world, const RuntimeOptions& runtime,
           std::ostream& out)
       : o_(o), world_(world), runtime_options_(runtime), out_(out) {}
+  // Collective over the world group: check_options, build, resume, then step after step until
+  // should_stop, with validate and save at their steps, and the closing line.
   int run();
 
  private:
+  // The options every rank must agree on. Collective over the world group.
+  void check_options();
+  // The runtime, the data, the model and the optimizer. Collective over the world group.
+  void build();
+  // The first step to train: 0, or the step of the latest checkpoint with --resume. Collective.
+  std::int64_t resume();
+  // One training step (forward, backward, gradient reduction, optimizer update); adds to the log
+  // window and returns the learning rate it used. Collective over the world group.
+  double step(std::int64_t step);
+  // After step `done`: the log line and metrics record when one is due, validation at the end
+  // of an epoch, a checkpoint when one is due. Collective over the world group.
+  void after_step(std::int64_t done, double lr);
+  // Whether training ends after step `done`. Every rank computes it from the same counts, so the
+  // ranks agree; a rank-local reason to stop (a signal) must be combined over the ranks here.
+  bool should_stop(std::int64_t done) const { return done >= total_steps_; }
+  void log(std::int64_t done, double lr);
+  void report_validation(std::int64_t done, double lr);
+  void finish();
   void open_data();
   void read_batch(const Split& split, std::span<const std::int64_t> global_batch, DistTensor<T>& x,
                   std::vector<std::int32_t>& labels);
@@ -162,6 +182,16 @@ class Trainer {
   std::int64_t window_steps_ = 0;
   double window_loss_ = 0;
   std::optional<Confusion> window_confusion_;
+  std::optional<EpochSampler> sampler_;
+  std::optional<MetricsFile> metrics_;
+  DistTensor<T> x_;  // the batch of a step: this rank's tile
+  std::vector<std::int32_t> labels_;
+  std::int64_t start_ = 0;  // the first step of this run
+  // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
+  // images per second count training only); steps since window_began_.
+  clock_type::time_point began_, window_began_;
+  std::int64_t timed_steps_ = 0;
+  bool line_open_ = false;  // the updating progress line awaits its newline
 };
 
 template <typename T>
@@ -332,7 +362,7 @@ void Trainer<T>::print_summary() {
 }
 
 template <typename T>
-int Trainer<T>::run() {
+void Trainer<T>::check_options() {
   agree(world_, [&] {
     spec_ = load_model(o_.model);
     TESSERA_CHECK(o_.batch > 0, "--batch must be positive");
@@ -358,6 +388,10 @@ int Trainer<T>::run() {
       << o_.width << "|" << o_.val_samples << "|" << __DATE__ << __TIME__;
     check_same_everywhere(world_, "configuration (model, options, build)", c.str());
   }
+}
+
+template <typename T>
+void Trainer<T>::build() {
   runtime_.emplace(make_runtime(world_, o_.grid, runtime_options_));
   segmentation_ = spec_.loss == LossKind::pixel_cross_entropy;
   agree(world_, [&] { open_data(); });
@@ -419,8 +453,8 @@ int Trainer<T>::run() {
                   "the validation set has " + std::to_string(val_.index.size()) +
                       " samples, fewer than one batch of " + std::to_string(o_.batch));
   });
-  const EpochSampler sampler(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
-  steps_per_epoch_ = sampler.batches_per_epoch();
+  sampler_.emplace(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
+  steps_per_epoch_ = sampler_->batches_per_epoch();
   total_steps_ = o_.steps > 0 ? o_.steps : std::max<std::int64_t>(o_.epochs, 1) * steps_per_epoch_;
   schedule_ = o_.schedule;
   schedule_.total_steps = total_steps_;
@@ -439,6 +473,11 @@ int Trainer<T>::run() {
     optimizer_.emplace(o_.optimizer, *model_);  // refuses a bad --momentum or --weight-decay
   });
   window_confusion_.emplace(classes_);
+  x_ = DistTensor<T>(model_->input_distribution());
+}
+
+template <typename T>
+std::int64_t Trainer<T>::resume() {
   std::int64_t start = 0;
   if (o_.resume) {
     // Rank 0 chooses, so that every rank resumes from the same step (or each says why not).
@@ -482,99 +521,119 @@ int Trainer<T>::run() {
       out_ << "\n";
     }
   }
-  // Resuming, the file keeps the lines up to the checkpoint's step.
-  std::optional<MetricsFile> metrics;
-  agree(world_, [&] { metrics.emplace(root() ? o_.metrics : "", o_.resume ? start : -1); });
-  print_summary();
+  return start;
+}
 
-  const auto began = clock_type::now();
-  auto window_began = began;
-  std::int64_t timed_steps = 0;  // steps since window_began
-  bool line_open = false;        // the updating progress line awaits its newline
+template <typename T>
+double Trainer<T>::step(std::int64_t step) {
+  const std::int64_t epoch = step / steps_per_epoch_;
+  read_batch(train_, sampler_->batch(epoch, step % steps_per_epoch_), x_, labels_);
+  model_->state() = {.mode = Mode::train, .seed = o_.seed, .step = step};
+  runtime_->comm().set_step(step);
+  const StepResult<T> r = forward_backward(*model_, x_, labels_);
+  check_finite_loss(world_, r.loss, step, "try a smaller --lr; the last checkpoint is untouched");
+  const double lr = learning_rate(schedule_, o_.lr, step);
+  optimizer_->step(lr);
+  window_loss_ += r.loss;
+  ++window_steps_;
+  ++timed_steps_;
+  window_confusion_->add(r.output, labels_);
+  return lr;
+}
+
+template <typename T>
+void Trainer<T>::log(std::int64_t done, double lr) {
+  const std::int64_t epoch = (done - 1) / steps_per_epoch_;
   Confusion& window_confusion = *window_confusion_;
-  DistTensor<T> x(model_->input_distribution());
-  std::vector<std::int32_t> labels;
-  for (std::int64_t step = start; step < total_steps_; ++step) {
-    const std::int64_t epoch = step / steps_per_epoch_;
-    read_batch(train_, sampler.batch(epoch, step % steps_per_epoch_), x, labels);
-    model_->state() = {.mode = Mode::train, .seed = o_.seed, .step = step};
-    runtime_->comm().set_step(step);
-    const StepResult<T> r = forward_backward(*model_, x, labels);
-    check_finite_loss(world_, r.loss, step, "try a smaller --lr; the last checkpoint is untouched");
-    const double lr = learning_rate(schedule_, o_.lr, step);
-    optimizer_->step(lr);
-    window_loss_ += r.loss;
-    ++window_steps_;
-    ++timed_steps;
-    window_confusion.add(r.output, labels);
-
-    const std::int64_t done = step + 1;
-    const bool epoch_end = done % steps_per_epoch_ == 0 || done == total_steps_;
-    const bool log = done % o_.log_every == 0 || done == total_steps_ || epoch_end;
-    if (log) {
-      window_confusion.reduce(grid());
-      const double elapsed = seconds_since(window_began);
-      // Epochs count from 1 in the metrics, as on the console.
-      Record rec{.step = done,
-                 .epoch = epoch + 1,
-                 .split = "train",
-                 .loss = window_loss_ / static_cast<double>(window_steps_),
-                 .accuracy = window_confusion.accuracy(),
-                 .mean_iou = window_confusion.mean_iou(),
-                 .lr = lr,
-                 .images_per_s = static_cast<double>(timed_steps * o_.batch) / elapsed};
-      metrics->write(rec, segmentation_);
-      if (root()) {
-        const double per_step = seconds_since(began) / static_cast<double>(done - start);
-        std::ostringstream line;
-        line << "step " << done << "/" << total_steps_ << "  epoch " << epoch + 1 << "  loss "
-             << std::fixed << std::setprecision(4) << rec.loss << "  acc " << rec.accuracy;
-        if (segmentation_) line << "  mIoU " << rec.mean_iou;
-        line << "  " << std::setprecision(1) << rec.images_per_s << " img/s  ETA "
-             << duration_text(per_step * static_cast<double>(total_steps_ - done));
-        if (o_.progress_line) {
-          out_ << "\r" << line.str() << "\033[K" << std::flush;
-          line_open = true;
-        } else
-          out_ << line.str() << "\n" << std::flush;
-      }
-      window_loss_ = 0;
-      window_steps_ = 0;
-      timed_steps = 0;
-      window_confusion = Confusion(classes_);
-      window_began = clock_type::now();
-    }
-    // Images per second count training only: the time of validation and checkpoints is left out.
-    const auto pause_began = clock_type::now();
-    if (epoch_end && !val_.index.empty()) {
-      Record v = validate(done, epoch + 1);
-      v.lr = lr;  // the rate the model was last trained with
-      metrics->write(v, segmentation_);
-      if (root()) {
-        if (line_open) out_ << "\n";
-        line_open = false;
-        if (done % steps_per_epoch_ == 0)
-          out_ << "validation after epoch " << epoch + 1;
-        else
-          out_ << "validation at step " << done << " (part of epoch " << epoch + 1 << ")";
-        out_ << ": loss " << std::fixed << std::setprecision(4) << v.loss << "  acc " << v.accuracy;
-        if (segmentation_) out_ << "  mIoU " << v.mean_iou;
-        out_ << std::defaultfloat << "\n" << std::flush;
-      }
-    }
-    if (!o_.checkpoint_dir.empty() &&
-        ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == total_steps_))
-      save(done, done / steps_per_epoch_);
-    window_began += clock_type::now() - pause_began;
-  }
-  const auto [peak_min, peak_max] = peak_memory_range_mib(world_);
+  window_confusion.reduce(grid());
+  const double elapsed = seconds_since(window_began_);
+  // Epochs count from 1 in the metrics, as on the console.
+  Record rec{.step = done,
+             .epoch = epoch + 1,
+             .split = "train",
+             .loss = window_loss_ / static_cast<double>(window_steps_),
+             .accuracy = window_confusion.accuracy(),
+             .mean_iou = window_confusion.mean_iou(),
+             .lr = lr,
+             .images_per_s = static_cast<double>(timed_steps_ * o_.batch) / elapsed};
+  metrics_->write(rec, segmentation_);
   if (root()) {
-    if (line_open) out_ << "\n";
-    out_ << "done: " << std::max<std::int64_t>(0, total_steps_ - start) << " steps in "
-         << duration_text(seconds_since(began)) << "; peak memory per rank " << std::fixed
-         << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat
-         << "\n";
+    const double per_step = seconds_since(began_) / static_cast<double>(done - start_);
+    std::ostringstream line;
+    line << "step " << done << "/" << total_steps_ << "  epoch " << epoch + 1 << "  loss "
+         << std::fixed << std::setprecision(4) << rec.loss << "  acc " << rec.accuracy;
+    if (segmentation_) line << "  mIoU " << rec.mean_iou;
+    line << "  " << std::setprecision(1) << rec.images_per_s << " img/s  ETA "
+         << duration_text(per_step * static_cast<double>(total_steps_ - done));
+    if (o_.progress_line) {
+      out_ << "\r" << line.str() << "\033[K" << std::flush;
+      line_open_ = true;
+    } else
+      out_ << line.str() << "\n" << std::flush;
   }
+  window_loss_ = 0;
+  window_steps_ = 0;
+  timed_steps_ = 0;
+  window_confusion = Confusion(classes_);
+  window_began_ = clock_type::now();
+}
+
+template <typename T>
+void Trainer<T>::report_validation(std::int64_t done, double lr) {
+  const std::int64_t epoch = (done - 1) / steps_per_epoch_;
+  Record v = validate(done, epoch + 1);
+  v.lr = lr;  // the rate the model was last trained with
+  metrics_->write(v, segmentation_);
+  if (!root()) return;
+  if (line_open_) out_ << "\n";
+  line_open_ = false;
+  if (done % steps_per_epoch_ == 0)
+    out_ << "validation after epoch " << epoch + 1;
+  else
+    out_ << "validation at step " << done << " (part of epoch " << epoch + 1 << ")";
+  out_ << ": loss " << std::fixed << std::setprecision(4) << v.loss << "  acc " << v.accuracy;
+  if (segmentation_) out_ << "  mIoU " << v.mean_iou;
+  out_ << std::defaultfloat << "\n" << std::flush;
+}
+
+template <typename T>
+void Trainer<T>::after_step(std::int64_t done, double lr) {
+  const bool epoch_end = done % steps_per_epoch_ == 0 || done == total_steps_;
+  if (done % o_.log_every == 0 || done == total_steps_ || epoch_end) log(done, lr);
+  // Images per second count training only: the time of validation and checkpoints is left out.
+  const auto pause_began = clock_type::now();
+  if (epoch_end && !val_.index.empty()) report_validation(done, lr);
+  if (!o_.checkpoint_dir.empty() &&
+      ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == total_steps_))
+    save(done, done / steps_per_epoch_);
+  window_began_ += clock_type::now() - pause_began;
+}
+
+template <typename T>
+void Trainer<T>::finish() {
+  const auto [peak_min, peak_max] = peak_memory_range_mib(world_);
+  if (!root()) return;
+  if (line_open_) out_ << "\n";
+  out_ << "done: " << std::max<std::int64_t>(0, total_steps_ - start_) << " steps in "
+       << duration_text(seconds_since(began_)) << "; peak memory per rank " << std::fixed
+       << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat
+       << "\n";
+}
+
+template <typename T>
+int Trainer<T>::run() {
+  check_options();
+  build();
+  start_ = resume();
+  // Resuming, the file keeps the lines up to the checkpoint's step.
+  agree(world_, [&] { metrics_.emplace(root() ? o_.metrics : "", o_.resume ? start_ : -1); });
+  print_summary();
+  began_ = window_began_ = clock_type::now();
+  for (std::int64_t done = start_; !should_stop(done);) {
+    const double lr = step(done);
+    after_step(++done, lr);
+  }
+  finish();
   return 0;
 }
 

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "batchnorm_checks.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/batchnorm_kernel.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera::fast {
@@ -230,3 +232,46 @@ TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE
 
 }  // namespace tessera::fast
+
+namespace tessera {
+namespace {
+
+template <typename T>
+class CpuBatchNorm final : public BatchNormKernel<T> {
+ public:
+  std::string name() const override { return "threaded"; }
+  void sum(const Tensor<T>& x, Layout layout, std::span<double> sum) const override {
+    fast::batchnorm_sum(x, layout, sum);
+  }
+  void centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
+                           std::span<double> sum) const override {
+    fast::batchnorm_centered_square_sum(x, layout, mean, sum);
+  }
+  void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
+               std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const override {
+    fast::batchnorm_forward(x, layout, stats, weight, bias, y);
+  }
+  void backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                     const reference::BatchNormStats& stats, std::span<double> sum_dy,
+                     std::span<double> sum_dy_xhat) const override {
+    fast::batchnorm_backward_sums(x, dy, layout, stats, sum_dy, sum_dy_xhat);
+  }
+  void backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                     const reference::BatchNormStats& stats, std::span<const T> weight,
+                     std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
+                     Tensor<T>& dx) const override {
+    fast::batchnorm_backward_data(x, dy, layout, stats, weight, mean_dy, mean_dy_xhat, dx);
+  }
+};
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<BatchNormKernel<T>> make_cpu_batch_norm() {
+  return std::make_unique<CpuBatchNorm<T>>();
+}
+
+template std::unique_ptr<BatchNormKernel<float>> make_cpu_batch_norm<float>();
+template std::unique_ptr<BatchNormKernel<double>> make_cpu_batch_norm<double>();
+
+}  // namespace tessera

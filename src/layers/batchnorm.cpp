@@ -6,7 +6,6 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/kernels/batchnorm_kernels.hpp"
 #include "tessera/layers/window.hpp"
 #include "tessera/parallel.hpp"
 
@@ -45,6 +44,8 @@ Distribution BatchNorm2d<T>::setup(const Distribution& in) {
 
 template <typename T>
 DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& state) {
+  TESSERA_CHECK(kernel_ != nullptr,
+                "layer '" + this->name() + "' (batchnorm2d): forward before bind");
   const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
   mode_ = state.mode;
   layout_ = x.layout;
@@ -61,13 +62,13 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
     const double count = static_cast<double>(count_);
     // Two passes, so that a mean large next to the spread costs no precision.
     const std::string what = "batch-norm statistics of layer '" + this->name() + "'";
-    fast::batchnorm_sum(x.local, layout_, std::span<double>(mean_));
+    kernel_->sum(x.local, layout_, std::span<double>(mean_));
     allreduce_sum(*comm_, std::span<double>(mean_), Group::world, what);
     for (double& v : mean_)
       v /= count;
     std::vector<double> square_sum(channels);
-    fast::batchnorm_centered_square_sum(x.local, layout_, std::span<const double>(mean_),
-                                        std::span<double>(square_sum));
+    kernel_->centered_square_sum(x.local, layout_, std::span<const double>(mean_),
+                                 std::span<double>(square_sum));
     allreduce_sum(*comm_, std::span<double>(square_sum), Group::world, what);
     const double m = spec_.momentum;
     for (std::size_t c = 0; c < channels; ++c) {
@@ -85,8 +86,8 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   }
   DistTensor<T> y(x.dist, uninitialized);
   y.layout = layout_;
-  fast::batchnorm_forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span(),
-                          std::as_const(bias_.value).span(), y.local);
+  kernel_->forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span(),
+                   std::as_const(bias_.value).span(), y.local);
   return y;
 }
 
@@ -98,7 +99,7 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   std::vector<double> sums(2 * channels);
   const std::span<double> sum_dy(sums.data(), channels),
       sum_dy_xhat(sums.data() + channels, channels);
-  fast::batchnorm_backward_sums(x_, dy.local, layout_, stats, sum_dy, sum_dy_xhat);
+  kernel_->backward_sums(x_, dy.local, layout_, stats, sum_dy, sum_dy_xhat);
   // The parameter gradients take this rank's share; Model::reduce_gradients adds the others.
   for (std::size_t c = 0; c < channels; ++c) {
     bias_.grad.data()[c] += static_cast<T>(sum_dy[c]);
@@ -116,9 +117,9 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   }
   DistTensor<T> dx(dy.dist, uninitialized);
   dx.layout = layout_;
-  fast::batchnorm_backward_data(x_, dy.local, layout_, stats, std::as_const(weight_.value).span(),
-                                std::span<const double>(sum_dy),
-                                std::span<const double>(sum_dy_xhat), dx.local);
+  kernel_->backward_data(x_, dy.local, layout_, stats, std::as_const(weight_.value).span(),
+                         std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat),
+                         dx.local);
   return dx;
 }
 

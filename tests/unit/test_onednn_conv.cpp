@@ -269,6 +269,23 @@ TEST(KernelBackend, OnlyFastKernelsTakeChannelBlockedInputs) {
   EXPECT_EQ(backend_of(KernelBackend::reference).conv<float>(s, c.geometry()), nullptr);
 }
 
+// Batch norm is Tessera's threaded loops on every CPU backend (oneDNN's would take one tile's
+// statistics), handed out by the backend like every kernel, and computes the reference's sums.
+TEST(KernelBackend, BatchNormComesFromTheBackend) {
+  for (KernelBackend b : test::built_backends()) {
+    const std::unique_ptr<BatchNormKernel<float>> k = backend_of(b).batch_norm<float>();
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(k->name(), "threaded");
+    const Tensor<float> x = random_tensor({2, 3, 5, 4}, 77);
+    std::vector<double> got(3), want(3);
+    k->sum(x, Layout::nchw, got);
+    reference::batchnorm_sum(x, std::span<double>(want));
+    for (std::size_t c = 0; c < 3; ++c)
+      EXPECT_NEAR(got[c], want[c], 1e-12 * std::max(1.0, std::abs(want[c]))) << c;
+  }
+  ASSERT_NE(backend_of(KernelBackend::reference).batch_norm<double>(), nullptr);
+}
+
 // Both backends in one process: each layer gets its kernel from the runtime it is bound to.
 TEST(KernelBackend, Conv2dPlansItsKernelAtBind) {
   for (KernelBackend b : test::built_backends()) {

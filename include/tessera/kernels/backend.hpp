@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tessera/kernels/batchnorm_kernel.hpp"
 #include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
 
@@ -65,6 +66,15 @@ class Backend {
     else
       return pool_double(kind, shapes, g);
   }
+  // The batch-norm kernel of this backend (the layer reduces its sums over the grid). Never
+  // null. Local.
+  template <typename T>
+  std::unique_ptr<BatchNormKernel<T>> batch_norm() const {
+    if constexpr (std::is_same_v<T, float>)
+      return batch_norm_float();
+    else
+      return batch_norm_double();
+  }
 
  protected:
   // The reference's factories; a fast backend overrides and calls these for what it declines.
@@ -76,6 +86,9 @@ class Backend {
                                                         const reference::PoolGeometry& g) const;
   virtual std::unique_ptr<PoolKernel<double>> pool_double(PoolKind kind, const PoolShapes& shapes,
                                                           const reference::PoolGeometry& g) const;
+  // Tessera's threaded CPU loops (oneDNN's batch norm would take one tile's statistics).
+  virtual std::unique_ptr<BatchNormKernel<float>> batch_norm_float() const;
+  virtual std::unique_ptr<BatchNormKernel<double>> batch_norm_double() const;
 };
 
 // The backend of `kind`, alive for the whole process (backends hold no state). Local; throws an

@@ -38,7 +38,11 @@ class BatchNorm2d final : public UnaryLayer<T> {
   // train with (PyTorch: "Expected more than 1 value per channel when training").
   using UnaryLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const Runtime& runtime) override { comm_ = &runtime.comm(); }
+  // Takes the Comm its statistics are reduced over and the backend's batch-norm kernel. Local.
+  void bind(const Runtime& runtime) override {
+    comm_ = &runtime.comm();
+    kernel_ = runtime.backend().batch_norm<T>();
+  }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
@@ -51,6 +55,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
  private:
   BatchNormSpec spec_;
   const Comm* comm_ = nullptr;
+  std::unique_ptr<BatchNormKernel<T>> kernel_;
   std::int64_t count_ = 0;  // values per channel in the global batch: N * H * W
   Param<T> weight_, bias_;
   Buffer<T> running_mean_, running_var_;

@@ -1,0 +1,45 @@
+// A batch-normalisation kernel as a Backend hands it out: the local halves of the layer's
+// passes. The layer reduces the sums over the grid between them (BatchNorm2d), so the statistics
+// are those of the whole global batch whatever the backend; a backend only computes on its
+// rank's tile (a GPU backend: on the device). Every method is local.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tessera/kernels/reference_batchnorm.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+template <typename T>
+class BatchNormKernel {
+ public:
+  virtual ~BatchNormKernel() = default;
+  virtual std::string name() const = 0;
+  // Per-channel sum of x (in `layout`) over this tile, into `sum` (one entry per channel).
+  virtual void sum(const Tensor<T>& x, Layout layout, std::span<double> sum) const = 0;
+  // Per-channel sum of (x - mean)^2 over this tile.
+  virtual void centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
+                                   std::span<double> sum) const = 0;
+  // y = (x - mean) * invstd * weight + bias, in x's layout.
+  virtual void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
+                       std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const = 0;
+  // Per-channel sums of dy and of dy * xhat over this tile.
+  virtual void backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                             const reference::BatchNormStats& stats, std::span<double> sum_dy,
+                             std::span<double> sum_dy_xhat) const = 0;
+  // dx = weight * invstd * (dy - mean_dy - xhat * mean_dy_xhat), in x's layout.
+  virtual void backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                             const reference::BatchNormStats& stats, std::span<const T> weight,
+                             std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
+                             Tensor<T>& dx) const = 0;
+};
+
+// Tessera's CPU batch norm: the threaded loops of batchnorm_kernels.hpp (the reference's
+// arithmetic, both layouts). Every backend's choice on the CPU. Local.
+template <typename T>
+std::unique_ptr<BatchNormKernel<T>> make_cpu_batch_norm();
+
+}  // namespace tessera
