@@ -127,6 +127,29 @@ std::unique_ptr<BatchNormKernel<double>> Backend::batch_norm_double() const {
   return make_cpu_batch_norm<double>();
 }
 
+std::unique_ptr<UpsampleKernel<float>> Backend::make_upsample(const reference::UpsampleGeometry& g,
+                                                              float) const {
+  return make_reference_upsample<float>(g);
+}
+std::unique_ptr<UpsampleKernel<double>> Backend::make_upsample(const reference::UpsampleGeometry& g,
+                                                               double) const {
+  return make_reference_upsample<double>(g);
+}
+std::unique_ptr<SpatialSumKernel<float>> Backend::make_spatial_sum(float) const {
+  return make_reference_spatial_sum<float>();
+}
+std::unique_ptr<SpatialSumKernel<double>> Backend::make_spatial_sum(double) const {
+  return make_reference_spatial_sum<double>();
+}
+std::unique_ptr<LinearKernel<float>> Backend::make_linear(std::int64_t in, std::int64_t out,
+                                                          float) const {
+  return make_reference_linear<float>(in, out);
+}
+std::unique_ptr<LinearKernel<double>> Backend::make_linear(std::int64_t in, std::int64_t out,
+                                                           double) const {
+  return make_reference_linear<double>(in, out);
+}
+
 const Backend& backend_of(KernelBackend kind) {
   static const Backend reference;
   if (kind == KernelBackend::reference) return reference;

@@ -4,7 +4,6 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/kernels/reference_dense.hpp"
 #include "tessera/layers/window.hpp"
 
 namespace tessera {
@@ -23,10 +22,10 @@ Distribution GlobalAvgPool<T>::setup(const Distribution& in) {
 
 template <typename T>
 DistTensor<T> GlobalAvgPool<T>::forward(const DistTensor<T>& x, const RunState&) {
-  DistTensor<T> y(out_);
-  reference::spatial_sums<T>(x.local, y.local.span());
-  TESSERA_CHECK(comm_ != nullptr,
+  TESSERA_CHECK(comm_ != nullptr && kernel_ != nullptr,
                 "layer '" + this->name() + "' (global_avgpool): forward before bind");
+  DistTensor<T> y(out_);
+  kernel_->sums(x.local, y.local.span());
   allreduce_sum(*comm_, y.local.span(), Group::spatial,
                 "spatial sums of layer '" + this->name() + "'");
   const T area = static_cast<T>(in_.global.h * in_.global.w);
@@ -42,7 +41,7 @@ DistTensor<T> GlobalAvgPool<T>::backward_one(const DistTensor<T>& dy, const RunS
   std::vector<T> g(dy.local.span().begin(), dy.local.span().end());
   for (T& v : g)
     v /= area;
-  reference::broadcast_spatial<T>(g, dx.local);
+  kernel_->spread(g, dx.local);
   return dx;
 }
 
@@ -74,11 +73,11 @@ Distribution Linear<T>::setup(const Distribution& in) {
 
 template <typename T>
 DistTensor<T> Linear<T>::forward(const DistTensor<T>& x, const RunState&) {
+  TESSERA_CHECK(kernel_ != nullptr, "layer '" + this->name() + "' (linear): forward before bind");
   x_ = x.local;
   DistTensor<T> y(out_);
-  reference::linear_forward<T>(x.local.span(), std::as_const(weight_.value).span(),
-                               std::as_const(bias_.value).span(), y.local.span(), x.local.shape().n,
-                               in_.global.c, spec_.out_features);
+  kernel_->forward(x.local.span(), std::as_const(weight_.value).span(),
+                   std::as_const(bias_.value).span(), y.local.span(), x.local.shape().n);
   return y;
 }
 
@@ -86,13 +85,11 @@ template <typename T>
 DistTensor<T> Linear<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   DistTensor<T> dx(in_);
   const std::int64_t n = dy.local.shape().n;
-  reference::linear_backward_data<T>(dy.local.span(), std::as_const(weight_.value).span(),
-                                     dx.local.span(), n, in_.global.c, spec_.out_features);
+  kernel_->backward_data(dy.local.span(), std::as_const(weight_.value).span(), dx.local.span(), n);
   // Every spatial rank holds the same samples: one of them counts them.
   if (in_.me.i == 0 && in_.me.j == 0)
-    reference::linear_backward_weights<T>(std::as_const(x_).span(), dy.local.span(),
-                                          weight_.grad.span(), bias_.grad.span(), n, in_.global.c,
-                                          spec_.out_features);
+    kernel_->backward_weights(std::as_const(x_).span(), dy.local.span(), weight_.grad.span(),
+                              bias_.grad.span(), n);
   return dx;
 }
 

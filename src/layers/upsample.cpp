@@ -41,17 +41,24 @@ Distribution UpsampleNearest<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
+void UpsampleNearest<T>::bind_kernel(const Box&, const Backend& backend) {
+  kernel_ = backend.upsample<T>(geometry_);
+}
+
+template <typename T>
 DistTensor<T> UpsampleNearest<T>::forward(const DistTensor<T>& x, const RunState&) {
+  TESSERA_CHECK(kernel_ != nullptr,
+                "layer '" + this->name() + "' (upsample_nearest): forward before bind");
   const Tensor<T>& window = this->fill_window(x);
   DistTensor<T> y(this->out_dist());
-  reference::upsample_nearest_forward(window, y.local, geometry_);
+  kernel_->forward(window, y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> UpsampleNearest<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   Tensor<T> window_grad = this->window_grad_zeros();
-  reference::upsample_nearest_backward(dy.local, window_grad, geometry_);
+  kernel_->backward(dy.local, window_grad);
   return this->accumulate_window(window_grad);
 }
 

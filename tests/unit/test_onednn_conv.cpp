@@ -17,6 +17,8 @@
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/reference.hpp"
+#include "tessera/kernels/reference_dense.hpp"
+#include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/layers/conv2d.hpp"
 #include "tessera/layers/conv_transpose2d.hpp"
 #include "tessera/model.hpp"
@@ -284,6 +286,28 @@ TEST(KernelBackend, BatchNormComesFromTheBackend) {
       EXPECT_NEAR(got[c], want[c], 1e-12 * std::max(1.0, std::abs(want[c]))) << c;
   }
   ASSERT_NE(backend_of(KernelBackend::reference).batch_norm<double>(), nullptr);
+}
+
+// Upsampling and the head's kernels come from the backend too, and compute the reference's.
+TEST(KernelBackend, LocalKernelsComeFromTheBackend) {
+  const reference::UpsampleGeometry g{.scale_h = 2, .scale_w = 3, .phase_h = 1, .phase_w = 2};
+  const Tensor<double> x = test::random_tensor<double>({2, 3, 4, 5}, 5, 1);
+  for (KernelBackend b : test::built_backends()) {
+    const Backend& backend = backend_of(b);
+    Tensor<double> y({2, 3, 6, 11}), want({2, 3, 6, 11});
+    backend.upsample<double>(g)->forward(x, y);
+    reference::upsample_nearest_forward(x, want, g);
+    EXPECT_EQ(test::rel_error(y.span(), want.span()), 0.0) << to_string(b);
+    std::vector<double> sums(6), want_sums(6);
+    backend.spatial_sum<double>()->sums(x, sums);
+    reference::spatial_sums<double>(x, want_sums);
+    EXPECT_EQ(test::rel_error(sums, want_sums), 0.0) << to_string(b);
+    const std::vector<double> w = test::random_vector<double>(4 * 6, 5, 2), bias(4, 0.5);
+    std::vector<double> out(2 * 4), want_out(2 * 4);
+    backend.linear<double>(6, 4)->forward(sums, w, bias, out, 2);
+    reference::linear_forward<double>(sums, w, bias, want_out, 2, 6, 4);
+    EXPECT_EQ(test::rel_error(out, want_out), 0.0) << to_string(b);
+  }
 }
 
 // Both backends in one process: each layer gets its kernel from the runtime it is bound to.

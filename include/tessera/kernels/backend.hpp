@@ -11,6 +11,7 @@
 
 #include "tessera/kernels/batchnorm_kernel.hpp"
 #include "tessera/kernels/conv_kernel.hpp"
+#include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
 
 namespace tessera {
@@ -75,9 +76,35 @@ class Backend {
     else
       return batch_norm_double();
   }
+  // Nearest upsampling planned for a tile's geometry. Never null. Local.
+  template <typename T>
+  std::unique_ptr<UpsampleKernel<T>> upsample(const reference::UpsampleGeometry& g) const {
+    return make_upsample(g, T{});
+  }
+  // Global average pooling's per-tile sums and spread. Never null. Local.
+  template <typename T>
+  std::unique_ptr<SpatialSumKernel<T>> spatial_sum() const {
+    return make_spatial_sum(T{});
+  }
+  // A linear layer of `in` inputs and `out` outputs. Never null. Local.
+  template <typename T>
+  std::unique_ptr<LinearKernel<T>> linear(std::int64_t in, std::int64_t out) const {
+    return make_linear(in, out, T{});
+  }
 
  protected:
   // The reference's factories; a fast backend overrides and calls these for what it declines.
+  // The last argument picks the dtype.
+  virtual std::unique_ptr<UpsampleKernel<float>> make_upsample(const reference::UpsampleGeometry& g,
+                                                               float) const;
+  virtual std::unique_ptr<UpsampleKernel<double>> make_upsample(
+      const reference::UpsampleGeometry& g, double) const;
+  virtual std::unique_ptr<SpatialSumKernel<float>> make_spatial_sum(float) const;
+  virtual std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const;
+  virtual std::unique_ptr<LinearKernel<float>> make_linear(std::int64_t in, std::int64_t out,
+                                                           float) const;
+  virtual std::unique_ptr<LinearKernel<double>> make_linear(std::int64_t in, std::int64_t out,
+                                                            double) const;
   virtual std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                         const reference::ConvGeometry& g) const;
   virtual std::unique_ptr<ConvKernel<double>> conv_double(const ConvShapes& shapes,

@@ -19,7 +19,11 @@ class GlobalAvgPool final : public UnaryLayer<T> {
   using UnaryLayer<T>::UnaryLayer;
   using UnaryLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
-  void bind(const Runtime& runtime) override { comm_ = &runtime.comm(); }
+  // Takes the Comm its sums are reduced over and the backend's kernel. Local.
+  void bind(const Runtime& runtime) override {
+    comm_ = &runtime.comm();
+    kernel_ = runtime.backend().spatial_sum<T>();
+  }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
@@ -27,6 +31,7 @@ class GlobalAvgPool final : public UnaryLayer<T> {
  private:
   Distribution in_, out_;
   const Comm* comm_ = nullptr;
+  std::unique_ptr<SpatialSumKernel<T>> kernel_;
 };
 
 struct LinearSpec {
@@ -50,12 +55,17 @@ class Linear final : public UnaryLayer<T> {
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::vector<Param<T>*> params() override;
+  // Takes the backend's linear kernel for this layer's sizes. Local.
+  void bind(const Runtime& runtime) override {
+    kernel_ = runtime.backend().linear<T>(in_.global.c, spec_.out_features);
+  }
 
  private:
   LinearSpec spec_;
   Distribution in_, out_;
   Param<T> weight_, bias_;
   Tensor<T> x_;
+  std::unique_ptr<LinearKernel<T>> kernel_;
 };
 
 }  // namespace tessera

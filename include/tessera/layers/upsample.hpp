@@ -38,8 +38,10 @@ class UpsampleNearest final : public WindowLayer<T> {
   std::optional<WindowMap> window() const override { return upsample_window(spec_.scale); }
 
  private:
+  void bind_kernel(const Box& window, const Backend& backend) override;
   UpsampleSpec spec_;
   reference::UpsampleGeometry geometry_;
+  std::unique_ptr<UpsampleKernel<T>> kernel_;
 };
 
 }  // namespace tessera

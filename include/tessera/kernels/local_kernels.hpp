@@ -1,0 +1,67 @@
+// Planned kernels a Backend hands out for the layers that compute on one rank's data alone:
+// nearest upsampling of a window, and the classification head (spatial sums for global average
+// pooling, linear layers). The layers do the communication around them. Every method is local.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+// Nearest upsampling planned for one geometry (scale and phase of a tile).
+template <typename T>
+class UpsampleKernel {
+ public:
+  virtual ~UpsampleKernel() = default;
+  virtual std::string name() const = 0;
+  // y (its shape gives the output extent) from the window x.
+  virtual void forward(const Tensor<T>& x, Tensor<T>& y) const = 0;
+  // dx (overwritten, the window's shape): each input's sum of the gradients of the outputs that
+  // read it, in row-major order of the outputs.
+  virtual void backward(const Tensor<T>& dy, Tensor<T>& dx) const = 0;
+};
+
+// Global average pooling's local halves: per-plane sums of a tile, and a gradient spread over a
+// tile.
+template <typename T>
+class SpatialSumKernel {
+ public:
+  virtual ~SpatialSumKernel() = default;
+  virtual std::string name() const = 0;
+  // sums[n * C + c] = sum over the tile's h, w of x[n, c, h, w] (overwritten).
+  virtual void sums(const Tensor<T>& x, std::span<T> sums) const = 0;
+  // dx[n, c, h, w] = g[n * C + c] for every h, w of the tile (overwritten).
+  virtual void spread(std::span<const T> g, Tensor<T>& dx) const = 0;
+};
+
+// A linear layer y [N, O] = x [N, I] w^T + bias planned for I inputs and O outputs (w [O, I],
+// PyTorch's layout; bias [O] or empty).
+template <typename T>
+class LinearKernel {
+ public:
+  virtual ~LinearKernel() = default;
+  virtual std::string name() const = 0;
+  virtual void forward(std::span<const T> x, std::span<const T> w, std::span<const T> bias,
+                       std::span<T> y, std::int64_t n) const = 0;
+  // dx [N, I] = dy [N, O] w (overwritten).
+  virtual void backward_data(std::span<const T> dy, std::span<const T> w, std::span<T> dx,
+                             std::int64_t n) const = 0;
+  // dw += dy^T x, dbias += column sums of dy (dbias may be empty).
+  virtual void backward_weights(std::span<const T> x, std::span<const T> dy, std::span<T> dw,
+                                std::span<T> dbias, std::int64_t n) const = 0;
+};
+
+// The reference implementations (plain loops of kernels/reference_*.hpp). Local.
+template <typename T>
+std::unique_ptr<UpsampleKernel<T>> make_reference_upsample(const reference::UpsampleGeometry& g);
+template <typename T>
+std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum();
+template <typename T>
+std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int64_t out);
+
+}  // namespace tessera

@@ -1,0 +1,83 @@
+// The reference backend's planned local kernels: kernels/reference_*.hpp behind the interfaces of
+// include/tessera/kernels/local_kernels.hpp.
+#include "tessera/kernels/local_kernels.hpp"
+#include "tessera/kernels/reference_dense.hpp"
+
+namespace tessera {
+namespace {
+
+template <typename T>
+class ReferenceUpsample final : public UpsampleKernel<T> {
+ public:
+  explicit ReferenceUpsample(const reference::UpsampleGeometry& g) : g_(g) {}
+  std::string name() const override { return "reference"; }
+  void forward(const Tensor<T>& x, Tensor<T>& y) const override {
+    reference::upsample_nearest_forward(x, y, g_);
+  }
+  void backward(const Tensor<T>& dy, Tensor<T>& dx) const override {
+    reference::upsample_nearest_backward(dy, dx, g_);
+  }
+
+ private:
+  reference::UpsampleGeometry g_;
+};
+
+template <typename T>
+class ReferenceSpatialSum final : public SpatialSumKernel<T> {
+ public:
+  std::string name() const override { return "reference"; }
+  void sums(const Tensor<T>& x, std::span<T> sums) const override {
+    reference::spatial_sums<T>(x, sums);
+  }
+  void spread(std::span<const T> g, Tensor<T>& dx) const override {
+    reference::broadcast_spatial<T>(g, dx);
+  }
+};
+
+template <typename T>
+class ReferenceLinear final : public LinearKernel<T> {
+ public:
+  ReferenceLinear(std::int64_t in, std::int64_t out) : in_(in), out_(out) {}
+  std::string name() const override { return "reference"; }
+  void forward(std::span<const T> x, std::span<const T> w, std::span<const T> bias, std::span<T> y,
+               std::int64_t n) const override {
+    reference::linear_forward<T>(x, w, bias, y, n, in_, out_);
+  }
+  void backward_data(std::span<const T> dy, std::span<const T> w, std::span<T> dx,
+                     std::int64_t n) const override {
+    reference::linear_backward_data<T>(dy, w, dx, n, in_, out_);
+  }
+  void backward_weights(std::span<const T> x, std::span<const T> dy, std::span<T> dw,
+                        std::span<T> dbias, std::int64_t n) const override {
+    reference::linear_backward_weights<T>(x, dy, dw, dbias, n, in_, out_);
+  }
+
+ private:
+  std::int64_t in_, out_;
+};
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<UpsampleKernel<T>> make_reference_upsample(const reference::UpsampleGeometry& g) {
+  return std::make_unique<ReferenceUpsample<T>>(g);
+}
+template <typename T>
+std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum() {
+  return std::make_unique<ReferenceSpatialSum<T>>();
+}
+template <typename T>
+std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int64_t out) {
+  return std::make_unique<ReferenceLinear<T>>(in, out);
+}
+
+#define TESSERA_INSTANTIATE(T)                                                   \
+  template std::unique_ptr<UpsampleKernel<T>> make_reference_upsample<T>(        \
+      const reference::UpsampleGeometry&);                                       \
+  template std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum<T>(); \
+  template std::unique_ptr<LinearKernel<T>> make_reference_linear<T>(std::int64_t, std::int64_t);
+TESSERA_INSTANTIATE(float)
+TESSERA_INSTANTIATE(double)
+#undef TESSERA_INSTANTIATE
+
+}  // namespace tessera
