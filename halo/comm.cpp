@@ -54,8 +54,9 @@ const char* to_string(WaitPolicy p) {
 }
 
 double check_timeout(double s) {
-  TESSERA_CHECK(std::isfinite(s) && s > 0,
-                "bad timeout " + seconds(s) + ": expected a number of seconds > 0");
+  // Above 1e9 s (31 years) the deadline would overflow the clock's nanoseconds.
+  TESSERA_CHECK(std::isfinite(s) && s > 0 && s <= 1e9,
+                "bad timeout " + seconds(s) + ": expected a number of seconds > 0 and at most 1e9");
   return s;
 }
 
@@ -142,8 +143,9 @@ void Comm::wait_all(std::span<Request> requests) const {
 }
 
 void Comm::time_out(Request& r, double waited) const {
+  // The request stays with its owner, pending: its destructor releases it, and owners of pending
+  // requests keep their buffers (an operation in flight may still write to them).
   const std::vector<int> missing = r.state_->missing_peers();
-  r.abandon();
   // Long enough for a live rank that is itself waiting to answer; short next to the timeout.
   const double grace = std::min(5.0, std::max(0.5, wait_.timeout / 4));
   const std::vector<int> silent = silent_ranks(grace);

@@ -210,6 +210,9 @@ template <typename T>
 HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target,
                                       Layout tile_layout, Into into) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
+  TESSERA_CHECK(!abandoned_, "the halo exchange of " + name_ +
+                                 " was abandoned in flight (an error unwound past it); its "
+                                 "buffers may still receive messages, so it is not reused");
   const bool fill = how == Direction::fill;
   // fill: tile -> window; accumulate: window -> tile, the same messages reversed. A fill receives
   // into recv_buffers_ what the plan's recv boxes hold; an accumulate receives the plan's send
@@ -248,9 +251,17 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
     send.push_back({outgoing[k].peer, out_buffers[k].data(), std::ssize(out_buffers[k])});
   }
   HaloRequest<T> request;
-  request.messages_ =
-      comm_->start_exchange(Group::spatial, 2 * tag_ + (fill ? 0 : 1), recv, send,
-                            std::string("halo ") + (fill ? "fill" : "accumulate") + " of " + name_);
+  try {
+    request.messages_ = comm_->start_exchange(
+        Group::spatial, 2 * tag_ + (fill ? 0 : 1), recv, send,
+        std::string("halo ") + (fill ? "fill" : "accumulate") + " of " + name_);
+  } catch (...) {
+    abandoned_ = true;  // messages posted before the failure may still land in the buffers
+    throw;
+  }
+  // From here on an exception unwinding past `request` marks this exchange abandoned.
+  in_flight_ = true;
+  request.exchange_ = this;
   // Zero padding and the local part overlap the messages.
   timed.emplace(Activity::window);
   if (fill) {
@@ -267,8 +278,6 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   target_ = target.data();
   target_shape_ = target.shape();
   target_layout_ = out.layout;
-  in_flight_ = true;
-  request.exchange_ = this;
   return request;
 }
 

@@ -90,12 +90,13 @@ class MpiState final : public Request::State {
     missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
     return missing;
   }
-  void release() noexcept override {
+  bool release() noexcept override {
     // Point-to-point requests can be freed; a pending collective cannot (MPI forbids it): it is
-    // left as it is, since the job is ending.
-    if (collective_) return;
+    // left running, and this state (which may hold its send value) with it. The job is ending.
+    if (collective_) return false;
     for (MPI_Request& r : requests_)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    return true;
   }
 
  private:
@@ -304,7 +305,11 @@ void MpiComm::answer_watchdog() const {
 }
 
 std::vector<int> MpiComm::silent_ranks(double grace) const {
-  const int size = this->size(Group::world), me = rank();
+  // The watchdog's own size and rank: while a grid is being agreed on, its shape may not be the
+  // job's.
+  int size = 1, me = 0;
+  MPI_Comm_size(watchdog_->comm, &size);
+  MPI_Comm_rank(watchdog_->comm, &me);
   if (size == 1) return {};
   // Buffers of requests still pending at the end are left allocated: a late answer may land.
   auto* answers = new std::vector<int>(static_cast<std::size_t>(size), 0);

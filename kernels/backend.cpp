@@ -127,6 +127,14 @@ std::unique_ptr<BatchNormKernel<double>> Backend::batch_norm_double() const {
   return make_cpu_batch_norm<double>();
 }
 
+std::unique_ptr<ActivationKernel<float>> Backend::make_activation(ActivationKind kind, double slope,
+                                                                  float) const {
+  return make_cpu_activation<float>(kind, slope);
+}
+std::unique_ptr<ActivationKernel<double>> Backend::make_activation(ActivationKind kind,
+                                                                   double slope, double) const {
+  return make_cpu_activation<double>(kind, slope);
+}
 std::unique_ptr<UpsampleKernel<float>> Backend::make_upsample(const reference::UpsampleGeometry& g,
                                                               float) const {
   return make_reference_upsample<float>(g);

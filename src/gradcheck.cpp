@@ -168,9 +168,12 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
   const Tensor<T> output = gather_to_root(sharded.output, grid);
   const Tensor<T> input_grad = gather_to_root(sharded.input_grad, grid);
 
-  // The single-rank reference, on rank 0 only; the others wait at the agreement.
+  // The single-rank reference, on rank 0 only; the others wait at the agreement, with no deadline:
+  // it takes as long as the whole model takes on one rank (the watchdog's --timeout is per wait).
+  const std::unique_ptr<Comm> patient =
+      world.make_grid(world.shape(), {world.wait_settings().policy, kNoTimeout});
   int failed = 0;
-  agree(world, [&] {
+  agree(*patient, [&] {
     if (!root) return;
     const Runtime single = runtime.single();
     Model<T> ref(spec, single, shape);

@@ -229,6 +229,9 @@ void Model<T>::build_buckets() {
 template <typename T>
 void Model<T>::start_bucket(std::size_t index) {
   Bucket& b = buckets_[index];
+  // A reduction still in flight (a backward pass repeated without reduce_gradients) completes
+  // before its buffer is packed again.
+  runtime_.comm().wait(b.request);
   T* at = b.flat.data();
   for (std::size_t k = b.first; k < b.last; ++k)
     for (Param<T>* p : nodes_[k].layer->params())

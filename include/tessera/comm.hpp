@@ -57,8 +57,10 @@ class Request {
     // World ranks whose messages to this rank have not arrived: the peers of a point-to-point
     // exchange; empty for collectives, where MPI cannot say (the watchdog asks every rank).
     virtual std::vector<int> missing_peers() = 0;
-    // Gives the operation up without waiting. Must not throw.
-    virtual void release() noexcept = 0;
+    // Gives the operation up without waiting. Returns false when the state itself must outlive
+    // the operation (a collective MPI cannot cancel may still read or write what it holds): the
+    // Request then leaks it. Must not throw.
+    virtual bool release() noexcept = 0;
   };
 
   Request() = default;
@@ -84,7 +86,7 @@ class Request {
  private:
   friend class Comm;
   void abandon() noexcept {
-    if (state_) state_->release();
+    if (state_ && !state_->release()) (void)state_.release();  // deliberately leaked
     state_.reset();
   }
   std::unique_ptr<State> state_;

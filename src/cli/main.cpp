@@ -4,9 +4,12 @@
 #include <malloc.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "command.hpp"
@@ -67,6 +70,17 @@ void print_version(const tessera::RuntimeOptions& runtime) {
     std::cout << "  CUDA: not built\n";
   }
   std::cout << "  kernels: " << tessera::backend_of(runtime.kernels).description() << "\n";
+}
+
+// Prints `line` and, with other ranks, ends the whole job. One write, then a moment for the
+// launcher to forward it: MPI_Abort tears down the job, output still in flight included.
+void end_job(const std::string& line, int ranks) {
+  const std::string text = line + "\n";
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+  if (ranks <= 1) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
 }  // namespace
@@ -136,14 +150,13 @@ int main(int argc, char** argv) {
       if (rank == 0) std::cerr << "tessera: error: " << e.what() << "\n";
       rc = 1;
     } else {
-      std::cerr << "tessera: error on rank " << rank << " (" << e.where() << "): " << e.what()
-                << "\n";
-      if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+      end_job(
+          "tessera: error on rank " + std::to_string(rank) + " (" + e.where() + "): " + e.what(),
+          size);
       rc = 1;
     }
   } catch (const std::exception& e) {
-    std::cerr << "tessera: internal error on rank " << rank << ": " << e.what() << "\n";
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    end_job("tessera: internal error on rank " + std::to_string(rank) + ": " + e.what(), size);
     rc = 1;
   }
   MPI_Finalize();

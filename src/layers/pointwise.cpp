@@ -2,39 +2,11 @@
 
 #include <utility>
 
-#include "tessera/kernels/reference.hpp"
+#include "tessera/error.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/random.hpp"
 
 namespace tessera {
-
-namespace {
-
-// y = x > 0 ? x : slope * x, and which x were positive. Branch-free over restrict pointers, so
-// that GCC vectorises it (the product is taken unconditionally: a multiply under the condition is
-// not if-converted); with a branch, signs that change at random cost a misprediction every other
-// element (4 ns per element here).
-template <typename T>
-void leaky_relu_mask(const T* __restrict x, T* __restrict y, std::uint8_t* __restrict positive,
-                     std::int64_t n, T slope) {
-  for (std::int64_t k = 0; k < n; ++k) {
-    const T v = x[k], scaled = slope * v;
-    positive[k] = v > T(0);
-    y[k] = v > T(0) ? v : scaled;
-  }
-}
-
-// The rule of reference::leaky_relu_backward, with y > 0 read from the mask.
-template <typename T>
-void leaky_relu_mask_backward(const T* __restrict dy, const std::uint8_t* __restrict positive,
-                              T* __restrict dx, std::int64_t n, T slope) {
-  for (std::int64_t k = 0; k < n; ++k) {
-    const T scaled = slope * dy[k];
-    dx[k] = positive[k] ? dy[k] : scaled;
-  }
-}
-
-}  // namespace
 
 ActivationSpec parse_activation(const LayerSpec& spec) {
   Fields f(spec);
@@ -51,21 +23,10 @@ ActivationSpec parse_activation(const LayerSpec& spec) {
 
 template <typename T>
 DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
+  TESSERA_CHECK(kernel_ != nullptr, "layer '" + this->name() + "': forward before bind");
   DistTensor<T> y(x.dist, uninitialized);
   y.layout = x.layout;
-  if (spec_.kind == ActivationKind::sigmoid) {
-    reference::sigmoid_forward<T>(x.local.span(), y.local.span());
-    y_ = y.local;
-    return y;
-  }
-  // (Leaky) ReLU's backward needs only which elements were positive: one byte each instead of a
-  // copy of the output (a 512 MiB copy per layer per step at 32 x 2048 x 2048).
-  const T slope = static_cast<T>(spec_.slope);
-  positive_.resize(static_cast<std::size_t>(x.local.numel()));
-  parallel_for(x.local.numel(), [&](std::int64_t begin, std::int64_t end) {
-    leaky_relu_mask(x.local.data() + begin, y.local.data() + begin, positive_.data() + begin,
-                    end - begin, slope);
-  });
+  kernel_->forward(x.local, y.local);
   return y;
 }
 
@@ -73,15 +34,7 @@ template <typename T>
 DistTensor<T> Activation<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   DistTensor<T> dx(dy.dist, uninitialized);
   dx.layout = dy.layout;
-  if (spec_.kind == ActivationKind::sigmoid) {
-    reference::sigmoid_backward<T>(std::as_const(y_).span(), dy.local.span(), dx.local.span());
-    return dx;
-  }
-  const T slope = static_cast<T>(spec_.slope);
-  parallel_for(dx.local.numel(), [&](std::int64_t begin, std::int64_t end) {
-    leaky_relu_mask_backward(dy.local.data() + begin, positive_.data() + begin,
-                             dx.local.data() + begin, end - begin, slope);
-  });
+  kernel_->backward(dy.local, dx.local);
   return dx;
 }
 

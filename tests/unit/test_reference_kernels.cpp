@@ -15,6 +15,7 @@
 #include "tessera/layers/pointwise.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
+#include "unit_test.hpp"
 
 namespace tessera {
 namespace {
@@ -497,21 +498,23 @@ void check_activation_layer_matches_reference() {
   std::copy(rx.begin(), rx.end(), x.local.data());
   std::copy(rdy.begin(), rdy.end(), dy.local.data());
   x.local.data()[0] = T(0), x.local.data()[1] = T(-0.0), x.local.data()[2] = T(1e-30);
-  for (double slope : {0.0, 0.01, 0.2}) {
-    Activation<T> layer(
-        "a",
-        {.kind = slope == 0 ? ActivationKind::relu : ActivationKind::leaky_relu, .slope = slope});
-    layer.setup(d);
-    const DistTensor<T> y = layer.forward(x, RunState{});
-    const DistTensor<T> dx = layer.backward_one(dy, RunState{});
-    std::vector<T> ry(rx.size()), rdx(rx.size());
-    reference::leaky_relu_forward<T>(x.local.span(), T(slope), ry);
-    reference::leaky_relu_backward<T>(ry, dy.local.span(), T(slope), rdx);
-    std::int64_t wrong = 0;
-    for (std::size_t k = 0; k < rx.size(); ++k)
-      wrong += !same_bits(y.local.data()[k], ry[k]) + !same_bits(dx.local.data()[k], rdx[k]);
-    EXPECT_EQ(wrong, 0) << "slope " << slope;
-  }
+  for (double slope : {0.0, 0.01, 0.2})
+    for (KernelBackend backend : test::built_backends()) {
+      Activation<T> layer(
+          "a",
+          {.kind = slope == 0 ? ActivationKind::relu : ActivationKind::leaky_relu, .slope = slope});
+      layer.setup(d);
+      layer.bind(test::single_runtime(backend));
+      const DistTensor<T> y = layer.forward(x, RunState{});
+      const DistTensor<T> dx = layer.backward_one(dy, RunState{});
+      std::vector<T> ry(rx.size()), rdx(rx.size());
+      reference::leaky_relu_forward<T>(x.local.span(), T(slope), ry);
+      reference::leaky_relu_backward<T>(ry, dy.local.span(), T(slope), rdx);
+      std::int64_t wrong = 0;
+      for (std::size_t k = 0; k < rx.size(); ++k)
+        wrong += !same_bits(y.local.data()[k], ry[k]) + !same_bits(dx.local.data()[k], rdx[k]);
+      EXPECT_EQ(wrong, 0) << "slope " << slope << ", " << to_string(backend);
+    }
 }
 
 TEST(ActivationLayer, MatchesTheReferenceBitForBitDouble) {

@@ -76,6 +76,11 @@ class Backend {
     else
       return batch_norm_double();
   }
+  // An activation for one layer (it keeps what its backward needs). Never null. Local.
+  template <typename T>
+  std::unique_ptr<ActivationKernel<T>> activation(ActivationKind kind, double slope) const {
+    return make_activation(kind, slope, T{});
+  }
   // Nearest upsampling planned for a tile's geometry. Never null. Local.
   template <typename T>
   std::unique_ptr<UpsampleKernel<T>> upsample(const reference::UpsampleGeometry& g) const {
@@ -95,6 +100,10 @@ class Backend {
  protected:
   // The reference's factories; a fast backend overrides and calls these for what it declines.
   // The last argument picks the dtype.
+  virtual std::unique_ptr<ActivationKernel<float>> make_activation(ActivationKind kind,
+                                                                   double slope, float) const;
+  virtual std::unique_ptr<ActivationKernel<double>> make_activation(ActivationKind kind,
+                                                                    double slope, double) const;
   virtual std::unique_ptr<UpsampleKernel<float>> make_upsample(const reference::UpsampleGeometry& g,
                                                                float) const;
   virtual std::unique_ptr<UpsampleKernel<double>> make_upsample(

@@ -13,6 +13,22 @@
 
 namespace tessera {
 
+enum class ActivationKind { relu, leaky_relu, sigmoid };
+
+// An elementwise activation planned for one layer: it keeps what its backward needs (ReLU: which
+// inputs were positive, a byte each; sigmoid: its output), so each layer holds its own. Works on
+// the storage as it is (any layout).
+template <typename T>
+class ActivationKernel {
+ public:
+  virtual ~ActivationKernel() = default;
+  virtual std::string name() const = 0;
+  // y = f(x), y of x's shape and storage size.
+  virtual void forward(const Tensor<T>& x, Tensor<T>& y) = 0;
+  // dx = f'(x) * dy from what the last forward kept.
+  virtual void backward(const Tensor<T>& dy, Tensor<T>& dx) const = 0;
+};
+
 // Nearest upsampling planned for one geometry (scale and phase of a tile).
 template <typename T>
 class UpsampleKernel {
@@ -55,6 +71,11 @@ class LinearKernel {
   virtual void backward_weights(std::span<const T> x, std::span<const T> dy, std::span<T> dw,
                                 std::span<T> dbias, std::int64_t n) const = 0;
 };
+
+// Tessera's CPU activations: vectorised loops over the kernel threads (ReLU and leaky ReLU keep a
+// byte mask), sigmoid the reference's. `slope`: leaky ReLU's. Local.
+template <typename T>
+std::unique_ptr<ActivationKernel<T>> make_cpu_activation(ActivationKind kind, double slope);
 
 // The reference implementations (plain loops of kernels/reference_*.hpp). Local.
 template <typename T>

@@ -9,8 +9,6 @@
 
 namespace tessera {
 
-enum class ActivationKind { relu, leaky_relu, sigmoid };
-
 struct ActivationSpec {
   ActivationKind kind = ActivationKind::relu;
   double slope = 0;  // leaky_relu: "slope" = 0.01
@@ -32,11 +30,14 @@ class Activation final : public UnaryLayer<T> {
   // Elementwise: any layout, kept.
   bool takes_blocked() const override { return true; }
   bool passes_layout() const override { return true; }
+  // Takes the backend's kernel for this activation. Local.
+  void bind(const Runtime& runtime) override {
+    kernel_ = runtime.backend().activation<T>(spec_.kind, spec_.slope);
+  }
 
  private:
   ActivationSpec spec_;
-  Tensor<T> y_;                                                             // sigmoid's output
-  std::vector<std::uint8_t, DefaultInitAllocator<std::uint8_t>> positive_;  // (leaky) ReLU: x > 0
+  std::unique_ptr<ActivationKernel<T>> kernel_;
 };
 
 struct DropoutSpec {
