@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tessera/dist_tensor.hpp"
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 
 namespace tessera {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "tessera/dataset.hpp"
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 
 namespace tessera {
 

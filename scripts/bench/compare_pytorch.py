@@ -59,7 +59,7 @@ def conv_bench(torch, c):
 
 
 def unet_small(torch, c):
-    """src/model_spec.cpp's unet-small, layer for layer."""
+    """src/engine/model_spec.cpp's unet-small, layer for layer."""
     nn = torch.nn
 
     def block(cin, cout):

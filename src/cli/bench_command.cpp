@@ -1,10 +1,10 @@
 #include <iostream>
 
 #include "command.hpp"
-#include "tessera/bench.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/drivers/bench.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
-#include "tessera/model_spec.hpp"
 
 namespace tessera::cli {
 

@@ -5,8 +5,8 @@
 #include <iostream>
 
 #include "tessera/collectives.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
-#include "tessera/model_spec.hpp"
 
 namespace tessera::cli {
 

@@ -17,7 +17,7 @@
 #include "command.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 #include "tessera/synthetic.hpp"
 
 namespace tessera::cli {

@@ -2,9 +2,9 @@
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/drivers/gradcheck.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
-#include "tessera/gradcheck.hpp"
-#include "tessera/model_spec.hpp"
 
 namespace tessera::cli {
 

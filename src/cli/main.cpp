@@ -16,7 +16,7 @@
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/mpi_comm.hpp"
 #include "tessera/runtime.hpp"

@@ -2,10 +2,10 @@
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
-#include "tessera/driver.hpp"
+#include "tessera/drivers/driver.hpp"
+#include "tessera/drivers/plan.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
-#include "tessera/model_spec.hpp"
-#include "tessera/plan.hpp"
 
 namespace tessera::cli {
 

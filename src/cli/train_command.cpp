@@ -4,9 +4,9 @@
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/drivers/train.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
-#include "tessera/model_spec.hpp"
-#include "tessera/train.hpp"
 
 namespace tessera::cli {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tessera/model.hpp"
+#include "tessera/engine/model.hpp"
 
 namespace tessera::test {
 

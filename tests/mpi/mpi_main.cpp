@@ -11,7 +11,7 @@
 #include "mpi_test.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 #include "tessera/mpi_comm.hpp"
 
 namespace tessera::test {

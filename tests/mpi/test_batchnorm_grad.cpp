@@ -12,7 +12,7 @@
 #include "check_model.hpp"
 #include "mpi_test.hpp"
 #include "tessera/batch.hpp"
-#include "tessera/model.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/random.hpp"
 
 namespace tessera {

@@ -8,9 +8,9 @@
 #include "check_model.hpp"
 #include "mpi_test.hpp"
 #include "tessera/batch.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/conv2d.hpp"
-#include "tessera/model.hpp"
 
 namespace tessera {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "check_model.hpp"
 #include "mpi_test.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/layers/conv_transpose2d.hpp"
-#include "tessera/model.hpp"
 
 namespace tessera {
 namespace {

@@ -18,7 +18,7 @@
 #include "tessera/dist_tensor.hpp"
 #include "tessera/error.hpp"
 #include "tessera/h5_dataset.hpp"
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {

@@ -10,12 +10,12 @@
 
 #include "check_model.hpp"
 #include "mpi_test.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference_pool.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/layers/pool2d.hpp"
 #include "tessera/layers/upsample.hpp"
-#include "tessera/model.hpp"
 
 namespace tessera {
 namespace {

@@ -6,10 +6,10 @@
 #include <string>
 
 #include "../common/test_helpers.hpp"
+#include "tessera/engine/model.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/batchnorm.hpp"
-#include "tessera/model.hpp"
-#include "tessera/model_spec.hpp"
 #include "unit_test.hpp"
 
 namespace tessera {

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "../common/test_helpers.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_conv_transpose.hpp"
 #include "tessera/layers/conv_transpose2d.hpp"
-#include "tessera/model_spec.hpp"
 #include "tessera/random.hpp"
 #include "unit_test.hpp"
 

@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "../common/test_helpers.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/conv2d.hpp"
-#include "tessera/model_spec.hpp"
 
 namespace tessera {
 namespace {

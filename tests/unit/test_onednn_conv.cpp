@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tessera/batch.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/reference.hpp"
@@ -21,7 +22,6 @@
 #include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/layers/conv2d.hpp"
 #include "tessera/layers/conv_transpose2d.hpp"
-#include "tessera/model.hpp"
 #include "tessera/process_grid.hpp"
 #include "tessera/random.hpp"
 #include "tessera_config.h"

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "tessera/engine/model.hpp"
+#include "tessera/engine/model_spec.hpp"
+#include "tessera/engine/optimizer.hpp"
 #include "tessera/error.hpp"
-#include "tessera/model.hpp"
-#include "tessera/model_spec.hpp"
-#include "tessera/optimizer.hpp"
 #include "tessera/process_grid.hpp"
 #include "unit_test.hpp"
 

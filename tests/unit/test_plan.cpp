@@ -5,11 +5,11 @@
 #include <optional>
 #include <sstream>
 
+#include "tessera/drivers/plan.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/layers/window.hpp"
-#include "tessera/model_spec.hpp"
-#include "tessera/plan.hpp"
 
 namespace tessera {
 namespace {

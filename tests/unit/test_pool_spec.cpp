@@ -6,10 +6,10 @@
 #include <string>
 
 #include "../common/test_helpers.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/pool2d.hpp"
 #include "tessera/layers/upsample.hpp"
-#include "tessera/model_spec.hpp"
 
 namespace tessera {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "tessera/layer.hpp"
+#include "tessera/engine/layer.hpp"
 #include "tessera/layers/fields.hpp"
 
 namespace tessera {

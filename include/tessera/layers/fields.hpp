@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/model_spec.hpp"
+#include "tessera/engine/model_spec.hpp"
 
 namespace tessera {
 

@@ -3,7 +3,7 @@
 // replicated vectors.
 #pragma once
 
-#include "tessera/layer.hpp"
+#include "tessera/engine/layer.hpp"
 #include "tessera/layers/fields.hpp"
 
 namespace tessera {

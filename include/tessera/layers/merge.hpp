@@ -2,7 +2,7 @@
 // inputs share a distribution (same N, H, W, so the same tiles), so both are local.
 #pragma once
 
-#include "tessera/layer.hpp"
+#include "tessera/engine/layer.hpp"
 #include "tessera/layers/fields.hpp"
 
 namespace tessera {

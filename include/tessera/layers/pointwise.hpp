@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessera/layer.hpp"
+#include "tessera/engine/layer.hpp"
 #include "tessera/layers/fields.hpp"
 
 namespace tessera {

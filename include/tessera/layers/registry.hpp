@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/layer.hpp"
-#include "tessera/model_spec.hpp"
+#include "tessera/engine/layer.hpp"
+#include "tessera/engine/model_spec.hpp"
 
 namespace tessera {
 

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "tessera/dist_tensor.hpp"
+#include "tessera/engine/layer.hpp"
 #include "tessera/halo_exchange.hpp"
-#include "tessera/layer.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {

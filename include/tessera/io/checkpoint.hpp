@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/model.hpp"
-#include "tessera/optimizer.hpp"
+#include "tessera/engine/model.hpp"
+#include "tessera/engine/optimizer.hpp"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "tessera/optimizer.hpp"
+#include "tessera/engine/optimizer.hpp"
 
 #include <cmath>
 #include <numbers>

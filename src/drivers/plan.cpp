@@ -1,4 +1,4 @@
-#include "tessera/plan.hpp"
+#include "tessera/drivers/plan.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "tessera/model_spec.hpp"
+#include "tessera/engine/model_spec.hpp"
 
 #include <filesystem>
 #include <fstream>

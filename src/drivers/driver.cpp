@@ -1,4 +1,4 @@
-#include "tessera/driver.hpp"
+#include "tessera/drivers/driver.hpp"
 
 #include <sys/resource.h>
 

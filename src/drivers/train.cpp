@@ -1,5 +1,5 @@
-#include "tessera/train.hpp"
-#include "tessera/driver.hpp"
+#include "tessera/drivers/train.hpp"
+#include "tessera/drivers/driver.hpp"
 
 #include <sys/resource.h>
 
@@ -14,13 +14,13 @@
 #include <optional>
 #include <sstream>
 
-#include "tessera/checkpoint.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/dataset.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/h5_dataset.hpp"
-#include "tessera/metrics.hpp"
-#include "tessera/model.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/io/metrics.hpp"
 #include "tessera/partition.hpp"
 #include "tessera/synthetic.hpp"
 

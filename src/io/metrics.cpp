@@ -1,4 +1,4 @@
-#include "tessera/metrics.hpp"
+#include "tessera/io/metrics.hpp"
 
 #include "tessera/collectives.hpp"
 

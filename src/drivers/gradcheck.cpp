@@ -1,5 +1,5 @@
-#include "tessera/gradcheck.hpp"
-#include "tessera/driver.hpp"
+#include "tessera/drivers/gradcheck.hpp"
+#include "tessera/drivers/driver.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -11,10 +11,10 @@
 
 #include "tessera/batch.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gather.hpp"
-#include "tessera/model.hpp"
-#include "tessera/params_io.hpp"
+#include "tessera/io/params_io.hpp"
 
 namespace tessera {
 namespace {

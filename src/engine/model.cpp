@@ -1,4 +1,4 @@
-#include "tessera/model.hpp"
+#include "tessera/engine/model.hpp"
 
 #include <algorithm>
 #include <chrono>

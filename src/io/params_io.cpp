@@ -1,4 +1,4 @@
-#include "tessera/params_io.hpp"
+#include "tessera/io/params_io.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
 #include <ostream>
 #include <string>
 
-#include "tessera/optimizer.hpp"
+#include "tessera/engine/optimizer.hpp"
 #include "tessera/runtime.hpp"
 
 namespace tessera {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/hdf5.hpp"
-#include "tessera/model.hpp"
+#include "tessera/engine/model.hpp"
+#include "tessera/io/hdf5.hpp"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "tessera/hdf5.hpp"
+#include "tessera/io/hdf5.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

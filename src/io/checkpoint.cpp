@@ -1,11 +1,11 @@
-#include "tessera/checkpoint.hpp"
+#include "tessera/io/checkpoint.hpp"
 
 #include <filesystem>
 #include <regex>
 
 #include "tessera/error.hpp"
-#include "tessera/hdf5.hpp"
-#include "tessera/params_io.hpp"
+#include "tessera/io/hdf5.hpp"
+#include "tessera/io/params_io.hpp"
 
 namespace tessera {
 namespace {

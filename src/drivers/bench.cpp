@@ -1,5 +1,5 @@
-#include "tessera/bench.hpp"
-#include "tessera/driver.hpp"
+#include "tessera/drivers/bench.hpp"
+#include "tessera/drivers/driver.hpp"
 
 #include <sys/resource.h>
 
@@ -14,11 +14,11 @@
 
 #include "tessera/batch.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/engine/model.hpp"
+#include "tessera/engine/model_spec.hpp"
+#include "tessera/engine/optimizer.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
-#include "tessera/model.hpp"
-#include "tessera/model_spec.hpp"
-#include "tessera/optimizer.hpp"
 
 namespace tessera {
 namespace {

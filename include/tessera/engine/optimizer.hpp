@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/model.hpp"
+#include "tessera/engine/model.hpp"
 
 namespace tessera {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/model_spec.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/process_grid.hpp"
 #include "tessera/tensor.hpp"
 
