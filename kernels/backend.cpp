@@ -149,6 +149,12 @@ std::unique_ptr<SpatialSumKernel<float>> Backend::make_spatial_sum(float) const 
 std::unique_ptr<SpatialSumKernel<double>> Backend::make_spatial_sum(double) const {
   return make_reference_spatial_sum<double>();
 }
+std::unique_ptr<LossKernel<float>> Backend::make_loss(float) const {
+  return make_reference_loss<float>();
+}
+std::unique_ptr<LossKernel<double>> Backend::make_loss(double) const {
+  return make_reference_loss<double>();
+}
 std::unique_ptr<LinearKernel<float>> Backend::make_linear(std::int64_t in, std::int64_t out,
                                                           float) const {
   return make_reference_linear<float>(in, out);

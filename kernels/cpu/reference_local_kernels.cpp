@@ -1,6 +1,7 @@
 // The reference backend's planned local kernels: kernels/reference_*.hpp behind the interfaces of
 // include/tessera/kernels/local_kernels.hpp.
 #include "tessera/kernels/local_kernels.hpp"
+#include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_dense.hpp"
 
 namespace tessera {
@@ -31,6 +32,16 @@ class ReferenceSpatialSum final : public SpatialSumKernel<T> {
   }
   void spread(std::span<const T> g, Tensor<T>& dx) const override {
     reference::broadcast_spatial<T>(g, dx);
+  }
+};
+
+template <typename T>
+class ReferenceLoss final : public LossKernel<T> {
+ public:
+  std::string name() const override { return "reference"; }
+  double cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
+                       Tensor<T>* dlogits) const override {
+    return reference::pixel_cross_entropy(logits, labels, scale, dlogits);
   }
 };
 
@@ -67,6 +78,10 @@ std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum() {
   return std::make_unique<ReferenceSpatialSum<T>>();
 }
 template <typename T>
+std::unique_ptr<LossKernel<T>> make_reference_loss() {
+  return std::make_unique<ReferenceLoss<T>>();
+}
+template <typename T>
 std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int64_t out) {
   return std::make_unique<ReferenceLinear<T>>(in, out);
 }
@@ -75,6 +90,7 @@ std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int
   template std::unique_ptr<UpsampleKernel<T>> make_reference_upsample<T>(        \
       const reference::UpsampleGeometry&);                                       \
   template std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum<T>(); \
+  template std::unique_ptr<LossKernel<T>> make_reference_loss<T>();              \
   template std::unique_ptr<LinearKernel<T>> make_reference_linear<T>(std::int64_t, std::int64_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)

@@ -277,7 +277,7 @@ Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
     std::vector<std::int32_t> labels;
     read_batch(val_, order, x, labels);
     const DistTensor<T> logits = model_->forward(x);
-    loss += compute_loss(spec_.loss, logits, labels, grid()).loss;
+    loss += compute_loss(spec_.loss, logits, labels, *runtime_).loss;
     confusion.add(logits, labels);
   }
   model_->state().mode = Mode::train;

@@ -6,7 +6,6 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
-#include "tessera/kernels/reference.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/partition.hpp"
@@ -342,7 +341,8 @@ void Model<T>::init_params(std::uint64_t seed) {
 
 template <typename T>
 LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
-                           std::span<const std::int32_t> labels, const Comm& comm) {
+                           std::span<const std::int32_t> labels, const Runtime& runtime) {
+  const Comm& comm = runtime.comm();
   const Shape4& g = logits.dist.global;
   LossResult<T> r;
   r.grad = DistTensor<T>(logits.dist);
@@ -350,8 +350,8 @@ LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
   // gradient, only the first rank of each sample group counts the loss.
   const bool counts = !logits.dist.replicated || (comm.coords().i == 0 && comm.coords().j == 0);
   const double count = static_cast<double>(g.n) * (kind == LossKind::cross_entropy ? 1 : g.h * g.w);
-  double local = reference::pixel_cross_entropy(logits.local, labels, static_cast<T>(1.0 / count),
-                                                &r.grad.local);
+  double local = runtime.backend().loss<T>()->cross_entropy(
+      logits.local, labels, static_cast<T>(1.0 / count), &r.grad.local);
   if (!counts) local = 0;
   allreduce_sum(comm, std::span<double>(&local, 1), Group::world, "allreduce of the loss");
   r.loss = local / count;
@@ -364,7 +364,7 @@ StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
   StepResult<T> r;
   model.zero_grad();
   r.output = model.forward(input);
-  LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime().comm());
+  LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime());
   r.loss = loss.loss;
   r.input_grad = model.backward(loss.grad);
   model.reduce_gradients();
@@ -374,9 +374,9 @@ StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
 template class Model<float>;
 template class Model<double>;
 template LossResult<float> compute_loss(LossKind, const DistTensor<float>&,
-                                        std::span<const std::int32_t>, const Comm&);
+                                        std::span<const std::int32_t>, const Runtime&);
 template LossResult<double> compute_loss(LossKind, const DistTensor<double>&,
-                                         std::span<const std::int32_t>, const Comm&);
+                                         std::span<const std::int32_t>, const Runtime&);
 template StepResult<float> forward_backward(Model<float>&, const DistTensor<float>&,
                                             std::span<const std::int32_t>);
 template StepResult<double> forward_backward(Model<double>&, const DistTensor<double>&,

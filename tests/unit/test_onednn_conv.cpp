@@ -307,6 +307,13 @@ TEST(KernelBackend, LocalKernelsComeFromTheBackend) {
     backend.linear<double>(6, 4)->forward(sums, w, bias, out, 2);
     reference::linear_forward<double>(sums, w, bias, want_out, 2, 6, 4);
     EXPECT_EQ(test::rel_error(out, want_out), 0.0) << to_string(b);
+    const std::vector<std::int32_t> labels{0, 2, 1, 1, 0, 2, 2, 1, 0, 1, 2, 0, 1, 1,
+                                           0, 2, 0, 1, 2, 0, 1, 2, 0, 1, 1, 0, 2, 0,
+                                           1, 2, 2, 1, 0, 1, 0, 2, 1, 0, 2, 1};
+    Tensor<double> grad(x.shape()), want_grad(x.shape());
+    const double loss = backend.loss<double>()->cross_entropy(x, labels, 0.5, &grad);
+    EXPECT_EQ(loss, reference::pixel_cross_entropy(x, labels, 0.5, &want_grad)) << to_string(b);
+    EXPECT_EQ(test::rel_error(grad.span(), want_grad.span()), 0.0) << to_string(b);
   }
 }
 

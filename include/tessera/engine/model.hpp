@@ -130,10 +130,10 @@ struct LossResult {
   DistTensor<T> grad;  // dL/dlogits on this rank's tile
 };
 
-// Collective over the world group of `comm`.
+// With the runtime's loss kernel, reduced over its Comm. Collective over the world group.
 template <typename T>
 LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
-                           std::span<const std::int32_t> labels, const Comm& comm);
+                           std::span<const std::int32_t> labels, const Runtime& runtime);
 
 // One evaluation of the loss and every gradient: zero_grad, forward, loss, backward and the
 // gradient reduction. Collective over the world group of the model's runtime.

@@ -29,6 +29,19 @@ class ActivationKernel {
   virtual void backward(const Tensor<T>& dy, Tensor<T>& dx) const = 0;
 };
 
+// Softmax cross-entropy over the channels of a tile of logits [N, C, H, W] (H = W = 1 for a
+// classifier's vectors) with labels [N, H, W] (values in [0, C), checked): the sum of
+// -log softmax(logits)[label] over the tile, in double; with `dlogits`, scale * (softmax -
+// onehot(label)) into it. The caller reduces the sum over the grid.
+template <typename T>
+class LossKernel {
+ public:
+  virtual ~LossKernel() = default;
+  virtual std::string name() const = 0;
+  virtual double cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels,
+                               T scale, Tensor<T>* dlogits) const = 0;
+};
+
 // Nearest upsampling planned for one geometry (scale and phase of a tile).
 template <typename T>
 class UpsampleKernel {
@@ -82,6 +95,8 @@ template <typename T>
 std::unique_ptr<UpsampleKernel<T>> make_reference_upsample(const reference::UpsampleGeometry& g);
 template <typename T>
 std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum();
+template <typename T>
+std::unique_ptr<LossKernel<T>> make_reference_loss();
 template <typename T>
 std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int64_t out);
 
