@@ -149,6 +149,12 @@ std::unique_ptr<SpatialSumKernel<float>> Backend::make_spatial_sum(float) const 
 std::unique_ptr<SpatialSumKernel<double>> Backend::make_spatial_sum(double) const {
   return make_reference_spatial_sum<double>();
 }
+std::unique_ptr<UpdateKernel<float>> Backend::make_update(float) const {
+  return make_reference_update<float>();
+}
+std::unique_ptr<UpdateKernel<double>> Backend::make_update(double) const {
+  return make_reference_update<double>();
+}
 std::unique_ptr<LossKernel<float>> Backend::make_loss(float) const {
   return make_reference_loss<float>();
 }

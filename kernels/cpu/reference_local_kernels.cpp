@@ -1,6 +1,9 @@
 // The reference backend's planned local kernels: kernels/reference_*.hpp behind the interfaces of
 // include/tessera/kernels/local_kernels.hpp.
 #include "tessera/kernels/local_kernels.hpp"
+
+#include <cmath>
+
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_dense.hpp"
 
@@ -46,6 +49,31 @@ class ReferenceLoss final : public LossKernel<T> {
 };
 
 template <typename T>
+class ReferenceUpdate final : public UpdateKernel<T> {
+ public:
+  std::string name() const override { return "reference"; }
+  void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s) const override {
+    for (std::int64_t i = 0; i < n; ++i) {
+      T d = s.decay ? g[i] + s.weight_decay * p[i] : g[i];
+      if (buf) {
+        buf[i] = s.first_step ? d : buf[i] * s.momentum + d;
+        d = buf[i];
+      }
+      p[i] = p[i] + s.neg_lr * d;
+    }
+  }
+  void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s) const override {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T d = s.decay ? g[i] + s.weight_decay * p[i] : g[i];
+      m[i] = m[i] * s.beta1 + s.one_minus_beta1 * d;
+      v[i] = v[i] * s.beta2 + s.one_minus_beta2 * d * d;
+      const T denom = std::sqrt(v[i]) / s.bias_correction2_sqrt + s.eps;
+      p[i] = p[i] + s.neg_step_size * m[i] / denom;
+    }
+  }
+};
+
+template <typename T>
 class ReferenceLinear final : public LinearKernel<T> {
  public:
   ReferenceLinear(std::int64_t in, std::int64_t out) : in_(in), out_(out) {}
@@ -78,6 +106,10 @@ std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum() {
   return std::make_unique<ReferenceSpatialSum<T>>();
 }
 template <typename T>
+std::unique_ptr<UpdateKernel<T>> make_reference_update() {
+  return std::make_unique<ReferenceUpdate<T>>();
+}
+template <typename T>
 std::unique_ptr<LossKernel<T>> make_reference_loss() {
   return std::make_unique<ReferenceLoss<T>>();
 }
@@ -91,6 +123,7 @@ std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int
       const reference::UpsampleGeometry&);                                       \
   template std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum<T>(); \
   template std::unique_ptr<LossKernel<T>> make_reference_loss<T>();              \
+  template std::unique_ptr<UpdateKernel<T>> make_reference_update<T>();          \
   template std::unique_ptr<LinearKernel<T>> make_reference_linear<T>(std::int64_t, std::int64_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)

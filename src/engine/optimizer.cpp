@@ -57,7 +57,9 @@ double learning_rate(const ScheduleOptions& s, double base, std::int64_t step) {
 
 template <typename T>
 Optimizer<T>::Optimizer(const OptimizerOptions& options, Model<T>& model)
-    : options_(options), params_(model.params()) {
+    : options_(options),
+      params_(model.params()),
+      kernel_(model.runtime().backend().template update<T>()) {
   const OptimizerOptions& o = options_;
   // The ranges torch.optim.SGD / Adam accept; `!(x >= 0)` also refuses NaN.
   TESSERA_CHECK(o.weight_decay >= 0,
@@ -86,48 +88,37 @@ void Optimizer<T>::step(double lr) {
   const bool decay = o.weight_decay != 0;
   const T wd = static_cast<T>(o.weight_decay);
   if (o.kind == OptimizerKind::sgd) {
-    const T momentum = static_cast<T>(o.momentum);
-    const T neg_lr = static_cast<T>(-lr);
+    // torch has no momentum buffer before the first step and starts it as a copy of the
+    // gradient. With dampening 0 a zero buffer gives the same numbers, but keying on the step
+    // count keeps torch's meaning of the state: a step count of 0 is "no buffer", whatever the
+    // slot holds, and a checkpoint restores slots and steps together.
+    const SgdScalars<T> s{.weight_decay = wd,
+                          .momentum = static_cast<T>(o.momentum),
+                          .neg_lr = static_cast<T>(-lr),
+                          .decay = decay,
+                          .first_step = steps_ == 0};
     for (std::size_t k = 0; k < params_.size(); ++k) {
       Param<T>& param = *params_[k].param;
-      T* p = param.value.data();
-      const T* g = param.grad.data();
-      T* buf = first_.empty() ? nullptr : first_[k].data();
-      for (std::int64_t i = 0; i < param.value.numel(); ++i) {
-        T d = decay ? g[i] + wd * p[i] : g[i];
-        if (buf) {
-          // torch has no buffer before the first step and starts it as a copy of the gradient.
-          // With dampening 0 a zero buffer gives the same numbers, but keying on the step count
-          // keeps torch's meaning of the state: a step count of 0 is "no buffer", whatever the
-          // slot holds, and a checkpoint restores slots and steps together.
-          buf[i] = steps_ == 0 ? d : buf[i] * momentum + d;
-          d = buf[i];
-        }
-        p[i] = p[i] + neg_lr * d;
-      }
+      kernel_->sgd(param.value.data(), param.grad.data(),
+                   first_.empty() ? nullptr : first_[k].data(), param.value.numel(), s);
     }
   } else {
     const double t = static_cast<double>(steps_ + 1);
     const double bias_correction1 = 1 - std::pow(o.beta1, t);
     const double bias_correction2 = 1 - std::pow(o.beta2, t);
-    const T neg_step_size = static_cast<T>(-(lr / bias_correction1));
-    const T bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
-    const T beta1 = static_cast<T>(o.beta1), one_minus_beta1 = static_cast<T>(1 - o.beta1);
-    const T beta2 = static_cast<T>(o.beta2), one_minus_beta2 = static_cast<T>(1 - o.beta2);
-    const T eps = static_cast<T>(o.eps);
+    const AdamScalars<T> s{.weight_decay = wd,
+                           .beta1 = static_cast<T>(o.beta1),
+                           .one_minus_beta1 = static_cast<T>(1 - o.beta1),
+                           .beta2 = static_cast<T>(o.beta2),
+                           .one_minus_beta2 = static_cast<T>(1 - o.beta2),
+                           .eps = static_cast<T>(o.eps),
+                           .neg_step_size = static_cast<T>(-(lr / bias_correction1)),
+                           .bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2)),
+                           .decay = decay};
     for (std::size_t k = 0; k < params_.size(); ++k) {
       Param<T>& param = *params_[k].param;
-      T* p = param.value.data();
-      const T* g = param.grad.data();
-      T* m = first_[k].data();
-      T* v = second_[k].data();
-      for (std::int64_t i = 0; i < param.value.numel(); ++i) {
-        const T d = decay ? g[i] + wd * p[i] : g[i];
-        m[i] = m[i] * beta1 + one_minus_beta1 * d;
-        v[i] = v[i] * beta2 + one_minus_beta2 * d * d;
-        const T denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
-        p[i] = p[i] + neg_step_size * m[i] / denom;
-      }
+      kernel_->adam(param.value.data(), param.grad.data(), first_[k].data(), second_[k].data(),
+                    param.value.numel(), s);
     }
   }
   ++steps_;

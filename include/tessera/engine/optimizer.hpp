@@ -73,7 +73,8 @@ class Optimizer {
  private:
   OptimizerOptions options_;
   std::vector<NamedParam<T>> params_;
-  std::vector<Tensor<T>> first_, second_;  // sgd: momentum in first_; adam: exp_avg, exp_avg_sq
+  std::vector<Tensor<T>> first_, second_;    // sgd: momentum in first_; adam: exp_avg, exp_avg_sq
+  std::unique_ptr<UpdateKernel<T>> kernel_;  // from the model's runtime
   std::int64_t steps_ = 0;
 };
 

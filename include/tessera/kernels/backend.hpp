@@ -91,6 +91,11 @@ class Backend {
   std::unique_ptr<SpatialSumKernel<T>> spatial_sum() const {
     return make_spatial_sum(T{});
   }
+  // The optimizers' per-element updates. Never null. Local.
+  template <typename T>
+  std::unique_ptr<UpdateKernel<T>> update() const {
+    return make_update(T{});
+  }
   // The softmax cross-entropy of the losses. Never null. Local.
   template <typename T>
   std::unique_ptr<LossKernel<T>> loss() const {
@@ -115,6 +120,8 @@ class Backend {
       const reference::UpsampleGeometry& g, double) const;
   virtual std::unique_ptr<SpatialSumKernel<float>> make_spatial_sum(float) const;
   virtual std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const;
+  virtual std::unique_ptr<UpdateKernel<float>> make_update(float) const;
+  virtual std::unique_ptr<UpdateKernel<double>> make_update(double) const;
   virtual std::unique_ptr<LossKernel<float>> make_loss(float) const;
   virtual std::unique_ptr<LossKernel<double>> make_loss(double) const;
   virtual std::unique_ptr<LinearKernel<float>> make_linear(std::int64_t in, std::int64_t out,

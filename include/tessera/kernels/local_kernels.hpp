@@ -42,6 +42,33 @@ class LossKernel {
                                T scale, Tensor<T>* dlogits) const = 0;
 };
 
+// The optimizers' per-element updates on one parameter of n values, in torch's order of
+// operations (scalars computed in double by the caller and rounded to T once).
+template <typename T>
+struct SgdScalars {
+  T weight_decay = 0, momentum = 0, neg_lr = 0;
+  bool decay = false, first_step = false;  // first_step: the momentum buffer starts as d
+};
+template <typename T>
+struct AdamScalars {
+  T weight_decay = 0, beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0, eps = 0;
+  T neg_step_size = 0, bias_correction2_sqrt = 1;
+  bool decay = false;
+};
+template <typename T>
+class UpdateKernel {
+ public:
+  virtual ~UpdateKernel() = default;
+  virtual std::string name() const = 0;
+  // d = g (+ wd * p); with a momentum buffer: buf = first_step ? d : buf * momentum + d, d = buf;
+  // p += -lr * d. `buf` may be null (no momentum).
+  virtual void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s) const = 0;
+  // d = g (+ wd * p); m = m * beta1 + (1 - beta1) d; v = v * beta2 + (1 - beta2) d^2;
+  // p += -step_size * m / (sqrt(v) / sqrt(bias_correction2) + eps).
+  virtual void adam(T* p, const T* g, T* m, T* v, std::int64_t n,
+                    const AdamScalars<T>& s) const = 0;
+};
+
 // Nearest upsampling planned for one geometry (scale and phase of a tile).
 template <typename T>
 class UpsampleKernel {
@@ -97,6 +124,8 @@ template <typename T>
 std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum();
 template <typename T>
 std::unique_ptr<LossKernel<T>> make_reference_loss();
+template <typename T>
+std::unique_ptr<UpdateKernel<T>> make_reference_update();
 template <typename T>
 std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int64_t out);
 
