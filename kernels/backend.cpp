@@ -149,6 +149,12 @@ std::unique_ptr<SpatialSumKernel<float>> Backend::make_spatial_sum(float) const 
 std::unique_ptr<SpatialSumKernel<double>> Backend::make_spatial_sum(double) const {
   return make_reference_spatial_sum<double>();
 }
+std::unique_ptr<MergeKernel<float>> Backend::make_merge(float) const {
+  return make_cpu_merge<float>();
+}
+std::unique_ptr<MergeKernel<double>> Backend::make_merge(double) const {
+  return make_cpu_merge<double>();
+}
 std::unique_ptr<UpdateKernel<float>> Backend::make_update(float) const {
   return make_reference_update<float>();
 }

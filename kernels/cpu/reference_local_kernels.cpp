@@ -4,8 +4,10 @@
 
 #include <cmath>
 
+#include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_dense.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera {
 namespace {
@@ -74,6 +76,41 @@ class ReferenceUpdate final : public UpdateKernel<T> {
 };
 
 template <typename T>
+class CpuMerge final : public MergeKernel<T> {
+ public:
+  std::string name() const override { return "threaded"; }
+  void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const override {
+    const Shape4 xs = x.shape(), ys = y.shape();
+    check(xs, ys, offset);
+    const std::int64_t plane = xs.h * xs.w, block = xs.c * plane;
+    for (std::int64_t n = 0; n < xs.n; ++n)
+      parallel_copy(x.data() + n * block, block, y.data() + (n * ys.c + offset) * plane);
+  }
+  void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const override {
+    const Shape4 xs = x.shape(), ys = y.shape();
+    check(xs, ys, offset);
+    const std::int64_t plane = xs.h * xs.w, block = xs.c * plane;
+    for (std::int64_t n = 0; n < xs.n; ++n)
+      parallel_copy(y.data() + (n * ys.c + offset) * plane, block, x.data() + n * block);
+  }
+  void add(const Tensor<T>& b, Tensor<T>& a) const override {
+    TESSERA_CHECK(a.shape() == b.shape(), "add: the tensors' shapes differ");
+    T* pa = a.data();
+    const T* pb = b.data();
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      pa[i] += pb[i];
+  }
+
+ private:
+  static void check(const Shape4& xs, const Shape4& ys, std::int64_t offset) {
+    TESSERA_CHECK(
+        xs.n == ys.n && xs.h == ys.h && xs.w == ys.w && offset >= 0 && offset + xs.c <= ys.c,
+        "concat: channels [" + std::to_string(offset) + ", " + std::to_string(offset + xs.c) +
+            ") of " + ys.str() + " do not fit " + xs.str());
+  }
+};
+
+template <typename T>
 class ReferenceLinear final : public LinearKernel<T> {
  public:
   ReferenceLinear(std::int64_t in, std::int64_t out) : in_(in), out_(out) {}
@@ -110,6 +147,10 @@ std::unique_ptr<UpdateKernel<T>> make_reference_update() {
   return std::make_unique<ReferenceUpdate<T>>();
 }
 template <typename T>
+std::unique_ptr<MergeKernel<T>> make_cpu_merge() {
+  return std::make_unique<CpuMerge<T>>();
+}
+template <typename T>
 std::unique_ptr<LossKernel<T>> make_reference_loss() {
   return std::make_unique<ReferenceLoss<T>>();
 }
@@ -124,6 +165,7 @@ std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int
   template std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum<T>(); \
   template std::unique_ptr<LossKernel<T>> make_reference_loss<T>();              \
   template std::unique_ptr<UpdateKernel<T>> make_reference_update<T>();          \
+  template std::unique_ptr<MergeKernel<T>> make_cpu_merge<T>();                  \
   template std::unique_ptr<LinearKernel<T>> make_reference_linear<T>(std::int64_t, std::int64_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)

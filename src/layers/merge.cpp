@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "tessera/error.hpp"
-#include "tessera/parallel.hpp"
 
 namespace tessera {
 
@@ -44,14 +43,11 @@ template <typename T>
 DistTensor<T> Merge<T>::forward(std::span<const DistTensor<T>* const> inputs, const RunState&) {
   DistTensor<T> y(
       inputs[0]->dist.with_shape(kind_ == MergeKind::add ? inputs[0]->dist.global : Shape4{}));
+  TESSERA_CHECK(kernel_ != nullptr, "layer '" + this->name() + "': forward before bind");
   if (kind_ == MergeKind::add) {
     y.local = inputs[0]->local;
-    for (std::size_t k = 1; k < inputs.size(); ++k) {
-      T* a = y.local.data();
-      const T* b = inputs[k]->local.data();
-      for (std::int64_t i = 0; i < y.local.numel(); ++i)
-        a[i] += b[i];
-    }
+    for (std::size_t k = 1; k < inputs.size(); ++k)
+      kernel_->add(inputs[k]->local, y.local);
     return y;
   }
   Shape4 g = inputs[0]->dist.global;
@@ -60,15 +56,10 @@ DistTensor<T> Merge<T>::forward(std::span<const DistTensor<T>* const> inputs, co
     g.c += x->dist.global.c;
   // Every element is copied from an input: no zeroing first.
   y = DistTensor<T>(inputs[0]->dist.with_shape(g), uninitialized);
-  const Shape4 ls = y.local.shape();
-  const std::int64_t plane = ls.h * ls.w;
-  for (std::int64_t n = 0; n < ls.n; ++n) {
-    T* out = y.local.data() + n * ls.c * plane;
-    for (const auto* x : inputs) {
-      const std::int64_t block = x->local.shape().c * plane;
-      parallel_copy(x->local.data() + n * block, block, out);
-      out += block;
-    }
+  std::int64_t offset = 0;  // channels before this input
+  for (const auto* x : inputs) {
+    kernel_->put_channels(x->local, y.local, offset);
+    offset += x->local.shape().c;
   }
   return y;
 }
@@ -81,15 +72,10 @@ std::vector<DistTensor<T>> Merge<T>::backward(const DistTensor<T>& dy, const Run
       grads.push_back(dy);
     return grads;
   }
-  const Shape4 ls = dy.local.shape();
-  const std::int64_t plane = ls.h * ls.w;
   std::int64_t offset = 0;  // channels before this input
   for (const Distribution& d : in_) {
     DistTensor<T> g(d, uninitialized);
-    const std::int64_t block = d.global.c * plane;
-    for (std::int64_t n = 0; n < ls.n; ++n)
-      parallel_copy(dy.local.data() + n * ls.c * plane + offset * plane, block,
-                    g.local.data() + n * block);
+    kernel_->take_channels(dy.local, offset, g.local);
     offset += d.global.c;
     grads.push_back(std::move(g));
   }

@@ -91,6 +91,11 @@ class Backend {
   std::unique_ptr<SpatialSumKernel<T>> spatial_sum() const {
     return make_spatial_sum(T{});
   }
+  // Concat's channel copies and add's sums. Never null. Local.
+  template <typename T>
+  std::unique_ptr<MergeKernel<T>> merge() const {
+    return make_merge(T{});
+  }
   // The optimizers' per-element updates. Never null. Local.
   template <typename T>
   std::unique_ptr<UpdateKernel<T>> update() const {
@@ -120,6 +125,8 @@ class Backend {
       const reference::UpsampleGeometry& g, double) const;
   virtual std::unique_ptr<SpatialSumKernel<float>> make_spatial_sum(float) const;
   virtual std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const;
+  virtual std::unique_ptr<MergeKernel<float>> make_merge(float) const;
+  virtual std::unique_ptr<MergeKernel<double>> make_merge(double) const;
   virtual std::unique_ptr<UpdateKernel<float>> make_update(float) const;
   virtual std::unique_ptr<UpdateKernel<double>> make_update(double) const;
   virtual std::unique_ptr<LossKernel<float>> make_loss(float) const;

@@ -69,6 +69,20 @@ class UpdateKernel {
                     const AdamScalars<T>& s) const = 0;
 };
 
+// Concat and add on NCHW tiles: channel blocks copied into and out of a wider tensor, and sums.
+template <typename T>
+class MergeKernel {
+ public:
+  virtual ~MergeKernel() = default;
+  virtual std::string name() const = 0;
+  // y[n, offset + c, h, w] = x[n, c, h, w] for x's channels (y has as many samples and pixels).
+  virtual void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const = 0;
+  // x[n, c, h, w] = y[n, offset + c, h, w] for x's channels.
+  virtual void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const = 0;
+  // a += b, element by element (the same shape).
+  virtual void add(const Tensor<T>& b, Tensor<T>& a) const = 0;
+};
+
 // Nearest upsampling planned for one geometry (scale and phase of a tile).
 template <typename T>
 class UpsampleKernel {
@@ -124,6 +138,9 @@ template <typename T>
 std::unique_ptr<SpatialSumKernel<T>> make_reference_spatial_sum();
 template <typename T>
 std::unique_ptr<LossKernel<T>> make_reference_loss();
+// Threaded copies (parallel.hpp) and a plain add.
+template <typename T>
+std::unique_ptr<MergeKernel<T>> make_cpu_merge();
 template <typename T>
 std::unique_ptr<UpdateKernel<T>> make_reference_update();
 template <typename T>

@@ -21,9 +21,13 @@ class Merge final : public Layer<T> {
   DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs, const RunState&) override;
   std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState&) override;
 
+  // Takes the backend's merge kernel. Local.
+  void bind(const Runtime& runtime) override { kernel_ = runtime.backend().merge<T>(); }
+
  private:
   MergeKind kind_;
   std::vector<Distribution> in_;
+  std::unique_ptr<MergeKernel<T>> kernel_;
 };
 
 }  // namespace tessera
