@@ -183,7 +183,12 @@ HaloExchange<T>::~HaloExchange() {
 template <typename T>
 HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name,
                               std::int64_t planes)
-    : plan_(std::move(plan)), comm_(&comm), tag_(tag), name_(std::move(name)) {
+    : plan_(std::move(plan)),
+      comm_(&comm),
+      tag_(tag),
+      name_(std::move(name)),
+      fill_what_("halo fill of " + name_),
+      accumulate_what_("halo accumulate of " + name_) {
   if (planes > 0) size_buffers(planes);
 }
 
@@ -252,9 +257,8 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   }
   HaloRequest<T> request;
   try {
-    request.messages_ = comm_->start_exchange(
-        Group::spatial, 2 * tag_ + (fill ? 0 : 1), recv, send,
-        std::string("halo ") + (fill ? "fill" : "accumulate") + " of " + name_);
+    request.messages_ = comm_->start_exchange(Group::spatial, 2 * tag_ + (fill ? 0 : 1), recv, send,
+                                              fill ? fill_what_ : accumulate_what_);
   } catch (...) {
     abandoned_ = true;  // messages posted before the failure may still land in the buffers
     throw;

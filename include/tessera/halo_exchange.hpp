@@ -113,6 +113,7 @@ class HaloExchange {
   const Comm* comm_;
   int tag_;
   std::string name_;
+  std::string fill_what_, accumulate_what_;  // the watchdog's names, built once
   Layout window_layout_ = Layout::nchw;
   T window_padding_ = T(0);
   bool in_flight_ = false;

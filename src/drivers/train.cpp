@@ -159,6 +159,18 @@ class Trainer {
   Record validate(std::int64_t step, std::int64_t epoch);
   void save(std::int64_t step, std::int64_t epoch);
   void print_summary();
+  // What a checkpoint of this run holds about the run itself (seed, model, grid, dtype,
+  // optimizer, batch, samples): written by save, expected by resume.
+  CheckpointState checkpoint_identity() const {
+    return {.seed = o_.seed,
+            .model = spec_.json,
+            .grid = o_.grid.str(),
+            .dtype = o_.dtype,
+            .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
+            .batch = o_.batch,
+            .samples = static_cast<std::int64_t>(train_.index.size()),
+            .window_counts = {}};
+  }
   bool root() const { return world_.rank() == 0; }
   const Comm& grid() const { return runtime_->comm(); }
 
@@ -277,7 +289,7 @@ Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
     std::vector<std::int32_t> labels;
     read_batch(val_, order, x, labels);
     const DistTensor<T> logits = model_->forward(x);
-    loss += compute_loss(spec_.loss, logits, labels, *runtime_).loss;
+    loss += compute_loss(spec_.loss, logits, labels, grid(), model_->loss_kernel()).loss;
     confusion.add(logits, labels);
   }
   model_->state().mode = Mode::train;
@@ -292,19 +304,12 @@ template <typename T>
 void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
   Confusion window = *window_confusion_;  // the open window's counts over the whole grid
   window.reduce(grid());
-  const CheckpointState state{
-      .step = step,
-      .epoch = epoch,
-      .seed = o_.seed,
-      .model = spec_.json,
-      .grid = o_.grid.str(),
-      .dtype = o_.dtype,
-      .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
-      .batch = o_.batch,
-      .samples = static_cast<std::int64_t>(train_.index.size()),
-      .window_steps = window_steps_,
-      .window_loss = window_loss_,
-      .window_counts = {window.counts().begin(), window.counts().end()}};
+  CheckpointState state = checkpoint_identity();
+  state.step = step;
+  state.epoch = epoch;
+  state.window_steps = window_steps_;
+  state.window_loss = window_loss_;
+  state.window_counts.assign(window.counts().begin(), window.counts().end());
   // One rank writes; the others wait at the agreement, so a failed write stops every rank.
   agree(
       world_,
@@ -488,16 +493,7 @@ std::int64_t Trainer<T>::resume() {
     broadcast(world_, path, 0);
     agree(world_, [&] {
       if (path.empty()) return;
-      const CheckpointState expect{
-          .seed = o_.seed,
-          .model = spec_.json,
-          .grid = o_.grid.str(),
-          .dtype = o_.dtype,
-          .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
-          .batch = o_.batch,
-          .samples = static_cast<std::int64_t>(train_.index.size()),
-          .window_counts = {}};
-      const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, expect);
+      const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, checkpoint_identity());
       TESSERA_CHECK(s.window_counts.size() == window_confusion_->counts().size(),
                     "'" + path + "' is not a complete checkpoint: its /state/window_counts has " +
                         std::to_string(s.window_counts.size()) + " entries, not " +

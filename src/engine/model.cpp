@@ -51,7 +51,7 @@ class PassTimer {
 
 template <typename T>
 Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
-    : spec_(spec), runtime_(runtime) {
+    : spec_(spec), runtime_(runtime), loss_kernel_(runtime.backend().loss<T>()) {
   const Comm& grid = runtime.comm();
   TESSERA_CHECK(input.c == spec.input_channels,
                 "model '" + spec.name + "' takes " + std::to_string(spec.input_channels) +
@@ -217,6 +217,8 @@ void Model<T>::build_buckets() {
     if (count * sizeof(T) >= kBucketBytes || k == 0) {
       b.first = k;
       b.flat.resize(count);
+      b.what = "allreduce of gradient bucket " + std::to_string(buckets_.size()) + " (layers '" +
+               nodes_[b.first].layer->name() + "' to '" + nodes_[b.last - 1].layer->name() + "')";
       if (count > 0) buckets_.push_back(std::move(b));
       b = Bucket{};
       b.last = k;
@@ -235,10 +237,8 @@ void Model<T>::start_bucket(std::size_t index) {
   for (std::size_t k = b.first; k < b.last; ++k)
     for (Param<T>* p : nodes_[k].layer->params())
       at = std::copy(p->grad.data(), p->grad.data() + p->grad.numel(), at);
-  b.request = runtime_.comm().start_allreduce(
-      std::span<T>(b.flat), ReduceOp::sum, Group::world,
-      "allreduce of gradient bucket " + std::to_string(index) + " (layers '" +
-          nodes_[b.first].layer->name() + "' to '" + nodes_[b.last - 1].layer->name() + "')");
+  b.request =
+      runtime_.comm().start_allreduce(std::span<T>(b.flat), ReduceOp::sum, Group::world, b.what);
   b.started = true;
 }
 
@@ -341,8 +341,8 @@ void Model<T>::init_params(std::uint64_t seed) {
 
 template <typename T>
 LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
-                           std::span<const std::int32_t> labels, const Runtime& runtime) {
-  const Comm& comm = runtime.comm();
+                           std::span<const std::int32_t> labels, const Comm& comm,
+                           const LossKernel<T>& kernel) {
   const Shape4& g = logits.dist.global;
   LossResult<T> r;
   r.grad = DistTensor<T>(logits.dist);
@@ -350,8 +350,8 @@ LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
   // gradient, only the first rank of each sample group counts the loss.
   const bool counts = !logits.dist.replicated || (comm.coords().i == 0 && comm.coords().j == 0);
   const double count = static_cast<double>(g.n) * (kind == LossKind::cross_entropy ? 1 : g.h * g.w);
-  double local = runtime.backend().loss<T>()->cross_entropy(
-      logits.local, labels, static_cast<T>(1.0 / count), &r.grad.local);
+  double local =
+      kernel.cross_entropy(logits.local, labels, static_cast<T>(1.0 / count), &r.grad.local);
   if (!counts) local = 0;
   allreduce_sum(comm, std::span<double>(&local, 1), Group::world, "allreduce of the loss");
   r.loss = local / count;
@@ -364,7 +364,8 @@ StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
   StepResult<T> r;
   model.zero_grad();
   r.output = model.forward(input);
-  LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime());
+  LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime().comm(),
+                                    model.loss_kernel());
   r.loss = loss.loss;
   r.input_grad = model.backward(loss.grad);
   model.reduce_gradients();
@@ -374,9 +375,11 @@ StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
 template class Model<float>;
 template class Model<double>;
 template LossResult<float> compute_loss(LossKind, const DistTensor<float>&,
-                                        std::span<const std::int32_t>, const Runtime&);
+                                        std::span<const std::int32_t>, const Comm&,
+                                        const LossKernel<float>&);
 template LossResult<double> compute_loss(LossKind, const DistTensor<double>&,
-                                         std::span<const std::int32_t>, const Runtime&);
+                                         std::span<const std::int32_t>, const Comm&,
+                                         const LossKernel<double>&);
 template StepResult<float> forward_backward(Model<float>&, const DistTensor<float>&,
                                             std::span<const std::int32_t>);
 template StepResult<double> forward_backward(Model<double>&, const DistTensor<double>&,

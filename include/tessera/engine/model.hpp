@@ -54,6 +54,8 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const Runtime& runtime() const { return runtime_; }
+  // The loss kernel of the runtime's backend, planned once with the model. Local.
+  const LossKernel<T>& loss_kernel() const { return *loss_kernel_; }
   const Distribution& input_distribution() const { return input_; }
   const Distribution& output_distribution() const { return nodes_.back().out; }
 
@@ -102,6 +104,7 @@ class Model {
   // Gradients of the layers [first, last) of nodes_, reduced as one message.
   struct Bucket {
     std::size_t first = 0, last = 0;
+    std::string what;  // the watchdog's name for its reduction, built once
     std::vector<T> flat;
     Request request;
     bool started = false;
@@ -112,6 +115,7 @@ class Model {
 
   ModelSpec spec_;
   const Runtime& runtime_;
+  std::unique_ptr<LossKernel<T>> loss_kernel_;
   Distribution input_;
   std::vector<Node> nodes_;
   RunState state_;
@@ -130,10 +134,11 @@ struct LossResult {
   DistTensor<T> grad;  // dL/dlogits on this rank's tile
 };
 
-// With the runtime's loss kernel, reduced over its Comm. Collective over the world group.
+// With `kernel` (Model::loss_kernel), reduced over `comm`. Collective over the world group.
 template <typename T>
 LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
-                           std::span<const std::int32_t> labels, const Runtime& runtime);
+                           std::span<const std::int32_t> labels, const Comm& comm,
+                           const LossKernel<T>& kernel);
 
 // One evaluation of the loss and every gradient: zero_grad, forward, loss, backward and the
 // gradient reduction. Collective over the world group of the model's runtime.
