@@ -236,6 +236,11 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
       tile_layout == Layout::nchw || source.shape().c % kBlock == 0,
       "halo exchange: an nchw16c tile needs channels divisible by 16, got " + source.shape().str());
   const Tensor<T>& window = fill ? target : source;
+  const Tensor<T>& tile = fill ? source : target;
+  TESSERA_CHECK(tile.layout() == tile_layout && window.layout() == window_layout_,
+                std::string("halo exchange: the tile lies in ") + to_string(tile.layout()) +
+                    " and the window in " + to_string(window.layout()) + ", the exchange expects " +
+                    to_string(tile_layout) + " and " + to_string(window_layout_));
   TESSERA_CHECK(static_cast<std::int64_t>(window.span().size()) >=
                     storage_size(window.shape(), window_layout_),
                 "halo exchange: the window " + window.shape().str() +

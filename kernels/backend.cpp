@@ -155,6 +155,12 @@ std::unique_ptr<MergeKernel<float>> Backend::make_merge(float) const {
 std::unique_ptr<MergeKernel<double>> Backend::make_merge(double) const {
   return make_cpu_merge<double>();
 }
+std::unique_ptr<DropoutKernel<float>> Backend::make_dropout(double p, float) const {
+  return make_cpu_dropout<float>(p);
+}
+std::unique_ptr<DropoutKernel<double>> Backend::make_dropout(double p, double) const {
+  return make_cpu_dropout<double>(p);
+}
 std::unique_ptr<UpdateKernel<float>> Backend::make_update(float) const {
   return make_reference_update<float>();
 }

@@ -79,7 +79,9 @@ RuntimeOptions runtime_options_from_environment() {
       TESSERA_CHECK(end != v.c_str() && *end == '\0', "bad timeout '" + v + "': expected seconds");
       return check_timeout(s);
     });
-  o.keep_freed = switch_of("TESSERA_KEEP_FREED", true);
+  if (variable("TESSERA_HOST_MEMORY"))
+    o.host_memory =
+        parsed("TESSERA_HOST_MEMORY", [](const std::string& v) { return parse_host_memory(v); });
   o.threads = threads_from_environment();
   return o;
 }

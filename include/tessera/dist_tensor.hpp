@@ -37,15 +37,18 @@ template <typename T>
 struct DistTensor {
   Distribution dist;
   Tensor<T> local;
-  // How `local` lies in memory. Convolutions with 16k output channels may give nchw16c (float32,
-  // oneDNN) where the model allows it: only where every consumer takes it (Layer::takes_blocked).
-  // A gradient has the layout of the tensor it is the gradient of.
-  Layout layout = Layout::nchw;
 
   DistTensor() = default;
   explicit DistTensor(const Distribution& d) : dist(d), local(d.local_shape()) {}
   DistTensor(const Distribution& d, Uninitialized)
       : dist(d), local(d.local_shape(), uninitialized) {}
+  DistTensor(const Distribution& d, Layout layout, Uninitialized)
+      : dist(d), local(d.local_shape(), layout, uninitialized) {}
+
+  // How `local` lies in memory. Convolutions with 16k output channels may give nchw16c (float32,
+  // oneDNN) where the model allows it: only where every consumer takes it (Layer::takes_blocked).
+  // A gradient has the layout of the tensor it is the gradient of.
+  Layout layout() const { return local.layout(); }
 };
 
 }  // namespace tessera

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "tessera/allocator.hpp"
 #include "tessera/comm.hpp"
 #include "tessera/kernels/backend.hpp"
 
@@ -19,16 +20,17 @@ struct RuntimeOptions {
   bool overlap = true;
   std::optional<WaitPolicy> wait;  // none: detected from ranks and cores per node
   double timeout = 600;            // seconds any one wait may take (the watchdog)
-  // Keep freed blocks in the heap so each step reuses them without page faults (main applies it).
-  bool keep_freed = true;
+  // How the host serves large blocks (allocator.hpp); process-wide, like the heap: main applies it.
+  HostMemory host_memory = HostMemory::pool;
   KernelThreads threads;
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:
 //   TESSERA_KERNELS=reference|onednn, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
-//   TESSERA_TIMEOUT=seconds, TESSERA_KEEP_FREED=0|1; the kernel threads from OMP_NUM_THREADS,
-//   else the cores of this process's affinity mask divided by the ranks the launcher started on
-//   this node (MPI_LOCALNRANKS from MPICH's Hydra, OMPI_COMM_WORLD_LOCAL_SIZE from Open MPI).
+//   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system; the kernel threads from
+//   OMP_NUM_THREADS, else the cores of this process's affinity mask divided by the ranks the
+//   launcher started on this node (MPI_LOCALNRANKS from MPICH's Hydra, OMPI_COMM_WORLD_LOCAL_SIZE
+//   from Open MPI).
 // Command-line options override them. Local; a bad value throws an Error naming the variable.
 RuntimeOptions runtime_options_from_environment();
 

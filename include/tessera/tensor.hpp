@@ -1,4 +1,4 @@
-// A dense, owning NCHW tensor on one rank. Local.
+// A dense, owning tensor on one rank: NCHW or channel-blocked, in host or device memory. Local.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "tessera/allocator.hpp"
 
 namespace tessera {
 
@@ -31,6 +33,9 @@ struct Shape4 {
 // nchw16c have a multiple of 16 channels.
 enum class Layout { nchw, nchw16c };
 inline constexpr std::int64_t kBlock = 16;  // channels per block in nchw16c
+inline const char* to_string(Layout layout) {
+  return layout == Layout::nchw ? "nchw" : "nchw16c";
+}
 
 // Channel blocks of nchw16c: ceil(c / 16).
 inline std::int64_t channel_blocks(std::int64_t c) {
@@ -53,69 +58,73 @@ inline std::int64_t storage_size(const Shape4& s, Layout layout) {
 struct Uninitialized {};
 inline constexpr Uninitialized uninitialized{};
 
-// std::allocator, except that resize() and the size constructor default-initialise (leave
-// floats as they are) instead of value-initialising (zeroing).
-template <typename T>
-struct DefaultInitAllocator : std::allocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = DefaultInitAllocator<U>;
-  };
-  DefaultInitAllocator() = default;
-  template <typename U>
-  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
-  template <typename U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-
+// A tensor owns its storage (from an Allocator, host_allocator() unless given), knows the memory
+// space that storage lies in and its layout. Host accessors (data, span, at, fill) check the space:
+// device tensors are reached through their backend's kernels only. Copies allocate from the same
+// allocator.
 template <typename T>
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(Shape4 shape, T fill = T(0))
-      : shape_(shape), data_(static_cast<std::size_t>(shape.numel()), fill) {}
-  Tensor(Shape4 shape, Uninitialized)
-      : shape_(shape), data_(static_cast<std::size_t>(shape.numel())) {}
+  explicit Tensor(Shape4 shape, T fill = T(0)) : Tensor(shape, Layout::nchw, fill) {}
+  Tensor(Shape4 shape, Uninitialized) : Tensor(shape, Layout::nchw, uninitialized) {}
   // Storage for `layout` (nchw16c with C not a multiple of 16 holds padding channels).
-  Tensor(Shape4 shape, Layout layout, T fill = T(0))
-      : shape_(shape), data_(static_cast<std::size_t>(storage_size(shape, layout)), fill) {}
-  Tensor(Shape4 shape, Layout layout, Uninitialized)
-      : shape_(shape), data_(static_cast<std::size_t>(storage_size(shape, layout))) {}
+  Tensor(Shape4 shape, Layout layout, T fill = T(0)) : Tensor(shape, layout, uninitialized) {
+    this->fill(fill);
+  }
+  Tensor(Shape4 shape, Layout layout, Uninitialized, Allocator& allocator = host_allocator())
+      : shape_(shape),
+        layout_(layout),
+        size_(static_cast<std::size_t>(storage_size(shape, layout))),
+        storage_(allocator, size_ * sizeof(T)) {}
 
   const Shape4& shape() const { return shape_; }
-  // Logical elements N * C * H * W; span() and the storage may hold more (nchw16c padding).
+  Layout layout() const { return layout_; }
+  MemorySpace space() const { return storage_.space(); }
+  // Logical elements N * C * H * W; size() and the storage may hold more (nchw16c padding).
   std::int64_t numel() const { return shape_.numel(); }
-  T* data() { return data_.data(); }
-  const T* data() const { return data_.data(); }
-  std::span<T> span() { return data_; }
-  std::span<const T> span() const { return data_; }
+  std::size_t size() const { return size_; }
+  const Storage& storage() const { return storage_; }
+
+  T* data() { return host(); }
+  const T* data() const { return host(); }
+  std::span<T> span() { return {host(), size_}; }
+  std::span<const T> span() const { return {host(), size_}; }
+  // The storage wherever it lies, for the backend of that space; checks that it lies in `space`.
+  T* data_in(MemorySpace space) {
+    if (space != this->space()) not_on_host(this->space());
+    return static_cast<T*>(storage_.data());
+  }
 
   std::int64_t offset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
     return ((n * shape_.c + c) * shape_.h + h) * shape_.w + w;
   }
   T& at(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-    return data_[static_cast<std::size_t>(offset(n, c, h, w))];
+    return host()[offset(n, c, h, w)];
   }
   const T& at(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
-    return data_[static_cast<std::size_t>(offset(n, c, h, w))];
+    return host()[offset(n, c, h, w)];
   }
-  void fill(T v) { std::fill(data_.begin(), data_.end(), v); }
+  void fill(T v) { std::fill_n(host(), size_, v); }
 
  private:
+  T* host() const {
+    if (storage_.space() != MemorySpace::host) [[unlikely]]
+      not_on_host(storage_.space());
+    return static_cast<T*>(storage_.data());
+  }
+
   Shape4 shape_;
-  std::vector<T, DefaultInitAllocator<T>> data_;
+  Layout layout_ = Layout::nchw;
+  std::size_t size_ = 0;
+  Storage storage_;
 };
 
 // The same tensor in another layout, element by element (for tests and rare fallbacks: the hot
 // paths convert while they copy); nchw16c pads the channels to a multiple of 16. Local.
 template <typename T>
-Tensor<T> to_layout(const Tensor<T>& t, Layout from, Layout to) {
+Tensor<T> to_layout(const Tensor<T>& t, Layout to) {
+  const Layout from = t.layout();
   if (from == to) return t;
   const Shape4& s = t.shape();
   Tensor<T> out(s, to);  // nchw16c padding channels zero

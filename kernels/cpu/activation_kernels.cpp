@@ -51,7 +51,8 @@ class CpuActivation final : public ActivationKernel<T> {
     }
     // (Leaky) ReLU's backward needs only which elements were positive: one byte each instead of
     // a copy of the output (a 512 MiB copy per layer per step at 32 x 2048 x 2048).
-    positive_.resize(static_cast<std::size_t>(x.numel()));
+    if (!(positive_.shape() == x.shape()))
+      positive_ = Tensor<std::uint8_t>(x.shape(), uninitialized);
     parallel_for(x.numel(), [&](std::int64_t begin, std::int64_t end) {
       leaky_relu_mask(x.data() + begin, y.data() + begin, positive_.data() + begin, end - begin,
                       slope_);
@@ -63,8 +64,7 @@ class CpuActivation final : public ActivationKernel<T> {
       reference::sigmoid_backward<T>(y_.span(), dy.span(), dx.span());
       return;
     }
-    TESSERA_CHECK(static_cast<std::int64_t>(positive_.size()) == dx.numel(),
-                  "activation: backward without its forward");
+    TESSERA_CHECK(positive_.numel() == dx.numel(), "activation: backward without its forward");
     parallel_for(dx.numel(), [&](std::int64_t begin, std::int64_t end) {
       leaky_relu_mask_backward(dy.data() + begin, positive_.data() + begin, dx.data() + begin,
                                end - begin, slope_);
@@ -74,8 +74,8 @@ class CpuActivation final : public ActivationKernel<T> {
  private:
   ActivationKind kind_;
   T slope_;
-  Tensor<T> y_;                                                             // sigmoid's output
-  std::vector<std::uint8_t, DefaultInitAllocator<std::uint8_t>> positive_;  // (leaky) ReLU: x > 0
+  Tensor<T> y_;                    // sigmoid's output
+  Tensor<std::uint8_t> positive_;  // (leaky) ReLU: x > 0
 };
 
 }  // namespace

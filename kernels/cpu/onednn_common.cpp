@@ -32,4 +32,23 @@ bool is_reference(const dnnl::primitive_desc& pd) {
   return std::string_view(pd.impl_info_str()).starts_with("ref");
 }
 
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+dnnl::memory buffer_memory(const dnnl::memory::desc& desc, Storage& buffer) {
+  const std::size_t bytes = desc.get_size();
+  if (bytes == 0) return dnnl::memory(desc, cpu_engine(), DNNL_MEMORY_NONE);
+  if (buffer.bytes() < bytes) buffer = Storage(host_allocator(), bytes);
+  return dnnl::memory(desc, cpu_engine(), buffer.data());
+}
+
+void add_scratchpad(const dnnl::primitive_desc_base& pd,
+                    std::unordered_map<int, dnnl::memory>& args, Storage& buffer) {
+  const dnnl::memory::desc desc = pd.scratchpad_desc();
+  if (desc.get_size() > 0) args.insert({DNNL_ARG_SCRATCHPAD, buffer_memory(desc, buffer)});
+}
+
 }  // namespace tessera::onednn

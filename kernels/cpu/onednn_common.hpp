@@ -5,6 +5,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <string>
+#include <unordered_map>
 
 #include "tessera/error.hpp"
 #include "tessera/tensor.hpp"
@@ -39,6 +40,20 @@ inline dnnl::memory::desc dense_desc(const Shape4& s, Layout layout) {
           layout == Layout::nchw16c ? dnnl::memory::format_tag::nChw16c
                                     : dnnl::memory::format_tag::nchw};
 }
+
+// Every primitive Tessera plans takes its scratchpad from the caller (user mode), and every buffer
+// of a call (reorders' targets, scratchpads) comes from host_allocator(): a step's large blocks are
+// then all Tessera's, and the host pool reuses their pages from step to step (oneDNN's own
+// allocations were ~2 GiB per unet-small step at 2048x2048, mapped and faulted in afresh).
+dnnl::primitive_attr user_scratchpad();
+
+// A memory object of `desc` over a block of `buffer`, allocated from host_allocator() when
+// `buffer` is smaller than the descriptor needs; an empty memory for an empty descriptor.
+dnnl::memory buffer_memory(const dnnl::memory::desc& desc, Storage& buffer);
+
+// Adds the scratchpad `pd` asks for (if any) to `args`, from `buffer`.
+void add_scratchpad(const dnnl::primitive_desc_base& pd,
+                    std::unordered_map<int, dnnl::memory>& args, Storage& buffer);
 
 // Whether oneDNN chose its own reference implementation (plain loops): Tessera's reference is then
 // as good and is the oracle, so the fast kernels decline such cases.

@@ -59,44 +59,56 @@ memory::desc weight_desc(const Shape4& w, std::int64_t groups, Tag tag) {
 
 // One tensor argument of a primitive: Tessera's plain layout, the layout the primitive chose, and
 // the reorder between them (user -> primitive for inputs, primitive -> user for outputs), planned
-// once; no reorder when the two agree.
+// once; no reorder when the two agree. Converted copies live in blocks of host_allocator() that
+// the caller holds for the call (onednn_common.hpp says why).
 struct Port {
   memory::desc user, prim;
+  dnnl::reorder::primitive_desc reorder_pd;
   std::optional<dnnl::reorder> reorder;
 
   static Port input(const memory::desc& user, const memory::desc& prim) {
-    Port p{user, prim, {}};
-    if (user != prim)
-      p.reorder.emplace(dnnl::reorder::primitive_desc(cpu_engine(), user, cpu_engine(), prim));
+    Port p{user, prim, {}, {}};
+    if (user != prim) p.plan_reorder(user, prim);
     return p;
   }
   static Port output(const memory::desc& prim, const memory::desc& user) {
-    Port p{user, prim, {}};
-    if (user != prim)
-      p.reorder.emplace(dnnl::reorder::primitive_desc(cpu_engine(), prim, cpu_engine(), user));
+    Port p{user, prim, {}, {}};
+    if (user != prim) p.plan_reorder(prim, user);
     return p;
   }
 
   // `data` in the primitive's layout: the caller's buffer itself, or a reorder of it into `into`
-  // (a fresh buffer when empty).
-  memory read(const float* data, dnnl::stream& s, memory into = {}) const {
+  // (a buffer of `buffer` when empty).
+  memory read(const float* data, dnnl::stream& s, Storage& buffer, memory into = {}) const {
     memory mine(user, cpu_engine(), const_cast<float*>(data));
     if (!reorder) return mine;
-    if (!into) into = memory(prim, cpu_engine());
-    reorder->execute(s, mine, into);
+    if (!into) into = onednn::buffer_memory(prim, buffer);
+    convert(mine, into, s);
     return into;
   }
-  // Where the primitive writes `data`: the caller's buffer itself, or a fresh buffer that finish()
-  // reorders into it. Fresh buffers cost page faults (a reorder into a fresh 512 MiB buffer took
-  // 100 ms here, into a reused one 44 ms), but buffers kept between calls would add two of the
-  // largest activation to the memory of every rank.
-  memory target(float* data) const {
-    return reorder ? memory(prim, cpu_engine()) : memory(user, cpu_engine(), data);
+  // Where the primitive writes `data`: the caller's buffer itself, or a block of `buffer` that
+  // finish() reorders into it.
+  memory target(float* data, Storage& buffer) const {
+    return reorder ? onednn::buffer_memory(prim, buffer) : memory(user, cpu_engine(), data);
   }
   void finish(memory& written, float* data, dnnl::stream& s) const {
     if (!reorder) return;
     memory mine(user, cpu_engine(), data);
-    reorder->execute(s, written, mine);
+    convert(written, mine, s);
+  }
+
+ private:
+  void plan_reorder(const memory::desc& from, const memory::desc& to) {
+    reorder_pd = dnnl::reorder::primitive_desc(cpu_engine(), from, cpu_engine(), to,
+                                               onednn::user_scratchpad());
+    reorder.emplace(reorder_pd);
+  }
+  void convert(memory& from, memory& to, dnnl::stream& s) const {
+    std::unordered_map<int, memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    Storage scratch;
+    onednn::add_scratchpad(reorder_pd, args, scratch);
+    reorder->execute(s, args);
+    s.wait();  // before `scratch` goes
   }
 };
 
@@ -141,6 +153,7 @@ struct OneDnnConv::Plan {
   // backward-data's conversion of dy, kept for the backward_filter that follows on the same dy
   // when both primitives read one layout: one reorder of the largest tensor instead of two.
   memory dy_converted;
+  Storage dy_buffer;
   const float* dy_source = nullptr;
 };
 
@@ -170,12 +183,13 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const memory::desc y_user = user_desc(y, shapes.y_layout, shapes.y_outer, shapes.y_at);
     const memory::desc w_user = weight_desc(w, g.groups, Tag::oihw);
     const memory::desc no_bias;
+    const primitive_attr attr = onednn::user_scratchpad();
     plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
 
     const convolution_forward::desc fwd(prop_kind::forward_training, algorithm::convolution_direct,
                                         x_any, w_any, plan->bias, y_any, strides, dilates, pad_l,
                                         pad_r);
-    plan->fwd_pd = convolution_forward::primitive_desc(fwd, cpu_engine(), true);
+    plan->fwd_pd = convolution_forward::primitive_desc(fwd, attr, cpu_engine(), true);
     if (!plan->fwd_pd) return nullptr;
     if (shapes.is_box()) {
       // Box kernels run forward only.
@@ -190,13 +204,13 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const convolution_backward_data::desc data(algorithm::convolution_direct, x_any, w_any, y_any,
                                                strides, dilates, pad_l, pad_r);
     plan->data_pd =
-        convolution_backward_data::primitive_desc(data, cpu_engine(), plan->fwd_pd, true);
+        convolution_backward_data::primitive_desc(data, attr, cpu_engine(), plan->fwd_pd, true);
     if (!plan->data_pd) return nullptr;
     const convolution_backward_weights::desc weights(algorithm::convolution_direct, x_any, w_any,
                                                      plan->bias, y_any, strides, dilates, pad_l,
                                                      pad_r);
-    plan->weights_pd =
-        convolution_backward_weights::primitive_desc(weights, cpu_engine(), plan->fwd_pd, true);
+    plan->weights_pd = convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(),
+                                                                    plan->fwd_pd, true);
     if (!plan->weights_pd) return nullptr;
     if (onednn::is_reference(plan->fwd_pd) || onednn::is_reference(plan->data_pd) ||
         onednn::is_reference(plan->weights_pd))
@@ -276,13 +290,15 @@ void OneDnnConv::run_forward(const float* x, const Tensor<float>& w, std::span<c
                     std::to_string(p.shapes.w.n) + " output channels" +
                     (p.shapes.bias ? "" : " (planned without bias)"));
   onednn::run("convolution forward", [&] {
-    memory src = p.fwd_src.read(x, p.stream);
-    memory weights = p.fwd_weights.read(w.data(), p.stream, p.fwd_w);
-    memory dst = p.fwd_dst.target(y);
+    Storage src_buffer, dst_buffer, scratch, unused;
+    memory src = p.fwd_src.read(x, p.stream, src_buffer);
+    memory weights = p.fwd_weights.read(w.data(), p.stream, unused, p.fwd_w);
+    memory dst = p.fwd_dst.target(y, dst_buffer);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
     if (p.shapes.bias)
       args.insert({DNNL_ARG_BIAS, memory(p.bias, cpu_engine(), const_cast<float*>(bias.data()))});
+    onednn::add_scratchpad(p.fwd_pd, args, scratch);
     p.fwd.execute(p.stream, args);
     p.fwd_dst.finish(dst, y, p.stream);
     p.stream.wait();
@@ -296,17 +312,20 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
   check_shape("weight", w.shape(), p.shapes.w);
   check_shape("input gradient", dx.shape(), p.shapes.x);
   onednn::run("convolution backward-data", [&] {
-    memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream);
+    Storage dy_buffer, dx_buffer, scratch, unused;
+    memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream, dy_buffer);
     const bool shared = p.data_diff_dst.reorder && p.data_diff_dst.prim == p.weights_diff_dst.prim;
     p.dy_converted = shared ? diff_dst : memory();
     p.dy_source = shared ? dy.data() : nullptr;
-    memory weights = p.data_weights.read(w.data(), p.stream, p.data_w);
-    memory diff_src = p.data_diff_src.target(dx.data());
-    p.data.execute(p.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                              {DNNL_ARG_WEIGHTS, weights},
-                              {DNNL_ARG_DIFF_SRC, diff_src}});
+    memory weights = p.data_weights.read(w.data(), p.stream, unused, p.data_w);
+    memory diff_src = p.data_diff_src.target(dx.data(), dx_buffer);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, diff_src}};
+    onednn::add_scratchpad(p.data_pd, args, scratch);
+    p.data.execute(p.stream, args);
     p.data_diff_src.finish(diff_src, dx.data(), p.stream);
     p.stream.wait();
+    if (shared) p.dy_buffer = std::move(dy_buffer);  // backward_filter reads it
   });
 }
 
@@ -323,14 +342,18 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
           " values for " + std::to_string(p.shapes.w.n) + " output channels" +
           (p.shapes.bias ? "" : " (planned without bias)"));
   onednn::run("convolution backward-weights", [&] {
-    memory src = p.weights_src.read(x.data(), p.stream);
-    memory diff_dst =
-        p.dy_source == dy.data() ? p.dy_converted : p.weights_diff_dst.read(dy.data(), p.stream);
-    p.dy_converted = memory();  // released after this call
+    Storage x_buffer, scratch;
+    Storage dy_buffer = std::move(p.dy_buffer);  // released after this call
+    memory src = p.weights_src.read(x.data(), p.stream, x_buffer);
+    memory diff_dst = p.dy_source == dy.data()
+                          ? p.dy_converted
+                          : p.weights_diff_dst.read(dy.data(), p.stream, dy_buffer);
+    p.dy_converted = memory();
     p.dy_source = nullptr;
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, p.diff_w}};
     if (p.shapes.bias) args.insert({DNNL_ARG_DIFF_BIAS, p.diff_b});
+    onednn::add_scratchpad(p.weights_pd, args, scratch);
     p.weights.execute(p.stream, args);
     // oneDNN overwrites its gradients; the kernel contract adds into the caller's.
     p.weights_diff_weights.finish(p.diff_w, static_cast<float*>(p.diff_w_plain.get_data_handle()),

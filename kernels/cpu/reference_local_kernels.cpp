@@ -132,7 +132,65 @@ class ReferenceLinear final : public LinearKernel<T> {
   std::int64_t in_, out_;
 };
 
+template <typename T>
+class CpuDropout final : public DropoutKernel<T> {
+ public:
+  explicit CpuDropout(double p) : p_(p), keep_(p < 1 ? static_cast<T>(1 / (1 - p)) : T(0)) {}
+  std::string name() const override { return "threaded"; }
+
+  void forward(const Tensor<T>& x, const TileOrigin& at, std::uint64_t seed, std::uint64_t stream,
+               Tensor<T>& mask, Tensor<T>& y) const override {
+    const Shape4& s = x.shape();
+    TESSERA_CHECK(mask.shape() == s && y.shape() == s && x.layout() == Layout::nchw &&
+                      at.n + s.n <= at.global.n && at.h + s.h <= at.global.h &&
+                      at.w + s.w <= at.global.w && s.c == at.global.c,
+                  "dropout: tile " + s.str() + " does not fit its tensor " + at.global.str());
+    const T* in = x.data();
+    T* m = mask.data();
+    T* out = y.data();
+    // One item per row (n, c, h) of the tile.
+    parallel_for(
+        s.n * s.c * s.h,
+        [&](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t row = begin; row < end; ++row) {
+            const std::int64_t h = row % s.h, c = row / s.h % s.c, n = row / (s.h * s.c);
+            const std::int64_t first =
+                (((at.n + n) * at.global.c + c) * at.global.h + at.h + h) * at.global.w + at.w;
+            const std::int64_t k0 = row * s.w;
+            for (std::int64_t w = 0; w < s.w; ++w) {
+              m[k0 + w] =
+                  dropout_scale(seed, stream, static_cast<std::uint64_t>(first + w), p_, keep_);
+              out[k0 + w] = in[k0 + w] * m[k0 + w];
+            }
+          }
+        },
+        grain_for(s.w));
+  }
+
+  void backward(const Tensor<T>& dy, const Tensor<T>& mask, Tensor<T>& dx) const override {
+    TESSERA_CHECK(mask.shape() == dy.shape() && dx.shape() == dy.shape(),
+                  "dropout backward: mask " + mask.shape().str() + ", gradient " +
+                      dy.shape().str() + ", input gradient " + dx.shape().str());
+    const T* g = dy.data();
+    const T* m = mask.data();
+    T* out = dx.data();
+    parallel_for(dy.numel(), [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t k = begin; k < end; ++k)
+        out[k] = g[k] * m[k];
+    });
+  }
+
+ private:
+  double p_;
+  T keep_;
+};
+
 }  // namespace
+
+template <typename T>
+std::unique_ptr<DropoutKernel<T>> make_cpu_dropout(double p) {
+  return std::make_unique<CpuDropout<T>>(p);
+}
 
 template <typename T>
 std::unique_ptr<UpsampleKernel<T>> make_reference_upsample(const reference::UpsampleGeometry& g) {
@@ -166,6 +224,7 @@ std::unique_ptr<LinearKernel<T>> make_reference_linear(std::int64_t in, std::int
   template std::unique_ptr<LossKernel<T>> make_reference_loss<T>();              \
   template std::unique_ptr<UpdateKernel<T>> make_reference_update<T>();          \
   template std::unique_ptr<MergeKernel<T>> make_cpu_merge<T>();                  \
+  template std::unique_ptr<DropoutKernel<T>> make_cpu_dropout<T>(double);        \
   template std::unique_ptr<LinearKernel<T>> make_reference_linear<T>(std::int64_t, std::int64_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)

@@ -1,7 +1,6 @@
 // The `tessera` command. Only this file decides how a process ends: agreed errors (every rank
 // holds the same one) end normally with exit 1; any other error aborts the job, so no rank is
 // left waiting in a collective.
-#include <malloc.h>
 #include <mpi.h>
 
 #include <chrono>
@@ -70,6 +69,12 @@ void print_version(const tessera::RuntimeOptions& runtime) {
     std::cout << "  CUDA: not built\n";
   }
   std::cout << "  kernels: " << tessera::backend_of(runtime.kernels).description() << "\n";
+  std::cout << "  host memory: " << tessera::to_string(runtime.host_memory)
+            << (runtime.host_memory == tessera::HostMemory::pool
+                    ? " (freed pages kept and moved into the next large block; "
+                      "TESSERA_HOST_MEMORY=system for malloc)"
+                    : " (malloc and free)")
+            << "\n";
 }
 
 // Prints `line` and, with other ranks, ends the whole job. One write, then a moment for the
@@ -95,15 +100,9 @@ int main(int argc, char** argv) {
   } catch (const tessera::Error& e) {
     bad_environment = e.what();
   }
-  // Every step allocates and frees the same large activations. glibc serves blocks above 32 MiB
-  // with mmap and returns them on free, so each step page-faulted every activation afresh: 58% of
-  // a step's time. Kept in the heap, freed blocks are reused without faults (conv-bench step on
-  // one 2048x2048 image: 27.8 s -> 8.0 s), for about 14% more peak memory (fragmentation: one
-  // step of unet-small on 2048x2048, 4090 -> 4666 MiB). TESSERA_KEEP_FREED=0 keeps glibc's way.
-  if (runtime.keep_freed) {
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, -1);
-  }
+  // Every step allocates and frees the same large activations; the host pool keeps their pages
+  // for the next step (allocator.hpp, README "Memory").
+  tessera::set_host_memory(runtime.host_memory);
   tessera::set_kernel_threads(runtime.threads);
   MPI_Init(&argc, &argv);
   // MPI failures come back as error codes, which TESSERA_CHECK_MPI turns into Errors.

@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include "tessera/allocator.hpp"
 #include "tessera/batch.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/engine/model.hpp"
@@ -115,10 +116,13 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   }
 
   double step_seconds = 0;
+  long faults_before = 0;
   for (std::int64_t s = 0; s < o.warmup + o.steps; ++s) {
     if (s == o.warmup) {
       model->reset_timings();
       step_seconds = 0;
+      reset_host_memory_stats();
+      faults_before = minor_page_faults();
     }
     model->state() = {.mode = Mode::train, .seed = o.seed, .step = s};
     runtime.comm().set_step(s);
@@ -162,6 +166,18 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
     sgemm_min = -neg[0];
   }
   const double peak_mib = peak_memory_range_mib(world).second;
+  // The host memory's work per timed step, the maximum over ranks: what a step allocates anew
+  // and the page faults that costs.
+  const HostMemoryStats mem = host_memory_stats();
+  std::vector<double> memory_per_step{static_cast<double>(mem.reused),
+                                      static_cast<double>(mem.assembled),
+                                      static_cast<double>(mem.fresh),
+                                      static_cast<double>(mem.moved_bytes) / (1 << 20),
+                                      static_cast<double>(mem.fresh_bytes) / (1 << 20),
+                                      static_cast<double>(minor_page_faults() - faults_before)};
+  for (double& m : memory_per_step)
+    m /= static_cast<double>(o.steps);
+  allreduce(world, std::span<double>(memory_per_step), ReduceOp::max);
   if (!root) return 0;
 
   // Which conv layers count as ">= 32 channels": both sides of the weight.
@@ -275,6 +291,11 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   }
   out << "  throughput " << fixed(static_cast<double>(input.n) / step, 3)
       << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB\n";
+  out << "  host memory (" << to_string(host_memory()) << "), per timed step: large blocks "
+      << fixed(memory_per_step[0], 0) << " reused, " << fixed(memory_per_step[1], 0)
+      << " assembled from kept pages (" << fixed(memory_per_step[3], 0) << " MiB moved), "
+      << fixed(memory_per_step[2], 0) << " fresh; " << fixed(memory_per_step[4], 0)
+      << " MiB of fresh pages; " << fixed(memory_per_step[5], 0) << " minor page faults\n";
 
   j["step_seconds"] = step;
   j["critical_rank"] = critical;
@@ -295,6 +316,11 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["conv32_gflops"] = wide_rate;
   j["sgemm_gflops_per_rank"] = sgemm_min;
   j["peak_mib"] = peak_mib;
+  j["host_memory"] = {
+      {"policy", to_string(host_memory())},         {"reused_per_step", memory_per_step[0]},
+      {"assembled_per_step", memory_per_step[1]},   {"fresh_per_step", memory_per_step[2]},
+      {"moved_mib_per_step", memory_per_step[3]},   {"fresh_mib_per_step", memory_per_step[4]},
+      {"minor_faults_per_step", memory_per_step[5]}};
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     f << j.dump(2) << "\n";

@@ -30,6 +30,12 @@ double peak_memory_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
+long minor_page_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 std::pair<double, double> peak_memory_range_mib(const Comm& comm) {
   const double mine = peak_memory_mib();
   std::vector<double> v{mine, -mine};  // max of both: the largest and minus the smallest

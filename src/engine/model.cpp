@@ -139,7 +139,7 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& x) {
     for (int i : nodes_[k].inputs) {
       ins.push_back(i >= 0 ? &*outputs[i] : &x);
       // The construction above gives nchw16c only to layers that take it.
-      TESSERA_CHECK(ins.back()->layout == Layout::nchw || nodes_[k].layer->takes_blocked(),
+      TESSERA_CHECK(ins.back()->layout() == Layout::nchw || nodes_[k].layer->takes_blocked(),
                     "layer '" + nodes_[k].layer->name() + "' was handed an nchw16c input");
     }
     {

@@ -48,9 +48,10 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
                 "layer '" + this->name() + "' (batchnorm2d): forward before bind");
   const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
   mode_ = state.mode;
-  layout_ = x.layout;
+  layout_ = x.layout();
   // Kept for backward: a threaded copy into a buffer reused from step to step.
-  if (x_.shape() != x.local.shape()) x_ = Tensor<T>(x.local.shape(), uninitialized);
+  if (x_.shape() != x.local.shape() || x_.layout() != layout_)
+    x_ = Tensor<T>(x.local.shape(), layout_, uninitialized);
   parallel_copy(x.local.data(), x.local.numel(), x_.data());
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
@@ -84,8 +85,7 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
       invstd_[c] = 1 / std::sqrt(double(running_var[c]) + spec_.eps);
     }
   }
-  DistTensor<T> y(x.dist, uninitialized);
-  y.layout = layout_;
+  DistTensor<T> y(x.dist, layout_, uninitialized);
   kernel_->forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span(),
                    std::as_const(bias_.value).span(), y.local);
   return y;
@@ -115,8 +115,7 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   } else {
     std::fill(sums.begin(), sums.end(), 0.0);  // the running statistics do not depend on x
   }
-  DistTensor<T> dx(dy.dist, uninitialized);
-  dx.layout = layout_;
+  DistTensor<T> dx(dy.dist, layout_, uninitialized);
   kernel_->backward_data(x_, dy.local, layout_, stats, std::as_const(weight_.value).span(),
                          std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat),
                          dx.local);

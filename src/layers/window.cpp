@@ -109,8 +109,8 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   if (window_.shape() != shape ||
       static_cast<std::int64_t>(window_.span().size()) != storage_size(shape, layout))
     window_ = Tensor<T>(shape, layout);
-  in_layout_ = x.layout;
-  return exchange_->start_fill(x.local, window_, x.layout);
+  in_layout_ = x.layout();
+  return exchange_->start_fill(x.local, window_, x.layout());
 }
 
 template <typename T>
@@ -133,8 +133,7 @@ template <typename T>
 DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
                                                 const std::function<void()>& overlap) {
   // dL/dx lies as x did; the exchange writes all of it.
-  DistTensor<T> dx(in_, uninitialized);
-  dx.layout = in_layout_;
+  DistTensor<T> dx(in_, in_layout_, uninitialized);
   auto request = exchange_->start_accumulate(grad, dx.local, in_layout_, Into::overwrite);
   if (overlap) overlap();
   exchange_->finish(request);

@@ -6,6 +6,7 @@ Shares the driver of cli_tests.py (every rank's exit code, one error line, no ha
 never asserted: only that they are there, add up and count the right work.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,43 @@ def bench_errors(env):
     expect_error(env.tessera(2, "bench", "--image", "3x32x1"), "cannot be split")
     expect_error(env.tessera(2, "bench", "--json", env.path("no/such/dir/b.json"), "--image",
                              "3x16x16"), "cannot write")
+
+
+@scenario
+def bench_memory_reuse(env):
+    """A training step allocates what the last one freed: from the second step on, every large
+    block is a kept one or assembled from kept pages, and no fresh page is mapped. Holds on one
+    rank and on a 2x1 grid (halo windows, batch norm, every layer of unet-small)."""
+    out = env.path("m.json")
+    for ranks, grid in [(1, "1x1x1"), (2, "1x2x1")]:
+        r = env.tessera(ranks, "bench", "--model", "unet-small", "--grid", grid, "--image",
+                        "3x512x512", "--steps", "2", "--sgemm", "0", "--json", out)
+        expect_ok(r, "host memory (pool), per timed step:")
+        m = json.loads(out.read_text())["host_memory"]
+        if m["policy"] != "pool":
+            fail(f"expected the pool by default, got {m}")
+        if m["fresh_mib_per_step"] != 0 or m["fresh_per_step"] != 0:
+            fail(f"grid {grid}: a repeated step mapped fresh pages: {m}")
+        if m["reused_per_step"] + m["assembled_per_step"] < 20:
+            fail(f"grid {grid}: expected the step's activations from the pool, got {m}")
+    # TESSERA_HOST_MEMORY=system: malloc and free, nothing kept.
+    saved = os.environ.get("TESSERA_HOST_MEMORY")
+    os.environ["TESSERA_HOST_MEMORY"] = "system"
+    try:
+        r = env.tessera(1, "bench", "--model", "unet-small", "--image", "3x256x256", "--steps",
+                        "1", "--sgemm", "0", "--json", out)
+        expect_ok(r, "host memory (system)")
+        m = json.loads(out.read_text())["host_memory"]
+        if m["reused_per_step"] + m["assembled_per_step"] + m["fresh_per_step"] != 0:
+            fail(f"the system policy still used the pool: {m}")
+        os.environ["TESSERA_HOST_MEMORY"] = "heap"
+        expect_error(env.tessera(2, "bench", "--image", "3x16x16"), "TESSERA_HOST_MEMORY",
+                     "expected pool or system")
+    finally:
+        if saved is None:
+            os.environ.pop("TESSERA_HOST_MEMORY")
+        else:
+            os.environ["TESSERA_HOST_MEMORY"] = saved
 
 
 @scenario

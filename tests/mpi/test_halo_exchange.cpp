@@ -145,26 +145,27 @@ void expect_blocked_windows_hold_the_same_values() {
     ExchangeSetup<T> s(g);
     ++stream;
     const auto [x, y] = s.random_tile_and_window(stream);
-    Tensor<T> plain(s.window_shape(), -1.0), blocked(s.window_shape(), -1.0);
+    Tensor<T> plain(s.window_shape(), -1.0), blocked(s.window_shape(), Layout::nchw16c, -1.0);
     s.exchange->fill(x, plain);
     Tensor<T> ay_plain(s.in.local_shape()), ay_blocked(s.in.local_shape());
     s.exchange->accumulate(y, ay_plain);
     s.exchange->set_window_layout(Layout::nchw16c);
     s.exchange->fill(x, blocked);
-    s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_blocked);
-    const Tensor<T> back = to_layout(blocked, Layout::nchw16c, Layout::nchw);
+    s.exchange->accumulate(to_layout(y, Layout::nchw16c), ay_blocked);
+    const Tensor<T> back = to_layout(blocked, Layout::nchw);
     EXPECT_TRUE(std::equal(back.span().begin(), back.span().end(), plain.span().begin()))
         << "fill, kernel " << g.ah.kernel << " stride " << g.ah.stride;
     EXPECT_TRUE(
         std::equal(ay_blocked.span().begin(), ay_blocked.span().end(), ay_plain.span().begin()))
         << "accumulate, kernel " << g.ah.kernel << " stride " << g.ah.stride;
     // Tiles in nchw16c too (a conv's output handed on as oneDNN wrote it): both sides blocked.
-    Tensor<T> both(s.window_shape(), -1.0), ay_both(s.in.local_shape());
-    s.exchange->fill(to_layout(x, Layout::nchw, Layout::nchw16c), both, Layout::nchw16c);
-    s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_both, Layout::nchw16c);
+    Tensor<T> both(s.window_shape(), Layout::nchw16c, -1.0),
+        ay_both(s.in.local_shape(), Layout::nchw16c);
+    s.exchange->fill(to_layout(x, Layout::nchw16c), both, Layout::nchw16c);
+    s.exchange->accumulate(to_layout(y, Layout::nchw16c), ay_both, Layout::nchw16c);
     EXPECT_TRUE(std::equal(both.span().begin(), both.span().end(), blocked.span().begin()))
         << "fill from an nchw16c tile, kernel " << g.ah.kernel << " stride " << g.ah.stride;
-    const Tensor<T> ay_back = to_layout(ay_both, Layout::nchw16c, Layout::nchw);
+    const Tensor<T> ay_back = to_layout(ay_both, Layout::nchw);
     EXPECT_TRUE(std::equal(ay_back.span().begin(), ay_back.span().end(), ay_plain.span().begin()))
         << "accumulate into an nchw16c tile, kernel " << g.ah.kernel << " stride " << g.ah.stride;
   }
@@ -198,11 +199,11 @@ void expect_padded_windows_hold_the_same_values() {
       Tensor<T> padded(s.window_shape(), Layout::nchw16c, T(-7));
       s.exchange->fill(x, padded);
       Tensor<T> ay_padded(s.in.local_shape());
-      s.exchange->accumulate(to_layout(y, Layout::nchw, Layout::nchw16c), ay_padded);
+      s.exchange->accumulate(to_layout(y, Layout::nchw16c), ay_padded);
       const std::string what = std::to_string(channels) + " channels, kernel " +
                                std::to_string(g.ah.kernel) + " stride " +
                                std::to_string(g.ah.stride);
-      const Tensor<T> back = to_layout(padded, Layout::nchw16c, Layout::nchw);
+      const Tensor<T> back = to_layout(padded, Layout::nchw);
       EXPECT_TRUE(std::equal(back.span().begin(), back.span().end(), plain.span().begin()))
           << "fill, " << what;
       EXPECT_TRUE(

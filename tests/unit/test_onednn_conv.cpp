@@ -413,7 +413,7 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
     const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
     const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
     const Tensor<double> bd = to_double(b);
-    const Tensor<float> xb = to_layout(x, Layout::nchw, Layout::nchw16c);
+    const Tensor<float> xb = to_layout(x, Layout::nchw16c);
 
     Tensor<float> y(c.y());
     k->forward(xb, w, b.span(), y);
@@ -425,7 +425,7 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
     k->backward_data(dy, w, dxb);
     Tensor<double> dxd(c.x());
     reference::conv2d_backward_data(dyd, wd, dxd, g);
-    const Tensor<float> dx = to_layout(dxb, Layout::nchw16c, Layout::nchw);
+    const Tensor<float> dx = to_layout(dxb, Layout::nchw);
     EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << c.str();
 
     Tensor<float> dw(c.w()), db({c.o, 1, 1, 1});
@@ -438,7 +438,7 @@ TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
     const BoxAt at{2, 3};
     Tensor<float> outer = random_tensor({c.n, c.c, c.x().h + 5, c.x().w + 7}, 8);
     copy_box_in(x, outer, at);
-    const Tensor<float> outer_b = to_layout(outer, Layout::nchw, Layout::nchw16c);
+    const Tensor<float> outer_b = to_layout(outer, Layout::nchw16c);
     ConvShapes box = shapes;
     box.x_outer = outer.shape();
     box.y_outer = c.y();

@@ -122,11 +122,11 @@ struct Result {
 Result run(PoolKernel<float>& kernel, const PoolCase& c, const Tensor<float>& x,
            const Tensor<float>& dy) {
   const Layout l = c.layout;
-  Tensor<float> y(c.y(), std::numeric_limits<float>::quiet_NaN());
-  Tensor<float> dx(c.x(), std::numeric_limits<float>::quiet_NaN());
-  kernel.forward(to_layout(x, Layout::nchw, l), y);
-  kernel.backward(to_layout(dy, Layout::nchw, l), dx);
-  Result r{to_layout(y, l, Layout::nchw), to_layout(dx, l, Layout::nchw)};
+  Tensor<float> y(c.y(), l, std::numeric_limits<float>::quiet_NaN());
+  Tensor<float> dx(c.x(), l, std::numeric_limits<float>::quiet_NaN());
+  kernel.forward(to_layout(x, l), y);
+  kernel.backward(to_layout(dy, l), dx);
+  Result r{to_layout(y, Layout::nchw), to_layout(dx, Layout::nchw)};
   const Box image = c.geometry().image;
   const Shape4 s = c.x();
   for (std::int64_t n = 0; n < s.n; ++n)

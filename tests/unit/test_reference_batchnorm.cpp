@@ -310,8 +310,7 @@ void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double 
   const Tensor<T> dy = random_tensor<T>(s, 2);
   const std::vector<T> weight = random_vector<T>(s.c, 3, 0.5, 1.5);
   const std::vector<T> bias = random_vector<T>(s.c, 4, -1, 1);
-  const Tensor<T> xb = to_layout(x, Layout::nchw, layout),
-                  dyb = to_layout(dy, Layout::nchw, layout);
+  const Tensor<T> xb = to_layout(x, layout), dyb = to_layout(dy, layout);
   const std::size_t c = std::size_t(s.c);
 
   std::vector<double> sum(c), want(c);
@@ -330,13 +329,13 @@ void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double 
     invstd[k] = 1 / std::sqrt(want[k] / double(s.n * s.h * s.w) + 1e-5);
   const BatchNormStats stats{mean, invstd};
 
-  Tensor<T> y(s), y_want(s);
+  Tensor<T> y(s, layout), y_want(s);
   fast::batchnorm_forward(xb, layout, stats, std::span<const T>(weight), std::span<const T>(bias),
                           y);
   reference::batchnorm_forward(x, stats, std::span<const T>(weight), std::span<const T>(bias),
                                y_want);
   // The same arithmetic on each element: bit for bit.
-  const Tensor<T> y_plain = to_layout(y, layout, Layout::nchw);
+  const Tensor<T> y_plain = to_layout(y, Layout::nchw);
   EXPECT_TRUE(std::equal(y_plain.span().begin(), y_plain.span().end(), y_want.span().begin()))
       << "forward " << what;
 
@@ -352,14 +351,14 @@ void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double 
     want_dy[k] /= double(s.n * s.h * s.w);
     want_dy_xhat[k] /= double(s.n * s.h * s.w);
   }
-  Tensor<T> dx(s), dx_want(s);
+  Tensor<T> dx(s, layout), dx_want(s);
   fast::batchnorm_backward_data(xb, dyb, layout, stats, std::span<const T>(weight),
                                 std::span<const double>(want_dy),
                                 std::span<const double>(want_dy_xhat), dx);
   reference::batchnorm_backward_data(x, dy, stats, std::span<const T>(weight),
                                      std::span<const double>(want_dy),
                                      std::span<const double>(want_dy_xhat), dx_want);
-  const Tensor<T> dx_plain = to_layout(dx, layout, Layout::nchw);
+  const Tensor<T> dx_plain = to_layout(dx, Layout::nchw);
   EXPECT_TRUE(std::equal(dx_plain.span().begin(), dx_plain.span().end(), dx_want.span().begin()))
       << "backward data " << what;
 }

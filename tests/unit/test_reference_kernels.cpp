@@ -548,6 +548,50 @@ std::vector<std::int32_t> random_labels(std::int64_t count, std::int64_t classes
   return labels;
 }
 
+// Dropout from every backend: each element of a tile at (1, 0, 2, 3) of its tensor is scaled as
+// dropout_scale says for its global index (the mask a single rank would draw), about p of them
+// are dropped, and the backward multiplies by the same mask.
+template <typename T>
+void check_dropout_kernel() {
+  const Shape4 global{3, 2, 9, 11}, tile{2, 2, 5, 6};
+  const TileOrigin origin{global, 1, 2, 3};
+  const double p = 0.3;
+  const T keep = static_cast<T>(1 / (1 - p));
+  const Tensor<T> x = test::random_tensor<T>(tile, 1, 2), dy = test::random_tensor<T>(tile, 1, 3);
+  for (KernelBackend backend : test::built_backends()) {
+    auto kernel = backend_of(backend).dropout<T>(p);
+    Tensor<T> mask(tile, T(-1)), y(tile, T(-1)), dx(tile, T(-1));
+    kernel->forward(x, origin, 7, 11, mask, y);
+    kernel->backward(dy, mask, dx);
+    std::int64_t dropped = 0;
+    for (std::int64_t n = 0; n < tile.n; ++n)
+      for (std::int64_t c = 0; c < tile.c; ++c)
+        for (std::int64_t h = 0; h < tile.h; ++h)
+          for (std::int64_t w = 0; w < tile.w; ++w) {
+            const auto index =
+                static_cast<std::uint64_t>(((origin.n + n) * global.c + c) * global.h * global.w +
+                                           (origin.h + h) * global.w + origin.w + w);
+            const T s = uniform01(7, 11, index) >= p ? keep : T(0);
+            ASSERT_EQ(mask.at(n, c, h, w), s) << to_string(backend) << " at " << n << c << h << w;
+            ASSERT_EQ(y.at(n, c, h, w), x.at(n, c, h, w) * s);
+            ASSERT_EQ(dx.at(n, c, h, w), dy.at(n, c, h, w) * s);
+            dropped += s == T(0);
+          }
+    EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(tile.numel()), p, 0.12);
+    Tensor<T> small(Shape4{2, 2, 5, 5});
+    EXPECT_THROW(kernel->forward(x, origin, 7, 11, small, y), Error);
+    EXPECT_THROW(kernel->forward(x, TileOrigin{global, 2, 2, 3}, 7, 11, mask, y), Error)
+        << "a tile past the tensor's samples";
+  }
+}
+
+TEST(DropoutKernel, DrawsTheGlobalMaskDouble) {
+  check_dropout_kernel<double>();
+}
+TEST(DropoutKernel, DrawsTheGlobalMaskFloat) {
+  check_dropout_kernel<float>();
+}
+
 TEST(ReferenceCrossEntropy, ValueMatchesTheDefinition) {
   for (const Shape4 s : {Shape4{2, 3, 5, 4}, Shape4{1, 2, 7, 9}, Shape4{3, 1, 2, 3}}) {
     Tensor<double> logits = random_tensor<double>(s, 61);

@@ -28,6 +28,8 @@ void check_finite_loss(const Comm& comm, double loss, std::int64_t step, const s
 
 // Peak resident memory of this process so far, in MiB (what a user sizes nodes by). Local.
 double peak_memory_mib();
+// Minor page faults of this process so far (pages mapped on first touch). Local.
+long minor_page_faults();
 // Its smallest and largest value over the ranks. Collective over the world group.
 std::pair<double, double> peak_memory_range_mib(const Comm& comm);
 

@@ -96,6 +96,13 @@ class Backend {
   std::unique_ptr<MergeKernel<T>> merge() const {
     return make_merge(T{});
   }
+  // Dropout with probability p for one layer. Never null. Local.
+  template <typename T>
+  std::unique_ptr<DropoutKernel<T>> dropout(double p) const {
+    return make_dropout(p, T{});
+  }
+  // The memory this backend's kernels compute in: where the layers allocate their tensors. Local.
+  virtual Allocator& allocator() const { return host_allocator(); }
   // The optimizers' per-element updates. Never null. Local.
   template <typename T>
   std::unique_ptr<UpdateKernel<T>> update() const {
@@ -127,6 +134,8 @@ class Backend {
   virtual std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const;
   virtual std::unique_ptr<MergeKernel<float>> make_merge(float) const;
   virtual std::unique_ptr<MergeKernel<double>> make_merge(double) const;
+  virtual std::unique_ptr<DropoutKernel<float>> make_dropout(double p, float) const;
+  virtual std::unique_ptr<DropoutKernel<double>> make_dropout(double p, double) const;
   virtual std::unique_ptr<UpdateKernel<float>> make_update(float) const;
   virtual std::unique_ptr<UpdateKernel<double>> make_update(double) const;
   virtual std::unique_ptr<LossKernel<float>> make_loss(float) const;

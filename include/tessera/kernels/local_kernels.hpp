@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera {
@@ -83,6 +84,35 @@ class MergeKernel {
   virtual void add(const Tensor<T>& b, Tensor<T>& a) const = 0;
 };
 
+// The per-element arithmetic of dropout, written once for every backend: the scale of element
+// `index` of the global tensor, 0 (dropped, with probability p) or `keep` = 1 / (1 - p), drawn
+// from (seed, stream, index) alone, so every grid and every backend drops the same elements.
+template <typename T>
+constexpr T dropout_scale(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double p,
+                          T keep) {
+  return uniform01(seed, stream, index) >= p ? keep : T(0);
+}
+
+// Where a tile lies in its tensor: the global shape and the tile's first sample, row and column.
+struct TileOrigin {
+  Shape4 global;
+  std::int64_t n = 0, h = 0, w = 0;
+};
+
+// Dropout of one layer with probability p, on NCHW tiles.
+template <typename T>
+class DropoutKernel {
+ public:
+  virtual ~DropoutKernel() = default;
+  virtual std::string name() const = 0;
+  // mask = dropout_scale of each element of the tile at `origin`, y = x * mask (both overwritten,
+  // x's shape).
+  virtual void forward(const Tensor<T>& x, const TileOrigin& origin, std::uint64_t seed,
+                       std::uint64_t stream, Tensor<T>& mask, Tensor<T>& y) const = 0;
+  // dx = dy * mask (overwritten).
+  virtual void backward(const Tensor<T>& dy, const Tensor<T>& mask, Tensor<T>& dx) const = 0;
+};
+
 // Nearest upsampling planned for one geometry (scale and phase of a tile).
 template <typename T>
 class UpsampleKernel {
@@ -130,6 +160,10 @@ class LinearKernel {
 // byte mask), sigmoid the reference's. `slope`: leaky ReLU's. Local.
 template <typename T>
 std::unique_ptr<ActivationKernel<T>> make_cpu_activation(ActivationKind kind, double slope);
+
+// Dropout's loops over rows, split over the kernel threads.
+template <typename T>
+std::unique_ptr<DropoutKernel<T>> make_cpu_dropout(double p);
 
 // The reference implementations (plain loops of kernels/reference_*.hpp). Local.
 template <typename T>

@@ -1,0 +1,106 @@
+// Where tensors' storage comes from: an Allocator per memory space, and the host's, which keeps
+// the pages of freed large blocks and moves them into the next block asked for (README
+// "Memory"). Local; every function here is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace tessera {
+
+// Host memory is what the CPU reads; device memory belongs to an accelerator and is reached only
+// through its backend's kernels and copies.
+enum class MemorySpace { host, device };
+const char* to_string(MemorySpace space);
+
+// Throws the Error of a host accessor used on a tensor in another memory space.
+[[noreturn]] void not_on_host(MemorySpace space);
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual MemorySpace space() const = 0;
+  // `bytes` of uninitialised storage, aligned to 64 bytes; nullptr for 0 bytes. Throws an Error
+  // naming the bytes when the memory cannot be had.
+  virtual void* allocate(std::size_t bytes) = 0;
+  // Returns what allocate(bytes) gave.
+  virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+  // Copies `bytes` between two blocks of this allocator.
+  virtual void copy(void* dst, const void* src, std::size_t bytes) const = 0;
+};
+
+// How the host allocator serves large blocks (at least kLargeBlock bytes; smaller ones always come
+// from malloc).
+enum class HostMemory {
+  // Pages of freed blocks are kept and handed to the next large block: a block of the size asked
+  // is reused whole; otherwise the block is assembled from kept pages moved into place (mremap,
+  // no copy, no page fault) and fresh pages only for what the kept ones do not cover. Resident
+  // memory stays at the peak of live blocks, and a step that allocates what the last one freed
+  // faults in nothing.
+  pool,
+  // malloc and free, glibc's way: blocks above 32 MiB are mapped and unmapped per allocation, so
+  // each step faults its activations in again.
+  system,
+};
+const char* to_string(HostMemory m);
+// "pool" | "system"; throws an Error otherwise. Local.
+HostMemory parse_host_memory(const std::string& text);
+
+inline constexpr std::size_t kLargeBlock = std::size_t{1} << 20;
+
+// The process's host memory. One per process, like the heap it replaces: two runtimes in one
+// process share it. Its policy is set once by main (set_host_memory) from the runtime options.
+Allocator& host_allocator();
+void set_host_memory(HostMemory m);
+HostMemory host_memory();
+
+// What the host allocator has done with large blocks since the process started (or since
+// reset_host_memory_stats). Counts are allocations; bytes are rounded to pages.
+struct HostMemoryStats {
+  std::int64_t reused = 0;       // served by a kept block of the same size
+  std::int64_t assembled = 0;    // served by kept pages moved into place, fresh pages for the rest
+  std::int64_t fresh = 0;        // served by fresh pages only
+  std::int64_t moved_bytes = 0;  // kept pages moved into assembled blocks
+  std::int64_t fresh_bytes = 0;  // fresh pages mapped (faulted in when first written)
+  std::int64_t live_bytes = 0;   // in large blocks now
+  std::int64_t peak_live_bytes = 0;
+  std::int64_t kept_bytes = 0;  // freed and kept for reuse now
+  std::int64_t mappings = 0;    // separate mappings behind the live and kept blocks
+};
+HostMemoryStats host_memory_stats();
+void reset_host_memory_stats();  // zeroes the counts and sets the peak to what is live now
+// Returns every kept page to the system.
+void release_kept_host_memory();
+
+// An owning block of one allocator: what Tensor and the kernels' scratch buffers hold. Copies
+// allocate from the same allocator and copy the bytes.
+class Storage {
+ public:
+  Storage() = default;
+  Storage(Allocator& allocator, std::size_t bytes)
+      : allocator_(&allocator), bytes_(bytes), data_(allocator.allocate(bytes)) {}
+  Storage(const Storage& other);
+  Storage(Storage&& other) noexcept
+      : allocator_(std::exchange(other.allocator_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)),
+        data_(std::exchange(other.data_, nullptr)) {}
+  Storage& operator=(const Storage& other);
+  Storage& operator=(Storage&& other) noexcept;
+  ~Storage() { reset(); }
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Allocator* allocator() const { return allocator_; }
+  // Host for an empty block.
+  MemorySpace space() const { return allocator_ ? allocator_->space() : MemorySpace::host; }
+  void reset() noexcept;
+
+ private:
+  Allocator* allocator_ = nullptr;
+  std::size_t bytes_ = 0;
+  void* data_ = nullptr;
+};
+
+}  // namespace tessera

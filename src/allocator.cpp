@@ -1,0 +1,301 @@
+#include "tessera/allocator.hpp"
+
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+std::string mib(std::size_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
+
+[[noreturn]] void out_of_memory(std::size_t bytes, const char* how) {
+  throw Error("out of host memory: " + std::to_string(bytes) + " bytes (" + mib(bytes) +
+              ") could not be had (" + how + ": " + std::strerror(errno) +
+              "); a larger spatial grid gives each rank a smaller tile (tessera plan)");
+}
+
+// Moves the mapping of [from, from + bytes) to `to`, replacing what was there. Returns 0, or -1
+// with errno set. Through the system call itself: MPICH's UCX transport overrides libc's mremap
+// (libucm's ucm_override_mremap, to watch mappings), and through it a move to a fixed address
+// failed with EINVAL or left the pages elsewhere (the block then faulted in afresh).
+int move_pages(char* from, std::size_t bytes, char* to) {
+  const long r = syscall(SYS_mremap, from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  if (r == -1) return -1;
+  return reinterpret_cast<char*>(r) == to ? 0 : -1;
+}
+
+// A run of pages that is one mapping of its own: mremap moves all or a leading part of one
+// mapping, never a range across two, so a block remembers the mappings it is made of.
+struct Piece {
+  char* addr;
+  std::size_t bytes;
+};
+
+struct Block {
+  std::size_t bytes = 0;
+  std::vector<Piece> pieces;  // in address order, covering the block
+};
+
+// A block assembled from more mappings than this is unmapped when freed rather than kept: the
+// kernel limits a process's mappings (vm.max_map_count, 65530 by default).
+constexpr std::size_t kMaxPieces = 64;
+
+class HostAllocator final : public Allocator {
+ public:
+  MemorySpace space() const override { return MemorySpace::host; }
+
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    if (bytes < kLargeBlock || policy_ == HostMemory::system) {
+      void* p = std::aligned_alloc(64, round_up(bytes, 64));
+      if (p == nullptr) out_of_memory(bytes, "malloc");
+      return p;
+    }
+    const std::size_t n = round_up(bytes, page_);
+    std::lock_guard lock(mutex_);
+    Block block = take(n);
+    char* addr = block.pieces.front().addr;
+    stats_.live_bytes += static_cast<std::int64_t>(n);
+    stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+    live_.emplace(addr, std::move(block));
+    return addr;
+  }
+
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    if (p == nullptr) return;
+    if (bytes >= kLargeBlock) {
+      std::lock_guard lock(mutex_);
+      if (auto it = live_.find(p); it != live_.end()) {
+        Block block = std::move(it->second);
+        live_.erase(it);
+        stats_.live_bytes -= static_cast<std::int64_t>(block.bytes);
+        if (policy_ == HostMemory::pool && block.pieces.size() <= kMaxPieces) {
+          stats_.kept_bytes += static_cast<std::int64_t>(block.bytes);
+          kept_.emplace(block.bytes, std::move(block));
+        } else {
+          unmap(block);
+        }
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+
+  void set_policy(HostMemory m) {
+    std::lock_guard lock(mutex_);
+    policy_ = m;
+    if (m == HostMemory::system) release_locked();
+  }
+  HostMemory policy() {
+    std::lock_guard lock(mutex_);
+    return policy_;
+  }
+  HostMemoryStats stats() {
+    std::lock_guard lock(mutex_);
+    HostMemoryStats s = stats_;
+    s.mappings = 0;
+    for (const auto& [addr, b] : live_)
+      s.mappings += static_cast<std::int64_t>(b.pieces.size());
+    for (const auto& [bytes, b] : kept_)
+      s.mappings += static_cast<std::int64_t>(b.pieces.size());
+    return s;
+  }
+  void reset_stats() {
+    std::lock_guard lock(mutex_);
+    stats_ = HostMemoryStats{.live_bytes = stats_.live_bytes,
+                             .peak_live_bytes = stats_.live_bytes,
+                             .kept_bytes = stats_.kept_bytes};
+  }
+  void release() {
+    std::lock_guard lock(mutex_);
+    release_locked();
+  }
+
+ private:
+  // A block of n bytes (a multiple of the page): a kept one of that size, else kept pages moved
+  // into a fresh mapping (largest-first from the smallest kept block that covers what is left),
+  // fresh pages for the rest.
+  Block take(std::size_t n) {
+    if (auto it = kept_.find(n); it != kept_.end()) {
+      Block b = std::move(it->second);
+      kept_.erase(it);
+      stats_.kept_bytes -= static_cast<std::int64_t>(n);
+      ++stats_.reused;
+      return b;
+    }
+    void* mapped = mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapped == MAP_FAILED) out_of_memory(n, "mmap");
+    char* base = static_cast<char*>(mapped);
+    Block out{n, {}};
+    std::size_t filled = 0;
+    while (filled < n && !kept_.empty()) {
+      auto it = kept_.lower_bound(n - filled);
+      if (it == kept_.end()) it = std::prev(it);
+      Block from = std::move(it->second);
+      kept_.erase(it);
+      stats_.kept_bytes -= static_cast<std::int64_t>(from.bytes);
+      const std::size_t want = std::min(from.bytes, n - filled);
+      const std::size_t moved = move_front(from, want, base + filled, out.pieces);
+      filled += moved;
+      stats_.moved_bytes += static_cast<std::int64_t>(moved);
+      if (from.bytes > 0) {
+        stats_.kept_bytes += static_cast<std::int64_t>(from.bytes);
+        kept_.emplace(from.bytes, std::move(from));
+      }
+      if (moved < want) break;  // the kernel refused a move: the rest is fresh
+    }
+    if (filled < n) {
+      out.pieces.push_back({base + filled, n - filled});
+      stats_.fresh_bytes += static_cast<std::int64_t>(n - filled);
+    }
+    ++(filled > 0 ? stats_.assembled : stats_.fresh);
+    return out;
+  }
+
+  // Moves the first `want` bytes of `from` to `to` (pieces appended to `into`); `from` keeps the
+  // rest. Returns the bytes moved: fewer when the kernel refuses a move.
+  static std::size_t move_front(Block& from, std::size_t want, char* to, std::vector<Piece>& into) {
+    std::size_t moved = 0;
+    std::size_t whole = 0;  // leading pieces of `from` moved entirely
+    while (whole < from.pieces.size() && moved < want) {
+      Piece& p = from.pieces[whole];
+      const std::size_t len = std::min(p.bytes, want - moved);
+      if (move_pages(p.addr, len, to + moved) != 0) break;
+      into.push_back({to + moved, len});
+      moved += len;
+      if (len < p.bytes) {  // the piece's tail stays with `from`
+        p.addr += len;
+        p.bytes -= len;
+        break;
+      }
+      ++whole;
+    }
+    from.pieces.erase(from.pieces.begin(),
+                      from.pieces.begin() + static_cast<std::ptrdiff_t>(whole));
+    from.bytes -= moved;
+    return moved;
+  }
+
+  static void unmap(const Block& b) {
+    for (const Piece& p : b.pieces)
+      munmap(p.addr, p.bytes);
+  }
+
+  void release_locked() {
+    for (const auto& [bytes, b] : kept_)
+      unmap(b);
+    kept_.clear();
+    stats_.kept_bytes = 0;
+  }
+
+  std::mutex mutex_;
+  HostMemory policy_ = HostMemory::pool;
+  const std::size_t page_ = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  std::multimap<std::size_t, Block> kept_;
+  std::unordered_map<void*, Block> live_;
+  HostMemoryStats stats_;
+};
+
+HostAllocator& host() {
+  // Never destroyed: tensors in static storage may free into it at exit.
+  static HostAllocator* const a = new HostAllocator;
+  return *a;
+}
+
+}  // namespace
+
+const char* to_string(MemorySpace space) {
+  return space == MemorySpace::host ? "host" : "device";
+}
+
+const char* to_string(HostMemory m) {
+  return m == HostMemory::pool ? "pool" : "system";
+}
+
+HostMemory parse_host_memory(const std::string& text) {
+  if (text == "pool") return HostMemory::pool;
+  if (text == "system") return HostMemory::system;
+  throw Error("bad host memory '" + text + "': expected pool or system");
+}
+
+Allocator& host_allocator() {
+  return host();
+}
+void set_host_memory(HostMemory m) {
+  host().set_policy(m);
+}
+HostMemory host_memory() {
+  return host().policy();
+}
+HostMemoryStats host_memory_stats() {
+  return host().stats();
+}
+void reset_host_memory_stats() {
+  host().reset_stats();
+}
+void release_kept_host_memory() {
+  host().release();
+}
+
+void not_on_host(MemorySpace space) {
+  throw Error(std::string("a host accessor was used on a tensor in ") + to_string(space) +
+              " memory: device tensors are read and written by their backend's kernels");
+}
+
+Storage::Storage(const Storage& other) : allocator_(other.allocator_), bytes_(other.bytes_) {
+  if (allocator_ == nullptr) return;
+  data_ = allocator_->allocate(bytes_);
+  allocator_->copy(data_, other.data_, bytes_);
+}
+
+Storage& Storage::operator=(const Storage& other) {
+  if (this == &other) return *this;
+  if (allocator_ == other.allocator_ && bytes_ == other.bytes_) {
+    if (allocator_ != nullptr) allocator_->copy(data_, other.data_, bytes_);
+    return *this;
+  }
+  Storage copy(other);
+  *this = std::move(copy);
+  return *this;
+}
+
+Storage& Storage::operator=(Storage&& other) noexcept {
+  if (this == &other) return *this;
+  reset();
+  allocator_ = std::exchange(other.allocator_, nullptr);
+  bytes_ = std::exchange(other.bytes_, 0);
+  data_ = std::exchange(other.data_, nullptr);
+  return *this;
+}
+
+void Storage::reset() noexcept {
+  if (allocator_ != nullptr) allocator_->deallocate(data_, bytes_);
+  allocator_ = nullptr;
+  bytes_ = 0;
+  data_ = nullptr;
+}
+
+}  // namespace tessera

@@ -1,0 +1,195 @@
+// The host pool (allocator.hpp): a step that allocates what the last one freed reuses its pages
+// with no fresh page and no page fault; blocks assembled from kept pages hold their own pages (no
+// two live blocks share memory); resident memory stays at the peak of live blocks; tensors own
+// their storage, layout and memory space.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "../common/test_helpers.hpp"
+#include "tessera/allocator.hpp"
+#include "tessera/error.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Sets the policy for one test and puts the process's back afterwards.
+class HostPool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = host_memory();
+    set_host_memory(HostMemory::pool);
+  }
+  void TearDown() override { set_host_memory(saved_); }
+
+ private:
+  HostMemory saved_ = HostMemory::pool;
+};
+
+// One "step": blocks of these sizes, written whole, freed in another order than allocated.
+void run_step(const std::vector<std::size_t>& sizes) {
+  Allocator& a = host_allocator();
+  std::vector<void*> blocks;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    blocks.push_back(a.allocate(sizes[k]));
+    std::memset(blocks.back(), static_cast<int>(k + 1), sizes[k]);
+    if (k % 3 == 2) {  // a temporary freed mid-step, as a reorder buffer is
+      a.deallocate(blocks.back(), sizes[k]);
+      blocks.back() = nullptr;
+    }
+  }
+  for (std::size_t k = sizes.size(); k-- > 0;)
+    if (blocks[k] != nullptr) a.deallocate(blocks[k], sizes[k]);
+}
+
+TEST_F(HostPool, ASecondStepReusesTheFirstStepsPagesWithoutFaults) {
+  const std::vector<std::size_t> sizes{24 * kMiB,      8 * kMiB + 4096, 3 * kMiB, 24 * kMiB,
+                                       5 * kMiB + 100, 12 * kMiB,       2 * kMiB, 9 * kMiB};
+  run_step(sizes);
+  reset_host_memory_stats();
+  const long faults = minor_faults();
+  for (int step = 0; step < 3; ++step)
+    run_step(sizes);
+  const HostMemoryStats s = host_memory_stats();
+  EXPECT_EQ(s.fresh_bytes, 0) << "a repeated step mapped fresh pages";
+  EXPECT_EQ(s.fresh, 0);
+  EXPECT_EQ(s.reused + s.assembled, 3 * static_cast<std::int64_t>(sizes.size()));
+  // 88 MiB written per step would be ~22 500 faults without reuse; a few stray ones (the test
+  // framework's own memory) are allowed.
+  EXPECT_LT(minor_faults() - faults, 500) << "the repeated steps faulted their pages in again";
+}
+
+TEST_F(HostPool, AssembledBlocksNeverShareMemoryWithLiveOnes) {
+  Allocator& a = host_allocator();
+  release_kept_host_memory();
+  // Keep blocks of awkward sizes, then ask for sizes no kept block has: each is assembled from
+  // pieces of several kept blocks (moved with mremap), and some blocks stay live meanwhile.
+  const std::vector<std::size_t> first{7 * kMiB, 3 * kMiB + 8192, 11 * kMiB, 2 * kMiB};
+  std::vector<void*> kept;
+  for (std::size_t n : first) {
+    kept.push_back(a.allocate(n));
+    std::memset(kept.back(), 0x5a, n);
+  }
+  void* live = a.allocate(4 * kMiB);
+  std::memset(live, 0x11, 4 * kMiB);
+  for (std::size_t k = 0; k < first.size(); ++k)
+    a.deallocate(kept[k], first[k]);
+  reset_host_memory_stats();
+
+  const std::vector<std::size_t> second{13 * kMiB, 6 * kMiB + 4096, 4 * kMiB};
+  std::vector<unsigned char*> blocks;
+  for (std::size_t k = 0; k < second.size(); ++k) {
+    blocks.push_back(static_cast<unsigned char*>(a.allocate(second[k])));
+    std::memset(blocks.back(), static_cast<int>(0x20 + k), second[k]);
+  }
+  const HostMemoryStats s = host_memory_stats();
+  EXPECT_GE(s.assembled, 2) << "expected blocks assembled from kept pages";
+  EXPECT_GT(s.moved_bytes, 0);
+  for (std::size_t k = 0; k < second.size(); ++k)
+    for (std::size_t i = 0; i < second[k]; i += 4096)
+      ASSERT_EQ(blocks[k][i], 0x20 + k) << "block " << k << " overwritten at byte " << i;
+  const auto* l = static_cast<const unsigned char*>(live);
+  for (std::size_t i = 0; i < 4 * kMiB; i += 4096)
+    ASSERT_EQ(l[i], 0x11) << "a live block was overwritten at byte " << i;
+  for (std::size_t k = 0; k < second.size(); ++k)
+    a.deallocate(blocks[k], second[k]);
+  a.deallocate(live, 4 * kMiB);
+}
+
+TEST_F(HostPool, ResidentMemoryStaysAtThePeakOfLiveBlocks) {
+  Allocator& a = host_allocator();
+  release_kept_host_memory();
+  reset_host_memory_stats();
+  // Alternating sizes: glibc's heap or a size-keyed cache would hold both; the pool moves the
+  // 64 MiB block's pages into the 48 MiB one and back.
+  for (int round = 0; round < 5; ++round)
+    for (std::size_t n : {64 * kMiB, 48 * kMiB, 40 * kMiB + 4096}) {
+      void* p = a.allocate(n);
+      std::memset(p, 1, n);
+      a.deallocate(p, n);
+    }
+  const HostMemoryStats s = host_memory_stats();
+  EXPECT_EQ(s.fresh_bytes, static_cast<std::int64_t>(64 * kMiB));
+  EXPECT_EQ(s.kept_bytes, static_cast<std::int64_t>(64 * kMiB));
+  EXPECT_EQ(s.peak_live_bytes, static_cast<std::int64_t>(64 * kMiB));
+  EXPECT_LE(s.mappings, 8) << "the kept pages split into ever more mappings";
+  release_kept_host_memory();
+  EXPECT_EQ(host_memory_stats().kept_bytes, 0);
+}
+
+TEST_F(HostPool, SystemPolicyKeepsNothing) {
+  set_host_memory(HostMemory::system);
+  reset_host_memory_stats();
+  run_step({16 * kMiB, 4 * kMiB});
+  const HostMemoryStats s = host_memory_stats();
+  EXPECT_EQ(s.kept_bytes, 0);
+  EXPECT_EQ(s.reused + s.assembled + s.fresh, 0) << "system blocks come from malloc";
+  EXPECT_EQ(parse_host_memory("system"), HostMemory::system);
+  EXPECT_EQ(parse_host_memory("pool"), HostMemory::pool);
+  EXPECT_THROW(parse_host_memory("heap"), Error);
+}
+
+TEST_F(HostPool, TensorsOwnStorageLayoutAndSpace) {
+  Tensor<float> t({1, 20, 300, 300}, Layout::nchw16c, 2.5f);
+  EXPECT_EQ(t.layout(), Layout::nchw16c);
+  EXPECT_EQ(t.space(), MemorySpace::host);
+  EXPECT_EQ(t.size(), static_cast<std::size_t>(storage_size(t.shape(), Layout::nchw16c)));
+  Tensor<float> copy = t;  // a deep copy, same layout
+  EXPECT_NE(copy.data(), t.data());
+  EXPECT_EQ(copy.layout(), Layout::nchw16c);
+  copy.data()[7] = -1;
+  EXPECT_EQ(t.data()[7], 2.5f);
+  const float* storage = copy.data();
+  copy = t;  // same size: copied in place
+  EXPECT_EQ(copy.data(), storage);
+  EXPECT_EQ(copy.data()[7], 2.5f);
+  Tensor<float> moved = std::move(copy);
+  EXPECT_EQ(moved.data(), storage);
+  EXPECT_EQ(to_layout(to_layout(moved, Layout::nchw), Layout::nchw16c).layout(), Layout::nchw16c);
+}
+
+// An allocator that says its memory is a device's (host memory underneath, for the test).
+class FakeDevice final : public Allocator {
+ public:
+  MemorySpace space() const override { return MemorySpace::device; }
+  void* allocate(std::size_t bytes) override { return std::malloc(bytes); }
+  void deallocate(void* p, std::size_t) noexcept override { std::free(p); }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    std::memcpy(dst, src, bytes);
+  }
+};
+
+TEST_F(HostPool, HostAccessorsRefuseDeviceTensors) {
+  FakeDevice device;
+  Tensor<double> t({2, 3, 4, 5}, Layout::nchw, uninitialized, device);
+  EXPECT_EQ(t.space(), MemorySpace::device);
+  try {
+    (void)t.data();
+    ADD_FAILURE() << "data() on a device tensor did not throw";
+  } catch (const Error& e) {
+    test::expect_mentions(e.what(), {"host accessor", "device"});
+  }
+  EXPECT_THROW((void)t.span(), Error);
+  EXPECT_THROW((void)t.at(0, 0, 0, 0), Error);
+  EXPECT_THROW(t.fill(0), Error);
+  EXPECT_NE(t.data_in(MemorySpace::device), nullptr);
+  EXPECT_THROW((void)t.data_in(MemorySpace::host), Error);
+  const Tensor<double> copy = t;  // copies stay in the device's space
+  EXPECT_EQ(copy.space(), MemorySpace::device);
+}
+
+}  // namespace
+}  // namespace tessera
