@@ -10,135 +10,6 @@
 namespace tessera {
 namespace {
 
-// Where the elements of one channel plane of a tensor lie: `t` with spatial origin `origin` (global
-// coordinates of its first row and column), in NCHW or nchw16c.
-template <typename T>
-struct Planes {
-  T* data;
-  Shape4 shape;
-  Box origin;
-  Layout layout;
-
-  // Channels per block: the distance between neighbouring columns of a plane, and how many
-  // planes share memory (so go to one thread).
-  std::int64_t block() const { return layout == Layout::nchw16c ? kBlock : 1; }
-  // Element (plane p = n * C + c, global row, global column).
-  T* at(std::int64_t p, std::int64_t row, std::int64_t col) const {
-    const std::int64_t r = row - origin.h.begin, c = col - origin.w.begin;
-    if (layout == Layout::nchw) return data + (p * shape.h + r) * shape.w + c;
-    return data + nchw16c_offset(shape, p / shape.c, p % shape.c, r, c);
-  }
-};
-
-template <typename T>
-Planes<T> planes_of(Tensor<T>& t, const Box& origin, Layout layout) {
-  return {t.data(), t.shape(), origin, layout};
-}
-template <typename T>
-Planes<const T> planes_of(const Tensor<T>& t, const Box& origin, Layout layout) {
-  return {t.data(), t.shape(), origin, layout};
-}
-
-// Copies (fill) or adds (accumulate) `n` values `in_step` apart to `n` places `out_step` apart.
-template <typename T>
-void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, std::int64_t n,
-              Direction how) {
-  if (in_step == 1 && out_step == 1) {
-    if (how == Direction::fill) {
-      std::copy(in, in + n, out);
-    } else {
-      for (std::int64_t k = 0; k < n; ++k)
-        out[k] += in[k];
-    }
-  } else if (how == Direction::fill) {
-    for (std::int64_t k = 0; k < n; ++k)
-      out[k * out_step] = in[k * in_step];
-  } else {
-    for (std::int64_t k = 0; k < n; ++k)
-      out[k * out_step] += in[k * in_step];
-  }
-}
-
-// Copies (fill) or adds (accumulate) `box` of every plane from `from` to `to`, converting the
-// layout on the way; planes go to the kernel threads in groups (the channels of a block) when the
-// box is large. In one layout a row of a group is contiguous. Between layouts, tiles of 16
-// columns of the 16 channels of a block, so that the strided side stays within 16 cache lines (a
-// plane at a time would stride over a whole row per channel: 5x slower here).
-// A group is a block of 16 channels of one sample (fewer in the last block when an nchw16c side
-// pads its channels; the padding channels are never read or written), or one plane when both
-// sides are NCHW.
-template <typename T>
-void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, Direction how) {
-  if (box.empty()) return;
-  const std::int64_t group = std::max(from.block(), to.block()), width = box.w.size();
-  const std::int64_t channels = from.shape.c, per_sample = (channels + group - 1) / group;
-  const bool same = from.layout == to.layout;
-  parallel_for(
-      from.shape.n * per_sample,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t g = first; g < last; ++g) {
-          const std::int64_t c0 = (g % per_sample) * group;
-          const std::int64_t p0 = (g / per_sample) * channels + c0;
-          const std::int64_t count = std::min(group, channels - c0);
-          for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
-            if (same && count == group) {
-              move_row(from.at(p0, r, box.w.begin), 1, to.at(p0, r, box.w.begin), 1, width * group,
-                       how);
-              continue;
-            }
-            for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
-              for (std::int64_t p = p0; p < p0 + count; ++p)
-                move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
-                         std::min(kBlock, box.w.end - w0), how);
-          }
-        }
-      },
-      grain_for(group * box.size()));
-}
-
-// A message holds `box` of every plane in NCHW order, whatever the layouts at both ends.
-template <typename T>
-void pack(const Planes<const T>& t, const Box& box, T* out) {
-  const Planes<T> message{
-      out, {t.shape.n, t.shape.c, box.h.size(), box.w.size()}, box, Layout::nchw};
-  move_box(t, message, box, Direction::fill);
-}
-
-template <typename T>
-void unpack(const T* in, const Box& box, const Planes<T>& t, Direction how) {
-  const Planes<const T> message{
-      in, {t.shape.n, t.shape.c, box.h.size(), box.w.size()}, box, Layout::nchw};
-  move_box(message, t, box, how);
-}
-
-// Sets the elements of `t` outside `keep` to `value`: a window's padding, which no tile owns, or
-// (zero) the part of a tile gradient the own window does not reach. Everything inside `keep` is
-// written otherwise.
-template <typename T>
-void fill_outside(const Planes<T>& t, const Box& keep, T value) {
-  const Shape4& s = t.shape;
-  const Box& origin = t.origin;
-  // Physical rows: in nChw16c a row of a channel block holds 16 values per column.
-  const std::int64_t v = t.block(), width = s.w * v;
-  const std::int64_t rows_total = s.n * (v == 1 ? s.c : channel_blocks(s.c)) * s.h;
-  const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);
-  parallel_for(
-      rows_total,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t k = first; k < last; ++k) {
-          T* row = t.data + k * width;
-          const std::int64_t global = origin.h.begin + k % s.h;
-          if (!rows.contains(global) || cols.empty()) {
-            std::fill(row, row + width, value);
-            continue;
-          }
-          std::fill(row, row + (cols.begin - origin.w.begin) * v, value);
-          std::fill(row + (cols.end - origin.w.begin) * v, row + width, value);
-        }
-      },
-      grain_for(width));
-}
-
 // The part of the window that tiles own: the self box and every received box tile it exactly
 // (the plan's invariant), so it is their hull.
 Box covered(const HaloPlan& plan) {
@@ -182,9 +53,10 @@ HaloExchange<T>::~HaloExchange() {
 
 template <typename T>
 HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name,
-                              std::int64_t planes)
+                              std::int64_t planes, std::unique_ptr<HaloCopyKernel<T>> copies)
     : plan_(std::move(plan)),
       comm_(&comm),
+      copies_(copies ? std::move(copies) : make_cpu_halo_copy<T>()),
       tag_(tag),
       name_(std::move(name)),
       fill_what_("halo fill of " + name_),
@@ -241,13 +113,13 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo exchange: the tile lies in ") + to_string(tile.layout()) +
                     " and the window in " + to_string(window.layout()) + ", the exchange expects " +
                     to_string(tile_layout) + " and " + to_string(window_layout_));
-  TESSERA_CHECK(static_cast<std::int64_t>(window.span().size()) >=
-                    storage_size(window.shape(), window_layout_),
-                "halo exchange: the window " + window.shape().str() +
-                    " has no storage for its nchw16c padding channels");
+  TESSERA_CHECK(
+      static_cast<std::int64_t>(window.size()) >= storage_size(window.shape(), window_layout_),
+      "halo exchange: the window " + window.shape().str() +
+          " has no storage for its nchw16c padding channels");
   // Either side may be nchw16c: the copies convert.
-  const Planes<const T> in = planes_of(source, from, fill ? tile_layout : window_layout_);
-  const Planes<T> out = planes_of(target, to, fill ? window_layout_ : tile_layout);
+  const Planes<const T> in = planes_of(source, from);
+  const Planes<T> out = planes_of(target, to);
   size_buffers(source.shape().n * source.shape().c);
   auto& in_buffers = fill ? recv_buffers_ : send_buffers_;
   auto& out_buffers = fill ? send_buffers_ : recv_buffers_;
@@ -257,7 +129,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   for (std::size_t k = 0; k < incoming.size(); ++k)
     recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
   for (std::size_t k = 0; k < outgoing.size(); ++k) {
-    pack(in, outgoing[k].box, out_buffers[k].data());
+    copies_->pack(in, outgoing[k].box, out_buffers[k].data());
     send.push_back({outgoing[k].peer, out_buffers[k].data(), std::ssize(out_buffers[k])});
   }
   HaloRequest<T> request;
@@ -274,14 +146,14 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   // Zero padding and the local part overlap the messages.
   timed.emplace(Activity::window);
   if (fill) {
-    fill_outside(out, covered(plan_), window_padding_);
-    move_box(in, out, plan_.self, how);
+    copies_->fill_outside(out, covered(plan_), window_padding_);
+    copies_->move(in, out, plan_.self, how);
   } else if (into == Into::overwrite) {
     // The own part is copied, the rest zeroed; peers' parts are added on finish.
-    fill_outside(out, plan_.self, T(0));
-    move_box(in, out, plan_.self, Direction::fill);
+    copies_->fill_outside(out, plan_.self, T(0));
+    copies_->move(in, out, plan_.self, Direction::fill);
   } else {
-    move_box(in, out, plan_.self, how);
+    copies_->move(in, out, plan_.self, how);
   }
   how_ = how;
   target_ = target.data();
@@ -306,7 +178,7 @@ void HaloExchange<T>::finish(HaloRequest<T>& request) {
   const Planes<T> out{target_, target_shape_, fill ? plan_.window : plan_.owned, target_layout_};
   // Received boxes are added in ascending peer order, so results do not depend on timing.
   for (std::size_t k = 0; k < incoming.size(); ++k)
-    unpack(buffers[k].data(), incoming[k].box, out, how_);
+    copies_->unpack(buffers[k].data(), incoming[k].box, out, how_);
   in_flight_ = false;
 }
 

@@ -155,6 +155,12 @@ std::unique_ptr<MergeKernel<float>> Backend::make_merge(float) const {
 std::unique_ptr<MergeKernel<double>> Backend::make_merge(double) const {
   return make_cpu_merge<double>();
 }
+std::unique_ptr<HaloCopyKernel<float>> Backend::make_halo_copy(float) const {
+  return make_cpu_halo_copy<float>();
+}
+std::unique_ptr<HaloCopyKernel<double>> Backend::make_halo_copy(double) const {
+  return make_cpu_halo_copy<double>();
+}
 std::unique_ptr<DropoutKernel<float>> Backend::make_dropout(double p, float) const {
   return make_cpu_dropout<float>(p);
 }

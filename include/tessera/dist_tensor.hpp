@@ -42,8 +42,9 @@ struct DistTensor {
   explicit DistTensor(const Distribution& d) : dist(d), local(d.local_shape()) {}
   DistTensor(const Distribution& d, Uninitialized)
       : dist(d), local(d.local_shape(), uninitialized) {}
-  DistTensor(const Distribution& d, Layout layout, Uninitialized)
-      : dist(d), local(d.local_shape(), layout, uninitialized) {}
+  DistTensor(const Distribution& d, Layout layout, Uninitialized,
+             Allocator& allocator = host_allocator())
+      : dist(d), local(d.local_shape(), layout, uninitialized, allocator) {}
 
   // How `local` lies in memory. Convolutions with 16k output channels may give nchw16c (float32,
   // oneDNN) where the model allows it: only where every consumer takes it (Layer::takes_blocked).

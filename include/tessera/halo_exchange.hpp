@@ -10,11 +10,10 @@
 
 #include "tessera/comm.hpp"
 #include "tessera/halo_plan.hpp"
+#include "tessera/kernels/halo_copy.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera {
-
-enum class Direction { fill, accumulate };
 
 // What accumulate does with the tile gradient it is given: add into its values, or overwrite it
 // (any values; every element is written, zero where no window reaches) — which saves zeroing a
@@ -52,8 +51,10 @@ class HaloExchange {
   // The plan's peers are ranks of `comm`'s spatial group; `tag` tells this exchange's messages
   // from other exchanges that may be in flight at the same time; `name` ("layer 'c3'") is what
   // the watchdog names. Message buffers are allocated here for `planes` planes (samples x
-  // channels) and reused by every exchange (a tensor of other planes reallocates them). Local.
-  HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name, std::int64_t planes = 0);
+  // channels) and reused by every exchange (a tensor of other planes reallocates them). The copies
+  // are the Backend's (Backend::halo_copy); Tessera's CPU copies when none is given. Local.
+  HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name, std::int64_t planes = 0,
+               std::unique_ptr<HaloCopyKernel<T>> copies = nullptr);
   HaloExchange(HaloExchange&&) noexcept = default;
   // An exchange abandoned in flight leaves its buffers allocated: a late message may still land.
   ~HaloExchange();
@@ -111,6 +112,7 @@ class HaloExchange {
 
   HaloPlan plan_;
   const Comm* comm_;
+  std::unique_ptr<HaloCopyKernel<T>> copies_;
   int tag_;
   std::string name_;
   std::string fill_what_, accumulate_what_;  // the watchdog's names, built once

@@ -95,6 +95,7 @@ class Tensor {
     if (space != this->space()) not_on_host(this->space());
     return static_cast<T*>(storage_.data());
   }
+  const T* data_in(MemorySpace space) const { return const_cast<Tensor*>(this)->data_in(space); }
 
   std::int64_t offset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
     return ((n * shape_.c + c) * shape_.h + h) * shape_.w + w;

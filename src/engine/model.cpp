@@ -101,6 +101,7 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   }
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
+    nodes_[k].layer->use_allocator(runtime.backend().allocator());
     nodes_[k].layer->bind(runtime);
   }
   build_buckets();

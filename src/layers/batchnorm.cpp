@@ -51,7 +51,7 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   layout_ = x.layout();
   // Kept for backward: a threaded copy into a buffer reused from step to step.
   if (x_.shape() != x.local.shape() || x_.layout() != layout_)
-    x_ = Tensor<T>(x.local.shape(), layout_, uninitialized);
+    x_ = Tensor<T>(x.local.shape(), layout_, uninitialized, this->allocator());
   parallel_copy(x.local.data(), x.local.numel(), x_.data());
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
@@ -85,7 +85,7 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
       invstd_[c] = 1 / std::sqrt(double(running_var[c]) + spec_.eps);
     }
   }
-  DistTensor<T> y(x.dist, layout_, uninitialized);
+  DistTensor<T> y(x.dist, layout_, uninitialized, this->allocator());
   kernel_->forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span(),
                    std::as_const(bias_.value).span(), y.local);
   return y;
@@ -115,7 +115,7 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   } else {
     std::fill(sums.begin(), sums.end(), 0.0);  // the running statistics do not depend on x
   }
-  DistTensor<T> dx(dy.dist, layout_, uninitialized);
+  DistTensor<T> dx(dy.dist, layout_, uninitialized, this->allocator());
   kernel_->backward_data(x_, dy.local, layout_, stats, std::as_const(weight_.value).span(),
                          std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat),
                          dx.local);

@@ -176,7 +176,8 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
 
 template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
-  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized);  // the kernels overwrite it
+  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized,
+                  this->allocator());  // the kernels overwrite it
   const std::span<const T> bias(bias_.value.span());
   if (regions_.empty()) {
     kernel_->forward(this->fill_window(x), weight_.value, bias, y.local);

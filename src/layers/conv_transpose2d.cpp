@@ -178,7 +178,7 @@ DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState
                                         std::span<const T>(bias_.value.span()), y.local, geometry_);
     return y;
   }
-  DistTensor<T> y(this->out_dist(), uninitialized);
+  DistTensor<T> y(this->out_dist(), Layout::nchw, uninitialized, this->allocator());
   kernel_->backward_data(window, weight_.value, y.local);
   if (spec_.bias) add_bias(y.local, std::span<const T>(bias_.value.span()));
   return y;

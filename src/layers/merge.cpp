@@ -55,7 +55,7 @@ DistTensor<T> Merge<T>::forward(std::span<const DistTensor<T>* const> inputs, co
   for (const auto* x : inputs)
     g.c += x->dist.global.c;
   // Every element is copied from an input: no zeroing first.
-  y = DistTensor<T>(inputs[0]->dist.with_shape(g), uninitialized);
+  y = DistTensor<T>(inputs[0]->dist.with_shape(g), Layout::nchw, uninitialized, this->allocator());
   std::int64_t offset = 0;  // channels before this input
   for (const auto* x : inputs) {
     kernel_->put_channels(x->local, y.local, offset);
@@ -74,7 +74,7 @@ std::vector<DistTensor<T>> Merge<T>::backward(const DistTensor<T>& dy, const Run
   }
   std::int64_t offset = 0;  // channels before this input
   for (const Distribution& d : in_) {
-    DistTensor<T> g(d, uninitialized);
+    DistTensor<T> g(d, Layout::nchw, uninitialized, this->allocator());
     kernel_->take_channels(dy.local, offset, g.local);
     offset += d.global.c;
     grads.push_back(std::move(g));

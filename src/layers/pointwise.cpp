@@ -24,14 +24,14 @@ ActivationSpec parse_activation(const LayerSpec& spec) {
 template <typename T>
 DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
   TESSERA_CHECK(kernel_ != nullptr, "layer '" + this->name() + "': forward before bind");
-  DistTensor<T> y(x.dist, x.layout(), uninitialized);
+  DistTensor<T> y(x.dist, x.layout(), uninitialized, this->allocator());
   kernel_->forward(x.local, y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Activation<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  DistTensor<T> dx(dy.dist, dy.layout(), uninitialized);
+  DistTensor<T> dx(dy.dist, dy.layout(), uninitialized, this->allocator());
   kernel_->backward(dy.local, dx.local);
   return dx;
 }
@@ -54,8 +54,8 @@ DistTensor<T> Dropout<T>::forward(const DistTensor<T>& x, const RunState& state)
   const std::uint64_t stream =
       hash_string(this->name()) ^ splitmix64(static_cast<std::uint64_t>(state.step));
   if (!(mask_.value.shape() == x.local.shape()))
-    mask_.value = Tensor<T>(x.local.shape(), Layout::nchw, uninitialized, *allocator_);
-  DistTensor<T> y(x.dist, Layout::nchw, uninitialized);
+    mask_.value = Tensor<T>(x.local.shape(), Layout::nchw, uninitialized, this->allocator());
+  DistTensor<T> y(x.dist, Layout::nchw, uninitialized, this->allocator());
   const TileOrigin origin{x.dist.global, x.dist.samples().begin, x.dist.rows().begin,
                           x.dist.cols().begin};
   kernel_->forward(x.local, origin, state.seed, stream, mask_.value, y.local);
@@ -65,7 +65,7 @@ DistTensor<T> Dropout<T>::forward(const DistTensor<T>& x, const RunState& state)
 template <typename T>
 DistTensor<T> Dropout<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   if (mask_.value.numel() == 0) return dy;
-  DistTensor<T> dx(dy.dist, Layout::nchw, uninitialized);
+  DistTensor<T> dx(dy.dist, Layout::nchw, uninitialized, this->allocator());
   kernel_->backward(dy.local, mask_.value, dx.local);
   return dx;
 }

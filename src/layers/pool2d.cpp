@@ -98,7 +98,7 @@ void Pool2d<T>::bind_kernel(const Box& w, const Backend& backend) {
 template <typename T>
 DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized);
+  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized, this->allocator());
   kernel_->forward(window, y.local);
   return y;
 }

@@ -27,9 +27,10 @@ HaloPlan window_plan(const Distribution& in, const Distribution& out, const Wind
 template <typename T>
 HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
                                 const WindowMap& map, const Comm& comm, int tag,
-                                const std::string& name) {
+                                const std::string& name, const Backend& backend) {
   const Shape4 l = in.local_shape();
-  return HaloExchange<T>(window_plan(in, out, map, in.me.i, in.me.j), comm, tag, name, l.n * l.c);
+  return HaloExchange<T>(window_plan(in, out, map, in.me.i, in.me.j), comm, tag, name, l.n * l.c,
+                         backend.halo_copy<T>());
 }
 
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan) {
@@ -88,7 +89,7 @@ template <typename T>
 void WindowLayer<T>::bind(const Runtime& runtime) {
   overlap_ = runtime.overlap();
   exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), runtime.comm(), tag_,
-                                       "layer '" + this->name() + "'"));
+                                       "layer '" + this->name() + "'", runtime.backend()));
   bind_kernel(exchange_->plan().window, runtime.backend());
 }
 
@@ -126,14 +127,15 @@ Tensor<T> WindowLayer<T>::window_grad_zeros() const {
 
 template <typename T>
 Tensor<T> WindowLayer<T>::window_grad_uninitialized() const {
-  return Tensor<T>(window_shape(in_, exchange_->plan()), exchange_->window_layout(), uninitialized);
+  return Tensor<T>(window_shape(in_, exchange_->plan()), exchange_->window_layout(), uninitialized,
+                   this->allocator());
 }
 
 template <typename T>
 DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
                                                 const std::function<void()>& overlap) {
   // dL/dx lies as x did; the exchange writes all of it.
-  DistTensor<T> dx(in_, in_layout_, uninitialized);
+  DistTensor<T> dx(in_, in_layout_, uninitialized, this->allocator());
   auto request = exchange_->start_accumulate(grad, dx.local, in_layout_, Into::overwrite);
   if (overlap) overlap();
   exchange_->finish(request);
@@ -141,11 +143,11 @@ DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
 }
 
 template HaloExchange<float> window_exchange(const Distribution&, const Distribution&,
-                                             const WindowMap&, const Comm&, int,
-                                             const std::string&);
+                                             const WindowMap&, const Comm&, int, const std::string&,
+                                             const Backend&);
 template HaloExchange<double> window_exchange(const Distribution&, const Distribution&,
                                               const WindowMap&, const Comm&, int,
-                                              const std::string&);
+                                              const std::string&, const Backend&);
 template class WindowLayer<float>;
 template class WindowLayer<double>;
 

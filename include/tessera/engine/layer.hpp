@@ -103,7 +103,13 @@ class Layer {
   void set_input_grad(bool needed) { input_grad_ = needed; }
   bool input_grad() const { return input_grad_; }
 
+  // Where the layer allocates the tensors it computes: its backend's memory (Backend::allocator),
+  // set by the model before bind(); host memory by default. Local.
+  void use_allocator(Allocator& allocator) { allocator_ = &allocator; }
+  Allocator& allocator() const { return *allocator_; }
+
  private:
+  Allocator* allocator_ = &host_allocator();
   std::string name_;
   bool input_grad_ = true;
   bool blocked_output_allowed_ = false;

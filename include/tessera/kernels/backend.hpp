@@ -11,6 +11,7 @@
 
 #include "tessera/kernels/batchnorm_kernel.hpp"
 #include "tessera/kernels/conv_kernel.hpp"
+#include "tessera/kernels/halo_copy.hpp"
 #include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
 
@@ -96,6 +97,12 @@ class Backend {
   std::unique_ptr<MergeKernel<T>> merge() const {
     return make_merge(T{});
   }
+  // The copies of one halo exchange (boxes in and out of tiles, windows and messages). Never
+  // null. Local.
+  template <typename T>
+  std::unique_ptr<HaloCopyKernel<T>> halo_copy() const {
+    return make_halo_copy(T{});
+  }
   // Dropout with probability p for one layer. Never null. Local.
   template <typename T>
   std::unique_ptr<DropoutKernel<T>> dropout(double p) const {
@@ -134,6 +141,8 @@ class Backend {
   virtual std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const;
   virtual std::unique_ptr<MergeKernel<float>> make_merge(float) const;
   virtual std::unique_ptr<MergeKernel<double>> make_merge(double) const;
+  virtual std::unique_ptr<HaloCopyKernel<float>> make_halo_copy(float) const;
+  virtual std::unique_ptr<HaloCopyKernel<double>> make_halo_copy(double) const;
   virtual std::unique_ptr<DropoutKernel<float>> make_dropout(double p, float) const;
   virtual std::unique_ptr<DropoutKernel<double>> make_dropout(double p, double) const;
   virtual std::unique_ptr<UpdateKernel<float>> make_update(float) const;

@@ -57,10 +57,7 @@ class Dropout final : public UnaryLayer<T> {
       : UnaryLayer<T>(std::move(name)), spec_(spec) {}
   using UnaryLayer<T>::setup;
   Distribution setup(const Distribution& in) override { return in; }
-  void bind(const Runtime& runtime) override {
-    kernel_ = runtime.backend().dropout<T>(spec_.p);
-    allocator_ = &runtime.backend().allocator();
-  }
+  void bind(const Runtime& runtime) override { kernel_ = runtime.backend().dropout<T>(spec_.p); }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
@@ -73,7 +70,6 @@ class Dropout final : public UnaryLayer<T> {
   DropoutSpec spec_;
   Buffer<T> mask_{"mask", {}};  // 0 or 1 / (1 - p) per element; empty in evaluation
   std::unique_ptr<DropoutKernel<T>> kernel_;
-  Allocator* allocator_ = &host_allocator();
 };
 
 }  // namespace tessera

@@ -21,12 +21,12 @@ WindowMap conv_window(const WindowAxis& rows, const WindowAxis& cols);
 HaloPlan window_plan(const Distribution& in, const Distribution& out, const WindowMap& map, int i,
                      int j);
 
-// This rank's exchange on the comm's spatial group; `name` ("layer 'c1'") for the watchdog.
-// Local.
+// This rank's exchange on the comm's spatial group, with the backend's copies; `name` ("layer
+// 'c1'") for the watchdog. Local.
 template <typename T>
 HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
                                 const WindowMap& map, const Comm& comm, int tag,
-                                const std::string& name);
+                                const std::string& name, const Backend& backend);
 
 // Shape of the local window buffer: my samples and channels, the plan's window box.
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan);

@@ -1,0 +1,68 @@
+// The copies of a halo exchange as a planned kernel of the Backend: boxes of every channel plane
+// moved between a tile or window and another, or packed into and unpacked from the messages,
+// converting between NCHW and nchw16c on the way; and a window's padding. The exchange
+// (halo/halo_exchange.cpp) decides what moves where; these only move bytes. Every method is local.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/box.hpp"
+#include "tessera/tensor.hpp"
+
+namespace tessera {
+
+enum class Direction { fill, accumulate };
+
+// Where the elements of one channel plane of a tensor lie: `data` of `shape` with spatial origin
+// `origin` (global coordinates of its first row and column), in NCHW or nchw16c.
+template <typename T>
+struct Planes {
+  T* data;
+  Shape4 shape;
+  Box origin;
+  Layout layout;
+
+  // Channels per block: the distance between neighbouring columns of a plane, and how many
+  // planes share memory (so go to one thread).
+  std::int64_t block() const { return layout == Layout::nchw16c ? kBlock : 1; }
+  // Element (plane p = n * C + c, global row, global column).
+  T* at(std::int64_t p, std::int64_t row, std::int64_t col) const {
+    const std::int64_t r = row - origin.h.begin, c = col - origin.w.begin;
+    if (layout == Layout::nchw) return data + (p * shape.h + r) * shape.w + c;
+    return data + nchw16c_offset(shape, p / shape.c, p % shape.c, r, c);
+  }
+};
+
+template <typename T>
+Planes<T> planes_of(Tensor<T>& t, const Box& origin) {
+  return {t.data_in(t.space()), t.shape(), origin, t.layout()};
+}
+template <typename T>
+Planes<const T> planes_of(const Tensor<T>& t, const Box& origin) {
+  return {t.data_in(t.space()), t.shape(), origin, t.layout()};
+}
+
+template <typename T>
+class HaloCopyKernel {
+ public:
+  virtual ~HaloCopyKernel() = default;
+  virtual std::string name() const = 0;
+  // Copies (fill) or adds (accumulate) `box` of every plane from `from` to `to`.
+  virtual void move(const Planes<const T>& from, const Planes<T>& to, const Box& box,
+                    Direction how) const = 0;
+  // A message holds `box` of every plane in NCHW order, whatever the layout of `t`.
+  virtual void pack(const Planes<const T>& t, const Box& box, T* message) const = 0;
+  virtual void unpack(const T* message, const Box& box, const Planes<T>& t,
+                      Direction how) const = 0;
+  // Sets the elements of `t` outside `keep` (global coordinates) to `value`, padding channels of
+  // nchw16c included.
+  virtual void fill_outside(const Planes<T>& t, const Box& keep, T value) const = 0;
+};
+
+// Tessera's CPU copies, split over the kernel threads. Local.
+template <typename T>
+std::unique_ptr<HaloCopyKernel<T>> make_cpu_halo_copy();
+
+}  // namespace tessera

@@ -1,0 +1,71 @@
+// The halo copies every backend hands out (include/tessera/kernels/halo_copy.hpp): messages hold a
+// box of every plane in NCHW order whatever the tensor's layout, unpacking copies or adds it back,
+// moves convert layouts, and fill_outside writes exactly the elements outside its box.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "../common/test_helpers.hpp"
+#include "tessera/kernels/backend.hpp"
+#include "unit_test.hpp"
+
+namespace tessera {
+namespace {
+
+template <typename T>
+void check_halo_copies() {
+  // 20 channels: nchw16c pads the second block. The tensor holds rows [4, 13) and columns
+  // [10, 21) of its image; the box is a part of that.
+  const Shape4 s{2, 20, 9, 11};
+  const Box origin{{4, 13}, {10, 21}}, box{{6, 11}, {12, 20}};
+  const Tensor<T> plain = test::random_tensor<T>(s, 3, 1);
+  const Tensor<T> blocked = to_layout(plain, Layout::nchw16c);
+  const std::int64_t box_elements = s.n * s.c * box.size();
+  for (KernelBackend backend : test::built_backends()) {
+    SCOPED_TRACE(to_string(backend));
+    auto copies = backend_of(backend).halo_copy<T>();
+    std::vector<T> from_plain(box_elements), from_blocked(box_elements);
+    copies->pack(planes_of(plain, origin), box, from_plain.data());
+    copies->pack(planes_of(blocked, origin), box, from_blocked.data());
+    EXPECT_EQ(from_plain, from_blocked) << "a message does not depend on the layout";
+    std::int64_t k = 0;
+    for (std::int64_t p = 0; p < s.n * s.c; ++p)
+      for (std::int64_t r = box.h.begin; r < box.h.end; ++r)
+        for (std::int64_t c = box.w.begin; c < box.w.end; ++c, ++k)
+          ASSERT_EQ(from_plain[k], plain.at(p / s.c, p % s.c, r - 4, c - 10));
+
+    // Unpack adds into a blocked tensor; fill_outside(box) then zeroes everything else.
+    Tensor<T> sum(s, Layout::nchw16c, T(1));
+    copies->unpack(from_plain.data(), box, planes_of(sum, origin), Direction::accumulate);
+    copies->fill_outside(planes_of(sum, origin), box, T(0));
+    const Tensor<T> back = to_layout(sum, Layout::nchw);
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w) {
+            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
+            ASSERT_EQ(back.at(n, c, h, w), inside ? plain.at(n, c, h, w) + T(1) : T(0));
+          }
+
+    // A move converts layouts: the box of the blocked tensor into a plain one.
+    Tensor<T> moved(s, Layout::nchw, T(-3));
+    copies->move(planes_of(blocked, origin), planes_of(moved, origin), box, Direction::fill);
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w) {
+            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
+            ASSERT_EQ(moved.at(n, c, h, w), inside ? plain.at(n, c, h, w) : T(-3));
+          }
+  }
+}
+
+TEST(HaloCopy, MessagesMovesAndPaddingDouble) {
+  check_halo_copies<double>();
+}
+TEST(HaloCopy, MessagesMovesAndPaddingFloat) {
+  check_halo_copies<float>();
+}
+
+}  // namespace
+}  // namespace tessera
