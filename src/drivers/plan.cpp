@@ -4,18 +4,14 @@
 #include <cstdio>
 #include <memory>
 
+#include "tessera/engine/graph.hpp"
 #include "tessera/error.hpp"
-#include "tessera/layers/registry.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
 namespace {
 
-struct Node {
-  std::unique_ptr<Layer<double>> layer;
-  std::vector<Distribution> inputs;
-  Distribution out;
-};
+using Node = LayerNode<double>;
 
 std::int64_t dtype_size(const std::string& dtype) {
   TESSERA_CHECK(dtype == "float32" || dtype == "float64",
@@ -50,21 +46,7 @@ Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
 
 // Builds and sets up every layer as Model does, without binding any to a grid: shapes only.
 std::vector<Node> set_up(const ModelSpec& spec, const PlanOptions& o) {
-  const Distribution input = input_distribution(spec, o);
-  std::vector<Node> nodes;
-  int tag = 0;
-  for (const LayerSpec& l : spec.layers) {
-    Node node;
-    node.layer = make_layer<double>(l, ++tag);
-    for (const std::string& name : l.inputs) {
-      auto it = std::find_if(nodes.begin(), nodes.end(),
-                             [&](const Node& n) { return n.layer->name() == name; });
-      node.inputs.push_back(it != nodes.end() ? it->out : input);
-    }
-    node.out = node.layer->setup(node.inputs);
-    nodes.push_back(std::move(node));
-  }
-  return nodes;
+  return set_up_layers<double>(spec, input_distribution(spec, o));
 }
 
 // One spatial rank's part in a halo layer's exchange.
@@ -172,7 +154,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
     plan.params += lp.params;
     const std::optional<WindowMap> map = node.layer->window();
     lp.halo = map.has_value();
-    const Distribution& from = node.inputs.front();
+    const Distribution& from = node.in.front();
     const std::vector<RankHalo> halos =
         map ? halo_of_every_rank(from, node.out, *map) : std::vector<RankHalo>{};
     std::int64_t halo_max = 0;
@@ -185,7 +167,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
         widen(lp.tile_cols, tile.w.size(), first);
         const std::int64_t out = tile.size() * node.out.global.c;
         std::int64_t in = 0;
-        for (const Distribution& d : node.inputs)
+        for (const Distribution& d : node.in)
           in += d.tile_of(i, j).size() * d.global.c;
         std::int64_t window = 0;
         if (map) {

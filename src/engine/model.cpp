@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "tessera/collectives.hpp"
+#include "tessera/engine/graph.hpp"
 #include "tessera/error.hpp"
-#include "tessera/layers/registry.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/partition.hpp"
 #include "tessera/random.hpp"
@@ -63,26 +63,17 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   input_ = {input, grid.shape(), grid.coords()};
   check_splittable("the " + std::to_string(input.h) + "x" + std::to_string(input.w) + " image",
                    input.h, input.w, grid.shape().h, grid.shape().w);
-  int tag = 0;
-  for (const LayerSpec& l : spec.layers) {
-    Node node;
-    node.layer = make_layer<T>(l, ++tag);
-    std::vector<Distribution> ins;
-    for (const std::string& name : l.inputs) {
-      int index = -1;
-      for (std::size_t k = 0; k < nodes_.size(); ++k)
-        if (nodes_[k].layer->name() == name) index = static_cast<int>(k);
-      node.inputs.push_back(index);
-      if (index >= 0) ++nodes_[index].consumers;
-      ins.push_back(index >= 0 ? nodes_[index].out : input_);
-    }
-    node.out = node.layer->setup(ins);
-    timings_.push_back({.name = l.name,
-                        .type = l.type,
-                        .flops = node.layer->flops(),
+  std::vector<LayerNode<T>> graph = set_up_layers<T>(spec, input_);
+  for (std::size_t k = 0; k < graph.size(); ++k) {
+    LayerNode<T>& n = graph[k];
+    for (int i : n.inputs)
+      if (i >= 0) ++nodes_[static_cast<std::size_t>(i)].consumers;
+    timings_.push_back({.name = spec.layers[k].name,
+                        .type = spec.layers[k].type,
+                        .flops = n.layer->flops(),
                         .forward = {},
                         .backward = {}});
-    nodes_.push_back(std::move(node));
+    nodes_.push_back({std::move(n.layer), std::move(n.inputs), n.out});
   }
   // A node may give its output in nchw16c when every consumer takes it, and every consumer that
   // passes its input's layout on (an activation) may give nchw16c too. The model's output is NCHW

@@ -1,0 +1,27 @@
+// The layers of a model, made from its spec and set up for an input distribution: shapes and
+// parameters, no runtime. The one place a model's layer list becomes a graph: Model binds what it
+// returns to a runtime; `tessera plan` reads its shapes.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "tessera/engine/layer.hpp"
+#include "tessera/engine/model_spec.hpp"
+
+namespace tessera {
+
+template <typename T>
+struct LayerNode {
+  std::unique_ptr<Layer<T>> layer;
+  std::vector<int> inputs;       // node indices; -1 is the model's input
+  std::vector<Distribution> in;  // the inputs' distributions
+  Distribution out;
+};
+
+// Every layer of `spec` (made as registry.hpp says, in order) set up for its inputs, the model's
+// input distributed as `input`. Local and pure; throws an Error naming the layer.
+template <typename T>
+std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distribution& input);
+
+}  // namespace tessera

@@ -1,0 +1,30 @@
+#include "tessera/engine/graph.hpp"
+
+#include "tessera/layers/registry.hpp"
+
+namespace tessera {
+
+template <typename T>
+std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distribution& input) {
+  std::vector<LayerNode<T>> nodes;
+  int tag = 0;  // halo exchanges of different layers tell their messages apart by it
+  for (const LayerSpec& l : spec.layers) {
+    LayerNode<T> node;
+    node.layer = make_layer<T>(l, ++tag);
+    for (const std::string& name : l.inputs) {
+      int index = -1;
+      for (std::size_t k = 0; k < nodes.size(); ++k)
+        if (nodes[k].layer->name() == name) index = static_cast<int>(k);
+      node.inputs.push_back(index);
+      node.in.push_back(index >= 0 ? nodes[static_cast<std::size_t>(index)].out : input);
+    }
+    node.out = node.layer->setup(node.in);
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&);
+template std::vector<LayerNode<double>> set_up_layers(const ModelSpec&, const Distribution&);
+
+}  // namespace tessera
