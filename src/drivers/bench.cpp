@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -72,6 +73,205 @@ std::string pad(const std::string& s, std::size_t width, bool left = false) {
   return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
 }
 
+// The host memory's work over the timed steps, per step: large blocks reused, assembled and fresh,
+// MiB moved and fresh, minor page faults.
+constexpr int kMemory = 6;
+
+// What the timed steps measured on this rank.
+struct Measured {
+  std::vector<double> v;       // as kPerPass says, then the step time
+  std::vector<double> split;   // kSplit numbers of every rank (this rank's filled in)
+  std::vector<double> memory;  // kMemory numbers
+};
+
+// Runs o.warmup untimed and o.steps timed training steps. Collective over the world group.
+template <typename T>
+Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T>& x,
+                    const std::vector<std::int32_t>& labels, const BenchOptions& o,
+                    const Runtime& runtime, const Comm& world) {
+  double step_seconds = 0;
+  long faults_before = 0;
+  for (std::int64_t s = 0; s < o.warmup + o.steps; ++s) {
+    if (s == o.warmup) {
+      model.reset_timings();
+      step_seconds = 0;
+      reset_host_memory_stats();
+      faults_before = minor_page_faults();
+    }
+    model.state() = {.mode = Mode::train, .seed = o.seed, .step = s};
+    runtime.comm().set_step(s);
+    const auto began = clock_type::now();
+    const StepResult<T> r = forward_backward(model, x, labels);
+    optimizer.step(o.lr);
+    step_seconds += std::chrono::duration<double>(clock_type::now() - began).count();
+    check_finite_loss(world, r.loss, s, "try a smaller --lr");
+  }
+  const auto steps = static_cast<double>(o.steps);
+  Measured m;
+  for (const LayerTiming& t : model.timings()) {
+    append(m.v, t.forward, steps);
+    append(m.v, t.backward, steps);
+  }
+  append(m.v, model.reduce_timing(), steps);
+  m.v.push_back(step_seconds / steps);
+  // This rank's own split of its step (its numbers add up, unlike maxima over ranks): a rank
+  // that waits long for halos waits for a slower peer.
+  const int rank = world.rank();
+  m.split.assign(kSplit * static_cast<std::size_t>(world.size(Group::world)), 0.0);
+  PassRow mine;
+  for (std::size_t at = 0; at + 1 < m.v.size(); at += kPerPass)
+    mine += row_at(m.v, at);  // every layer's passes and the gradient reduction
+  double* me = m.split.data() + kSplit * rank;
+  me[0] = mine.compute();
+  for (int k = 0; k < kActivities; ++k)
+    me[1 + k] = mine.parts.seconds[k];
+  me[6] = m.v.back();
+  me[5] = std::max(0.0, me[6] - mine.seconds);
+  const HostMemoryStats mem = host_memory_stats();
+  m.memory = {static_cast<double>(mem.reused),
+              static_cast<double>(mem.assembled),
+              static_cast<double>(mem.fresh),
+              static_cast<double>(mem.moved_bytes) / (1 << 20),
+              static_cast<double>(mem.fresh_bytes) / (1 << 20),
+              static_cast<double>(minor_page_faults() - faults_before)};
+  for (double& n : m.memory)
+    n /= steps;
+  return m;
+}
+
+// Every rank's split on every rank; every other number its maximum over ranks (the slowest rank
+// sets the pace). Collective over the world group.
+void gather(Measured& m, const Comm& world) {
+  allreduce_sum(world, std::span<double>(m.split));
+  allreduce(world, std::span<double>(m.v), ReduceOp::max);
+  allreduce(world, std::span<double>(m.memory), ReduceOp::max);
+}
+
+// The smallest of every rank's `value`. Collective over the world group.
+double min_over_ranks(const Comm& world, double value) {
+  std::vector<double> neg{-value};
+  allreduce(world, std::span<double>(neg), ReduceOp::max);
+  return -neg[0];
+}
+
+// The convolutions' arithmetic and compute time, all and those with >= 32 channels.
+struct ConvTotals {
+  double flops = 0, seconds = 0, wide_flops = 0, wide_seconds = 0;
+  double rate() const { return seconds > 0 ? flops / seconds / 1e9 : 0; }
+  double wide_rate() const { return wide_seconds > 0 ? wide_flops / wide_seconds / 1e9 : 0; }
+};
+
+// The per-layer table (printed and into j["layers"]); `wide` says which layers have >= 32
+// channels on both sides. Local.
+ConvTotals report_layers(std::ostream& out, nlohmann::json& j,
+                         const std::vector<LayerTiming>& layers, const std::vector<double>& v,
+                         const std::function<bool(const std::string&)>& wide) {
+  out << "  per layer, ms per step (each the maximum over ranks); GFLOP/s of this rank's work\n"
+      << "  over its compute time\n";
+  out << "  " << pad("layer", 8, true) << " " << pad("type", 12, true) << " "
+      << pad("pass", 8, true) << pad("total", 9) << pad("compute", 9) << pad("window", 8)
+      << pad("halo", 8) << pad("waiting", 8) << pad("allreduce", 10) << pad("GFLOP/s", 9) << "\n";
+  auto print_row = [&](const std::string& name, const std::string& type, const std::string& pass,
+                       const PassRow& r, double gflops) {
+    out << "  " << pad(name, 8, true) << " " << pad(type, 12, true) << " " << pad(pass, 8, true)
+        << pad(fixed(r.seconds * 1e3, 1), 9) << pad(fixed(r.compute() * 1e3, 1), 9)
+        << pad(fixed(r[Activity::window] * 1e3, 1), 8) << pad(fixed(r[Activity::halo] * 1e3, 1), 8)
+        << pad(fixed(r[Activity::waiting] * 1e3, 1), 8)
+        << pad(fixed(r[Activity::allreduce] * 1e3, 1), 10)
+        << pad(gflops > 0 ? fixed(gflops, 1) : "-", 9) << "\n";
+  };
+  ConvTotals c;
+  std::size_t at = 0;
+  j["layers"] = nlohmann::json::array();
+  for (const LayerTiming& t : layers) {
+    for (int pass = 0; pass < 2; ++pass, at += kPerPass) {
+      const PassRow r = row_at(v, at);
+      const double flops = pass == 0 ? t.flops.forward : t.flops.backward;
+      const double gflops = flops > 0 && r.compute() > 0 ? flops / r.compute() / 1e9 : 0;
+      if (flops > 0) {
+        c.flops += flops;
+        c.seconds += r.compute();
+        if (wide(t.name)) {
+          c.wide_flops += flops;
+          c.wide_seconds += r.compute();
+        }
+      }
+      const char* name = pass == 0 ? "forward" : "backward";
+      print_row(pass == 0 ? t.name : "", pass == 0 ? t.type : "", name, r, gflops);
+      j["layers"].push_back({{"name", t.name},
+                             {"type", t.type},
+                             {"pass", name},
+                             {"seconds", r.seconds},
+                             {"compute", r.compute()},
+                             {"window", r[Activity::window]},
+                             {"halo", r[Activity::halo]},
+                             {"waiting", r[Activity::waiting]},
+                             {"allreduce", r[Activity::allreduce]},
+                             {"gflops", gflops}});
+    }
+  }
+  print_row("", "gradients", "reduce", row_at(v, at), 0);
+  return c;
+}
+
+// The per-rank table and the step's exposed communication (printed and into j). Local.
+void report_ranks(std::ostream& out, nlohmann::json& j, const std::vector<double>& split, int size,
+                  double step) {
+  // The critical rank computes longest: its waiting is the communication the step could not
+  // hide; the others' waiting is mostly load imbalance (they wait for it).
+  int critical = 0;
+  for (int k = 1; k < size; ++k)
+    if (split[kSplit * k] > split[kSplit * critical]) critical = k;
+  auto exposed_of = [&](int k) {
+    const double* r = split.data() + kSplit * k;
+    return r[6] > 0 ? (r[2] + r[3] + r[4]) / r[6] : 0.0;
+  };
+  out << "  per rank, s per step" << (size > 1 ? " (* the critical rank: most compute)" : "")
+      << "\n  " << pad("rank", 5);
+  for (const char* name : kSplitNames)
+    out << pad(name, 10);
+  out << pad("exposed", 9) << "\n";
+  double exposed_max = 0;
+  for (int k = 0; k < size; ++k) {
+    out << "  " << pad(std::to_string(k) + (k == critical && size > 1 ? "*" : " "), 5);
+    for (int c = 0; c < kSplit; ++c)
+      out << pad(fixed(split[kSplit * k + c], 3), 10);
+    out << pad(fixed(100 * exposed_of(k), 1) + "%", 9) << "\n";
+    exposed_max = std::max(exposed_max, exposed_of(k));
+  }
+  out << "  step " << fixed(step, 3) << " s (slowest rank); exposed communication (halo + waiting "
+      << "+ allreduce): " << fixed(100 * exposed_of(critical), 1)
+      << "% of the critical rank's step";
+  if (size > 1) out << ", at most " << fixed(100 * exposed_max, 1) << "% on any rank";
+  out << "\n";
+  j["step_seconds"] = step;
+  j["critical_rank"] = critical;
+  j["split"] = nlohmann::json::object();
+  for (int c = 0; c < kSplit - 1; ++c)
+    j["split"][kSplitNames[c]] = split[kSplit * critical + c];
+  j["exposed_fraction"] = exposed_of(critical);
+  j["exposed_fraction_max"] = exposed_max;
+  j["per_rank"] = nlohmann::json::array();
+  for (int k = 0; k < size; ++k) {
+    nlohmann::json r;
+    for (int c = 0; c < kSplit; ++c)
+      r[kSplitNames[c]] = split[kSplit * k + c];
+    j["per_rank"].push_back(r);
+  }
+}
+
+// The host memory's line (printed and into j). Local.
+void report_memory(std::ostream& out, nlohmann::json& j, const std::vector<double>& m) {
+  out << "  host memory (" << to_string(host_memory()) << "), per timed step: large blocks "
+      << fixed(m[0], 0) << " reused, " << fixed(m[1], 0) << " assembled from kept pages ("
+      << fixed(m[3], 0) << " MiB moved), " << fixed(m[2], 0) << " fresh; " << fixed(m[4], 0)
+      << " MiB of fresh pages; " << fixed(m[5], 0) << " minor page faults\n";
+  j["host_memory"] = {{"policy", to_string(host_memory())}, {"reused_per_step", m[0]},
+                      {"assembled_per_step", m[1]},         {"fresh_per_step", m[2]},
+                      {"moved_mib_per_step", m[3]},         {"fresh_mib_per_step", m[4]},
+                      {"minor_faults_per_step", m[5]}};
+}
+
 template <typename T>
 int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, std::ostream& out) {
   const int rank = world.rank(), size = world.size(Group::world);
@@ -115,78 +315,11 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
         << std::flush;
   }
 
-  double step_seconds = 0;
-  long faults_before = 0;
-  for (std::int64_t s = 0; s < o.warmup + o.steps; ++s) {
-    if (s == o.warmup) {
-      model->reset_timings();
-      step_seconds = 0;
-      reset_host_memory_stats();
-      faults_before = minor_page_faults();
-    }
-    model->state() = {.mode = Mode::train, .seed = o.seed, .step = s};
-    runtime.comm().set_step(s);
-    const auto began = clock_type::now();
-    const StepResult<T> r = forward_backward(*model, x, labels);
-    optimizer.step(o.lr);
-    step_seconds += std::chrono::duration<double>(clock_type::now() - began).count();
-    check_finite_loss(world, r.loss, s, "try a smaller --lr");
-  }
-
-  const auto steps = static_cast<double>(o.steps);
-  const std::vector<LayerTiming>& layers = model->timings();
-  std::vector<double> v;
-  for (const LayerTiming& t : layers) {
-    append(v, t.forward, steps);
-    append(v, t.backward, steps);
-  }
-  append(v, model->reduce_timing(), steps);
-  v.push_back(step_seconds / steps);
-  // This rank's own split of its step (its numbers add up, unlike maxima over ranks), gathered
-  // on every rank: a rank that waits long for halos waits for a slower peer.
-  std::vector<double> split(kSplit * static_cast<std::size_t>(size), 0.0);
-  {
-    PassRow mine;
-    for (std::size_t at = 0; at + 1 < v.size(); at += kPerPass)
-      mine += row_at(v, at);  // every layer's passes and the gradient reduction
-    double* me = split.data() + kSplit * rank;
-    me[0] = mine.compute();
-    for (int k = 0; k < kActivities; ++k)
-      me[1 + k] = mine.parts.seconds[k];
-    me[6] = v.back();
-    me[5] = std::max(0.0, me[6] - mine.seconds);
-  }
-  allreduce_sum(world, std::span<double>(split));
-  // Each number's maximum over ranks: the slowest rank sets the pace.
-  allreduce(world, std::span<double>(v), ReduceOp::max);
-  double sgemm_min = sgemm;
-  {
-    std::vector<double> neg{-sgemm};
-    allreduce(world, std::span<double>(neg), ReduceOp::max);
-    sgemm_min = -neg[0];
-  }
+  Measured m = time_steps(*model, optimizer, x, labels, o, runtime, world);
+  gather(m, world);
+  const double sgemm_min = min_over_ranks(world, sgemm);
   const double peak_mib = peak_memory_range_mib(world).second;
-  // The host memory's work per timed step, the maximum over ranks: what a step allocates anew
-  // and the page faults that costs.
-  const HostMemoryStats mem = host_memory_stats();
-  std::vector<double> memory_per_step{static_cast<double>(mem.reused),
-                                      static_cast<double>(mem.assembled),
-                                      static_cast<double>(mem.fresh),
-                                      static_cast<double>(mem.moved_bytes) / (1 << 20),
-                                      static_cast<double>(mem.fresh_bytes) / (1 << 20),
-                                      static_cast<double>(minor_page_faults() - faults_before)};
-  for (double& m : memory_per_step)
-    m /= static_cast<double>(o.steps);
-  allreduce(world, std::span<double>(memory_per_step), ReduceOp::max);
   if (!root) return 0;
-
-  // Which conv layers count as ">= 32 channels": both sides of the weight.
-  auto wide = [&](const std::string& layer) {
-    for (const NamedParam<T>& p : model->params())
-      if (p.layer == layer && p.param->name == "weight")
-        return std::min(p.param->value.shape().n, p.param->value.shape().c) >= 32;
-    return false;
-  };
 
   nlohmann::json j;
   j["model"] = spec.name;
@@ -200,127 +333,38 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["kernels"] = runtime.backend().description();
   j["steps"] = o.steps;
 
-  out << "  per layer, ms per step (each the maximum over ranks); GFLOP/s of this rank's work\n"
-      << "  over its compute time\n";
-  out << "  " << pad("layer", 8, true) << " " << pad("type", 12, true) << " "
-      << pad("pass", 8, true) << pad("total", 9) << pad("compute", 9) << pad("window", 8)
-      << pad("halo", 8) << pad("waiting", 8) << pad("allreduce", 10) << pad("GFLOP/s", 9) << "\n";
-  auto print_row = [&](const std::string& name, const std::string& type, const std::string& pass,
-                       const PassRow& r, double gflops) {
-    out << "  " << pad(name, 8, true) << " " << pad(type, 12, true) << " " << pad(pass, 8, true)
-        << pad(fixed(r.seconds * 1e3, 1), 9) << pad(fixed(r.compute() * 1e3, 1), 9)
-        << pad(fixed(r[Activity::window] * 1e3, 1), 8) << pad(fixed(r[Activity::halo] * 1e3, 1), 8)
-        << pad(fixed(r[Activity::waiting] * 1e3, 1), 8)
-        << pad(fixed(r[Activity::allreduce] * 1e3, 1), 10)
-        << pad(gflops > 0 ? fixed(gflops, 1) : "-", 9) << "\n";
+  // Which conv layers count as ">= 32 channels": both sides of the weight.
+  auto wide = [&](const std::string& layer) {
+    for (const NamedParam<T>& p : model->params())
+      if (p.layer == layer && p.param->name == "weight")
+        return std::min(p.param->value.shape().n, p.param->value.shape().c) >= 32;
+    return false;
   };
-  double conv_flops = 0, conv_seconds = 0, wide_flops = 0, wide_seconds = 0;
-  std::size_t at = 0;
-  j["layers"] = nlohmann::json::array();
-  for (const LayerTiming& t : layers) {
-    for (int pass = 0; pass < 2; ++pass, at += kPerPass) {
-      const PassRow r = row_at(v, at);
-      const double flops = pass == 0 ? t.flops.forward : t.flops.backward;
-      const double gflops = flops > 0 && r.compute() > 0 ? flops / r.compute() / 1e9 : 0;
-      if (flops > 0) {
-        conv_flops += flops;
-        conv_seconds += r.compute();
-        if (wide(t.name)) {
-          wide_flops += flops;
-          wide_seconds += r.compute();
-        }
-      }
-      const char* name = pass == 0 ? "forward" : "backward";
-      print_row(pass == 0 ? t.name : "", pass == 0 ? t.type : "", name, r, gflops);
-      j["layers"].push_back({{"name", t.name},
-                             {"type", t.type},
-                             {"pass", name},
-                             {"seconds", r.seconds},
-                             {"compute", r.compute()},
-                             {"window", r[Activity::window]},
-                             {"halo", r[Activity::halo]},
-                             {"waiting", r[Activity::waiting]},
-                             {"allreduce", r[Activity::allreduce]},
-                             {"gflops", gflops}});
-    }
-  }
-  print_row("", "gradients", "reduce", row_at(v, at), 0);
-  const double step = v.back();
-
-  // The critical rank computes longest: its waiting is the communication the step could not
-  // hide; the others' waiting is mostly load imbalance (they wait for it).
-  int critical = 0;
-  for (int k = 1; k < size; ++k)
-    if (split[kSplit * k] > split[kSplit * critical]) critical = k;
-  auto exposed_of = [&](int k) {
-    const double* r = split.data() + kSplit * k;
-    return r[6] > 0 ? (r[2] + r[3] + r[4]) / r[6] : 0.0;
-  };
-  out << "  per rank, s per step" << (size > 1 ? " (* the critical rank: most compute)" : "")
-      << "\n  " << pad("rank", 5);
-  for (const char* name : kSplitNames)
-    out << pad(name, 10);
-  out << pad("exposed", 9) << "\n";
-  double exposed_max = 0;
-  for (int k = 0; k < size; ++k) {
-    out << "  " << pad(std::to_string(k) + (k == critical && size > 1 ? "*" : " "), 5);
-    for (int c = 0; c < kSplit; ++c)
-      out << pad(fixed(split[kSplit * k + c], 3), 10);
-    out << pad(fixed(100 * exposed_of(k), 1) + "%", 9) << "\n";
-    exposed_max = std::max(exposed_max, exposed_of(k));
-  }
-  out << "  step " << fixed(step, 3) << " s (slowest rank); exposed communication (halo + waiting "
-      << "+ allreduce): " << fixed(100 * exposed_of(critical), 1)
-      << "% of the critical rank's step";
-  if (size > 1) out << ", at most " << fixed(100 * exposed_max, 1) << "% on any rank";
-  out << "\n";
-  const double conv_rate = conv_seconds > 0 ? conv_flops / conv_seconds / 1e9 : 0;
-  const double wide_rate = wide_seconds > 0 ? wide_flops / wide_seconds / 1e9 : 0;
-  out << "  convolutions: " << fixed(conv_flops / 1e9, 1) << " GFLOP per step on rank 0, "
-      << fixed(conv_rate, 1) << " GFLOP/s";
-  if (wide_seconds > 0) out << "; those with >= 32 channels " << fixed(wide_rate, 1) << " GFLOP/s";
+  const ConvTotals conv = report_layers(out, j, model->timings(), m.v, wide);
+  const double step = m.v.back();
+  report_ranks(out, j, m.split, size, step);
+  out << "  convolutions: " << fixed(conv.flops / 1e9, 1) << " GFLOP per step on rank 0, "
+      << fixed(conv.rate(), 1) << " GFLOP/s";
+  if (conv.wide_seconds > 0)
+    out << "; those with >= 32 channels " << fixed(conv.wide_rate(), 1) << " GFLOP/s";
   out << "\n";
   if (sgemm > 0) {
     out << "  sgemm: " << fixed(sgemm_min, 1) << " GFLOP/s per rank (oneDNN, 2048^3, "
         << kernel_threads().count << (kernel_threads().count == 1 ? " thread" : " threads")
         << ", slowest rank)";
-    if (wide_seconds > 0)
-      out << "; convolutions >= 32 channels at " << fixed(100 * wide_rate / sgemm_min, 0)
+    if (conv.wide_seconds > 0)
+      out << "; convolutions >= 32 channels at " << fixed(100 * conv.wide_rate() / sgemm_min, 0)
           << "% of it";
     out << "\n";
   }
   out << "  throughput " << fixed(static_cast<double>(input.n) / step, 3)
       << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB\n";
-  out << "  host memory (" << to_string(host_memory()) << "), per timed step: large blocks "
-      << fixed(memory_per_step[0], 0) << " reused, " << fixed(memory_per_step[1], 0)
-      << " assembled from kept pages (" << fixed(memory_per_step[3], 0) << " MiB moved), "
-      << fixed(memory_per_step[2], 0) << " fresh; " << fixed(memory_per_step[4], 0)
-      << " MiB of fresh pages; " << fixed(memory_per_step[5], 0) << " minor page faults\n";
-
-  j["step_seconds"] = step;
-  j["critical_rank"] = critical;
-  j["split"] = nlohmann::json::object();
-  for (int c = 0; c < kSplit - 1; ++c)
-    j["split"][kSplitNames[c]] = split[kSplit * critical + c];
-  j["exposed_fraction"] = exposed_of(critical);
-  j["exposed_fraction_max"] = exposed_max;
-  j["per_rank"] = nlohmann::json::array();
-  for (int k = 0; k < size; ++k) {
-    nlohmann::json r;
-    for (int c = 0; c < kSplit; ++c)
-      r[kSplitNames[c]] = split[kSplit * k + c];
-    j["per_rank"].push_back(r);
-  }
-  j["conv_gflop_per_step"] = conv_flops / 1e9;
-  j["conv_gflops"] = conv_rate;
-  j["conv32_gflops"] = wide_rate;
+  report_memory(out, j, m.memory);
+  j["conv_gflop_per_step"] = conv.flops / 1e9;
+  j["conv_gflops"] = conv.rate();
+  j["conv32_gflops"] = conv.wide_rate();
   j["sgemm_gflops_per_rank"] = sgemm_min;
   j["peak_mib"] = peak_mib;
-  j["host_memory"] = {
-      {"policy", to_string(host_memory())},         {"reused_per_step", memory_per_step[0]},
-      {"assembled_per_step", memory_per_step[1]},   {"fresh_per_step", memory_per_step[2]},
-      {"moved_mib_per_step", memory_per_step[3]},   {"fresh_mib_per_step", memory_per_step[4]},
-      {"minor_faults_per_step", memory_per_step[5]}};
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     f << j.dump(2) << "\n";
