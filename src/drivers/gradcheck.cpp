@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -74,6 +75,126 @@ void write_result(h5::File& f, const std::string& group, double loss, const Tens
   write_buffers(f, model, group + "/buffers");
 }
 
+// This rank's tile of the batch: from the file, or drawn from the seed. Local (the file read is
+// this rank's hyperslab).
+template <typename T>
+void tile_of_batch(std::optional<h5::File>& input, std::uint64_t seed, DistTensor<T>& x,
+                   const Distribution& label_dist, std::vector<std::int32_t>& labels) {
+  if (input) {
+    x.local = read_image_tile<T>(*input, x.dist);
+    labels = read_label_tile(*input, label_dist);
+  } else {
+    x.local = random_image_tile<T>(x.dist, seed);
+    labels = random_label_tile(label_dist, seed);
+  }
+}
+
+// The single-rank run of the same step: the sharded model's parameters, the buffers it started
+// from, the whole batch. Local (rank 0 alone).
+template <typename T>
+struct Reference {
+  std::unique_ptr<Model<T>> model;
+  DistTensor<T> x;
+  std::vector<std::int32_t> labels;
+  StepResult<T> result;
+  double seconds = 0;
+};
+
+template <typename T>
+Reference<T> reference_step(const ModelSpec& spec, const Runtime& single, Shape4 shape,
+                            Model<T>& sharded, const std::vector<Tensor<T>>& initial_buffers,
+                            std::optional<h5::File>& input, std::uint64_t seed) {
+  Reference<T> r;
+  r.model = std::make_unique<Model<T>>(spec, single, shape);
+  r.model->state() = sharded.state();
+  auto mine = sharded.params();
+  auto theirs = r.model->params();
+  for (std::size_t k = 0; k < mine.size(); ++k)
+    theirs[k].param->value = mine[k].param->value;
+  auto their_buffers = r.model->buffers();
+  for (std::size_t k = 0; k < their_buffers.size(); ++k)
+    their_buffers[k].buffer->value = initial_buffers[k];
+  r.x = DistTensor<T>(r.model->input_distribution());
+  tile_of_batch(input, seed, r.x, r.model->output_distribution(), r.labels);
+  const auto t0 = std::chrono::steady_clock::now();
+  r.result = forward_backward(*r.model, r.x, r.labels);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// One row per quantity: loss, output, input gradient, every parameter gradient and buffer.
+template <typename T>
+std::vector<Row> compare_all(Model<T>& sharded, const StepResult<T>& step, const Tensor<T>& output,
+                             const Tensor<T>& input_grad, Reference<T>& ref) {
+  const StepResult<T>& r = ref.result;
+  auto mine = sharded.params();
+  auto theirs = ref.model->params();
+  auto my_buffers = sharded.buffers();
+  auto their_buffers = ref.model->buffers();
+  std::vector<Row> rows;
+  rows.push_back(compare<double>("loss", "1", std::span<const double>(&step.loss, 1),
+                                 std::span<const double>(&r.loss, 1)));
+  rows.push_back(compare<T>("output", output.shape().str(), output.span(), r.output.local.span()));
+  double largest = max_abs(std::as_const(r.input_grad.local).span());
+  for (auto& p : theirs)
+    largest = std::max(largest, max_abs(std::as_const(p.param->grad).span()));
+  const double floor = kGradientFloor<T> * largest;
+  rows.push_back(compare<T>("input_grad", input_grad.shape().str(), input_grad.span(),
+                            r.input_grad.local.span(), floor));
+  for (std::size_t k = 0; k < mine.size(); ++k)
+    rows.push_back(compare<T>(mine[k].key(), dims_text(torch_param_dims(sharded, mine[k])),
+                              std::as_const(mine[k].param->grad).span(),
+                              std::as_const(theirs[k].param->grad).span(), floor));
+  for (std::size_t k = 0; k < my_buffers.size(); ++k)
+    rows.push_back(compare<T>(my_buffers[k].key(),
+                              std::to_string(my_buffers[k].buffer->value.numel()),
+                              std::as_const(my_buffers[k].buffer->value).span(),
+                              std::as_const(their_buffers[k].buffer->value).span()));
+  return rows;
+}
+
+// Prints the table; returns how many rows exceed rtol. Local.
+int print_rows(std::ostream& out, const std::vector<Row>& rows, double rtol) {
+  out << "  " << std::left << std::setw(22) << "quantity" << std::setw(16) << "shape"
+      << std::setw(14) << "max abs err"
+      << "rel err\n";
+  int failed = 0;
+  for (const Row& row : rows) {
+    out << "  " << std::left << std::setw(22) << row.name << std::setw(16) << row.shape
+        << std::setw(14) << std::setprecision(3) << std::scientific << row.max_abs << row.rel
+        << (row.rel > rtol ? "  FAIL" : "") << std::defaultfloat << "\n";
+    if (!(row.rel <= rtol)) ++failed;
+  }
+  return failed;
+}
+
+// The dump (README "Files"), written to a temporary file and renamed. Local.
+template <typename T>
+void write_dump(const GradcheckOptions& o, const ModelSpec& spec, Model<T>& sharded,
+                const StepResult<T>& step, const Tensor<T>& output, const Tensor<T>& input_grad,
+                Reference<T>& ref, const std::vector<Tensor<T>>& initial_buffers) {
+  h5::write_atomically(o.dump, [&](h5::File& f) {
+    f.set_attribute("format", "tessera-gradcheck-1");
+    f.set_attribute("grid", o.grid.str());
+    f.set_attribute("dtype", o.dtype);
+    f.set_attribute("model", spec.json);
+    f.set_attribute("mode", o.mode);
+    write_params(f, *ref.model, "/params", ParamField::value);
+    auto their_buffers = ref.model->buffers();
+    for (std::size_t k = 0; k < their_buffers.size(); ++k)
+      f.write<T>("/buffers/" + their_buffers[k].key(), initial_buffers[k].span(),
+                 {initial_buffers[k].numel()});
+    write_batch(f, "/batch", ref.x.local, ref.labels, ref.model->output_distribution());
+    for (auto& m : ref.model->masks()) {
+      const Shape4& s = m.buffer->value.shape();
+      f.write<T>("/masks/" + m.layer, std::as_const(m.buffer->value).span(), {s.n, s.c, s.h, s.w});
+    }
+    write_result(f, "/sharded", step.loss, output, input_grad, sharded);
+    write_result(f, "/reference", ref.result.loss, ref.result.output.local,
+                 ref.result.input_grad.local, *ref.model);
+  });
+}
+
 template <typename T>
 int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, std::ostream& out) {
   using clock = std::chrono::steady_clock;
@@ -141,15 +262,7 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
   DistTensor<T> x(model->input_distribution());
   std::vector<std::int32_t> labels;
   const Distribution& label_dist = model->output_distribution();
-  agree(world, [&] {
-    if (input) {
-      x.local = read_image_tile<T>(*input, x.dist);
-      labels = read_label_tile(*input, label_dist);
-    } else {
-      x.local = random_image_tile<T>(x.dist, o.seed);
-      labels = random_label_tile(label_dist, o.seed);
-    }
-  });
+  agree(world, [&] { tile_of_batch(input, o.seed, x, label_dist, labels); });
 
   const double rtol = o.rtol > 0 ? o.rtol : (std::is_same_v<T, float> ? 1e-4 : 1e-10);
   const bool root = grid.rank() == 0;
@@ -162,7 +275,7 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
         << ", samples " << to_string(x.dist.samples()) << "\n";
   }
 
-  auto t0 = clock::now();
+  const auto t0 = clock::now();
   StepResult<T> sharded = forward_backward(*model, x, labels);
   const double sharded_s = std::chrono::duration<double>(clock::now() - t0).count();
   const Tensor<T> output = gather_to_root(sharded.output, grid);
@@ -175,82 +288,15 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
   int failed = 0;
   agree(*patient, [&] {
     if (!root) return;
-    const Runtime single = runtime.single();
-    Model<T> ref(spec, single, shape);
-    ref.state() = state;
-    auto mine = model->params();
-    auto theirs = ref.params();
-    for (std::size_t k = 0; k < mine.size(); ++k)
-      theirs[k].param->value = mine[k].param->value;
-    auto my_buffers = model->buffers();
-    auto their_buffers = ref.buffers();
-    for (std::size_t k = 0; k < their_buffers.size(); ++k)
-      their_buffers[k].buffer->value = initial_buffers[k];
-    DistTensor<T> rx(ref.input_distribution());
-    std::vector<std::int32_t> rlabels;
-    if (input) {
-      rx.local = read_image_tile<T>(*input, rx.dist);
-      rlabels = read_label_tile(*input, ref.output_distribution());
-    } else {
-      rx.local = random_image_tile<T>(rx.dist, o.seed);
-      rlabels = random_label_tile(ref.output_distribution(), o.seed);
-    }
-    t0 = clock::now();
-    StepResult<T> r = forward_backward(ref, rx, rlabels);
-    const double single_s = std::chrono::duration<double>(clock::now() - t0).count();
-
-    std::vector<Row> rows;
-    rows.push_back(compare<double>("loss", "1", std::span<const double>(&sharded.loss, 1),
-                                   std::span<const double>(&r.loss, 1)));
-    rows.push_back(
-        compare<T>("output", output.shape().str(), output.span(), r.output.local.span()));
-    double largest = max_abs(std::as_const(r.input_grad.local).span());
-    for (auto& p : theirs)
-      largest = std::max(largest, max_abs(std::as_const(p.param->grad).span()));
-    const double floor = kGradientFloor<T> * largest;
-    rows.push_back(compare<T>("input_grad", input_grad.shape().str(), input_grad.span(),
-                              r.input_grad.local.span(), floor));
-    for (std::size_t k = 0; k < mine.size(); ++k)
-      rows.push_back(compare<T>(mine[k].key(), dims_text(torch_param_dims(*model, mine[k])),
-                                std::as_const(mine[k].param->grad).span(),
-                                std::as_const(theirs[k].param->grad).span(), floor));
-    for (std::size_t k = 0; k < my_buffers.size(); ++k)
-      rows.push_back(compare<T>(my_buffers[k].key(),
-                                std::to_string(my_buffers[k].buffer->value.numel()),
-                                std::as_const(my_buffers[k].buffer->value).span(),
-                                std::as_const(their_buffers[k].buffer->value).span()));
-    out << "  " << std::left << std::setw(22) << "quantity" << std::setw(16) << "shape"
-        << std::setw(14) << "max abs err"
-        << "rel err\n";
-    for (const Row& row : rows) {
-      out << "  " << std::left << std::setw(22) << row.name << std::setw(16) << row.shape
-          << std::setw(14) << std::setprecision(3) << std::scientific << row.max_abs << row.rel
-          << (row.rel > rtol ? "  FAIL" : "") << std::defaultfloat << "\n";
-      if (!(row.rel <= rtol)) ++failed;
-    }
+    Reference<T> ref =
+        reference_step(spec, runtime.single(), shape, *model, initial_buffers, input, o.seed);
+    const std::vector<Row> rows = compare_all(*model, sharded, output, input_grad, ref);
+    failed = print_rows(out, rows, rtol);
     out << std::setprecision(3) << "  loss " << std::setprecision(12) << sharded.loss
-        << std::setprecision(3) << "; sharded " << sharded_s << " s, single rank " << single_s
+        << std::setprecision(3) << "; sharded " << sharded_s << " s, single rank " << ref.seconds
         << " s\n";
     if (!o.dump.empty()) {
-      h5::write_atomically(o.dump, [&](h5::File& f) {
-        f.set_attribute("format", "tessera-gradcheck-1");
-        f.set_attribute("grid", o.grid.str());
-        f.set_attribute("dtype", o.dtype);
-        f.set_attribute("model", spec.json);
-        f.set_attribute("mode", o.mode);
-        write_params(f, ref, "/params", ParamField::value);
-        for (std::size_t k = 0; k < their_buffers.size(); ++k)
-          f.write<T>("/buffers/" + their_buffers[k].key(), initial_buffers[k].span(),
-                     {initial_buffers[k].numel()});
-        write_batch(f, "/batch", rx.local, rlabels, ref.output_distribution());
-        for (auto& m : ref.masks()) {
-          const Shape4& s = m.buffer->value.shape();
-          f.write<T>("/masks/" + m.layer, std::as_const(m.buffer->value).span(),
-                     {s.n, s.c, s.h, s.w});
-        }
-        write_result(f, "/sharded", sharded.loss, output, input_grad, *model);
-        write_result(f, "/reference", r.loss, r.output.local, r.input_grad.local, ref);
-      });
+      write_dump(o, spec, *model, sharded, output, input_grad, ref, initial_buffers);
       out << "  wrote " << o.dump << "\n";
     }
     if (failed)
