@@ -41,6 +41,9 @@ class Runtime {
 
   Comm& comm() const { return *comm_; }
   const Backend& backend() const { return *backend_; }
+  // The memory the backend computes in (host for the CPU backends; the host allocator's policy
+  // is process-wide, set by main from options().host_memory). Local.
+  Allocator& allocator() const { return backend_->allocator(); }
   bool overlap() const { return options_.overlap; }
   const RuntimeOptions& options() const { return options_; }
 
