@@ -1,0 +1,60 @@
+// Device memory (include/tessera/gpu.hpp) on a real GPU: tensors in device memory keep their
+// shape, layout and bytes through copies to and from the host, host accessors refuse them, and an
+// allocation that cannot fit names the bytes asked and free. Without a usable device the whole
+// executable reports itself skipped (exit 77) with the reason.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "../common/test_helpers.hpp"
+#include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
+
+namespace tessera {
+namespace {
+
+TEST(DeviceMemory, TensorsRoundTripThroughTheDevice) {
+  Allocator& device = *device_allocator();
+  const Tensor<float> host = test::random_tensor<float>({2, 20, 33, 17}, 5, 1);
+  const Tensor<float> blocked = to_layout(host, Layout::nchw16c);
+  const Tensor<float> on_device = copy_to(blocked, device);
+  EXPECT_EQ(on_device.space(), MemorySpace::device);
+  EXPECT_EQ(on_device.layout(), Layout::nchw16c);
+  EXPECT_THROW((void)on_device.data(), Error);
+  const Tensor<float> device_copy = on_device;  // a device-to-device copy
+  EXPECT_EQ(device_copy.space(), MemorySpace::device);
+  EXPECT_NE(device_copy.data_in(MemorySpace::device), on_device.data_in(MemorySpace::device));
+  const Tensor<float> back = copy_to(device_copy, host_allocator());
+  EXPECT_EQ(back.layout(), Layout::nchw16c);
+  ASSERT_EQ(back.size(), blocked.size());
+  for (std::size_t k = 0; k < back.size(); ++k)
+    ASSERT_EQ(back.data()[k], blocked.data()[k]) << "element " << k;
+}
+
+TEST(DeviceMemory, AnAllocationTooLargeNamesTheBytes) {
+  try {
+    void* p = device_allocator()->allocate(std::size_t{1} << 50);  // 1 PiB
+    device_allocator()->deallocate(p, std::size_t{1} << 50);
+    ADD_FAILURE() << "a 1 PiB device allocation succeeded";
+  } catch (const Error& e) {
+    test::expect_mentions(e.what(), {"out of device memory", "1125899906842624 bytes", "free of"});
+  }
+  // The device still works afterwards.
+  const Tensor<double> t = copy_to(Tensor<double>({1, 1, 4, 4}, 2.0), *device_allocator());
+  EXPECT_EQ(copy_to(t, host_allocator()).data()[15], 2.0);
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  const tessera::GpuInfo gpu = tessera::gpu_info();
+  if (tessera::device_allocator() == nullptr) {
+    std::printf("SKIP: no usable GPU (%s)\n",
+                gpu.built ? (gpu.error.empty() ? "no device" : gpu.error.c_str())
+                          : "this build has no CUDA");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
