@@ -117,6 +117,10 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
       static_cast<std::int64_t>(window.size()) >= storage_size(window.shape(), window_layout_),
       "halo exchange: the window " + window.shape().str() +
           " has no storage for its nchw16c padding channels");
+  TESSERA_CHECK(source.space() == copies_->space() && target.space() == copies_->space(),
+                std::string("halo exchange of ") + name_ + ": tensors in " +
+                    to_string(source.space()) + " and " + to_string(target.space()) +
+                    " memory, copies for " + to_string(copies_->space()) + " memory");
   // Either side may be nchw16c: the copies convert.
   const Planes<const T> in = planes_of(source, from);
   const Planes<T> out = planes_of(target, to);
@@ -156,7 +160,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
     copies_->move(in, out, plan_.self, how);
   }
   how_ = how;
-  target_ = target.data();
+  target_ = out.data;
   target_shape_ = target.shape();
   target_layout_ = out.layout;
   return request;

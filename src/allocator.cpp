@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -32,14 +33,30 @@ std::string mib(std::size_t bytes) {
               "); a larger spatial grid gives each rank a smaller tile (tessera plan)");
 }
 
-// Moves the mapping of [from, from + bytes) to `to`, replacing what was there. Returns 0, or -1
-// with errno set. Through the system call itself: MPICH's UCX transport overrides libc's mremap
-// (libucm's ucm_override_mremap, to watch mappings), and through it a move to a fixed address
-// failed with EINVAL or left the pages elsewhere (the block then faulted in afresh).
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4  // Linux 5.7
+#endif
+
+// Moves the pages of [from, from + bytes) to `to`, replacing what was there. Returns 0, or -1
+// with errno set (the kernel may then have unmapped `to`: the caller maps it again).
+// Through the system call itself: MPICH's UCX transport overrides libc's mremap (libucm's
+// ucm_override_mremap, to watch mappings for its registration cache), and through it a move to a
+// fixed address failed with EINVAL or left the pages elsewhere. So that such hooks still see the
+// source go, the move leaves it mapped and empty (MREMAP_DONTUNMAP) and libc's munmap, which they
+// do watch, removes it; a kernel without MREMAP_DONTUNMAP moves it away directly.
 int move_pages(char* from, std::size_t bytes, char* to) {
-  const long r = syscall(SYS_mremap, from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  constexpr long kMove = MREMAP_MAYMOVE | MREMAP_FIXED;
+  long r = syscall(SYS_mremap, from, bytes, bytes, kMove | MREMAP_DONTUNMAP, to);
+  if (r == -1 && errno == EINVAL) {
+    r = syscall(SYS_mremap, from, bytes, bytes, kMove, to);
+  } else if (r != -1) {
+    munmap(from, bytes);
+  }
   if (r == -1) return -1;
-  return reinterpret_cast<char*>(r) == to ? 0 : -1;
+  if (reinterpret_cast<char*>(r) == to) return 0;
+  munmap(reinterpret_cast<void*>(r), bytes);  // never with MREMAP_FIXED; nothing may stay elsewhere
+  errno = EFAULT;
+  return -1;
 }
 
 // A run of pages that is one mapping of its own: mremap moves all or a leading part of one
@@ -71,6 +88,7 @@ class HostAllocator final : public Allocator {
     }
     const std::size_t n = round_up(bytes, page_);
     std::lock_guard lock(mutex_);
+    live_.reserve(live_.size() + 1);  // nothing to throw once the block is taken
     Block block = take(n);
     char* addr = block.pieces.front().addr;
     stats_.live_bytes += static_cast<std::int64_t>(n);
@@ -88,11 +106,15 @@ class HostAllocator final : public Allocator {
         live_.erase(it);
         stats_.live_bytes -= static_cast<std::int64_t>(block.bytes);
         if (policy_ == HostMemory::pool && block.pieces.size() <= kMaxPieces) {
-          stats_.kept_bytes += static_cast<std::int64_t>(block.bytes);
-          kept_.emplace(block.bytes, std::move(block));
-        } else {
-          unmap(block);
+          try {
+            const std::size_t size = block.bytes;
+            kept_.emplace(size, std::move(block));
+            stats_.kept_bytes += static_cast<std::int64_t>(size);
+            return;
+          } catch (...) {  // no memory for the bookkeeping: give the pages back instead
+          }
         }
+        unmap(block);
         return;
       }
     }
@@ -168,6 +190,13 @@ class HostAllocator final : public Allocator {
       if (moved < want) break;  // the kernel refused a move: the rest is fresh
     }
     if (filled < n) {
+      // A refused move may have unmapped its target: map the rest afresh, whatever it holds.
+      if (mmap(base + filled, n - filled, PROT_READ | PROT_WRITE,
+               MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+        unmap(out);
+        munmap(base + filled, n - filled);
+        out_of_memory(n, "mmap");
+      }
       out.pieces.push_back({base + filled, n - filled});
       stats_.fresh_bytes += static_cast<std::int64_t>(n - filled);
     }
@@ -179,7 +208,8 @@ class HostAllocator final : public Allocator {
   // rest. Returns the bytes moved: fewer when the kernel refuses a move.
   static std::size_t move_front(Block& from, std::size_t want, char* to, std::vector<Piece>& into) {
     std::size_t moved = 0;
-    std::size_t whole = 0;  // leading pieces of `from` moved entirely
+    std::size_t whole = 0;                           // leading pieces of `from` moved entirely
+    into.reserve(into.size() + from.pieces.size());  // no allocation between a move and its record
     while (whole < from.pieces.size() && moved < want) {
       Piece& p = from.pieces[whole];
       const std::size_t len = std::min(p.bytes, want - moved);
@@ -212,7 +242,7 @@ class HostAllocator final : public Allocator {
   }
 
   std::mutex mutex_;
-  HostMemory policy_ = HostMemory::pool;
+  std::atomic<HostMemory> policy_ = HostMemory::pool;  // read without the lock by allocate
   const std::size_t page_ = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   std::multimap<std::size_t, Block> kept_;
   std::unordered_map<void*, Block> live_;

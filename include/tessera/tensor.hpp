@@ -78,6 +78,32 @@ class Tensor {
         size_(static_cast<std::size_t>(storage_size(shape, layout))),
         storage_(allocator, size_ * sizeof(T)) {}
 
+  Tensor(const Tensor&) = default;
+  // A moved-from tensor is empty (no storage, no elements).
+  Tensor(Tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, {})),
+        layout_(other.layout_),
+        size_(std::exchange(other.size_, 0)),
+        storage_(std::move(other.storage_)) {}
+  // Copies in place when the storage fits (same allocator and size), else allocates first: a
+  // failed allocation leaves the tensor as it was.
+  Tensor& operator=(const Tensor& other) {
+    if (this == &other) return *this;
+    storage_ = other.storage_;
+    shape_ = other.shape_;
+    layout_ = other.layout_;
+    size_ = other.size_;
+    return *this;
+  }
+  Tensor& operator=(Tensor&& other) noexcept {
+    if (this == &other) return *this;
+    storage_ = std::move(other.storage_);
+    shape_ = std::exchange(other.shape_, {});
+    layout_ = other.layout_;
+    size_ = std::exchange(other.size_, 0);
+    return *this;
+  }
+
   const Shape4& shape() const { return shape_; }
   Layout layout() const { return layout_; }
   MemorySpace space() const { return storage_.space(); }

@@ -111,6 +111,7 @@ template <typename T>
 class CpuHaloCopy final : public HaloCopyKernel<T> {
  public:
   std::string name() const override { return "threaded"; }
+  MemorySpace space() const override { return MemorySpace::host; }
   void move(const Planes<const T>& from, const Planes<T>& to, const Box& box,
             Direction how) const override {
     move_box(from, to, box, how);

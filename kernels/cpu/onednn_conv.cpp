@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "onednn_common.hpp"
@@ -311,12 +312,14 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
   check_shape("output gradient", dy.shape(), p.shapes.y);
   check_shape("weight", w.shape(), p.shapes.w);
   check_shape("input gradient", dx.shape(), p.shapes.x);
+  // What a previous call kept for its backward_filter goes now: nothing stale survives a throw.
+  p.dy_converted = memory();
+  p.dy_source = nullptr;
+  p.dy_buffer.reset();
   onednn::run("convolution backward-data", [&] {
     Storage dy_buffer, dx_buffer, scratch, unused;
     memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream, dy_buffer);
     const bool shared = p.data_diff_dst.reorder && p.data_diff_dst.prim == p.weights_diff_dst.prim;
-    p.dy_converted = shared ? diff_dst : memory();
-    p.dy_source = shared ? dy.data() : nullptr;
     memory weights = p.data_weights.read(w.data(), p.stream, unused, p.data_w);
     memory diff_src = p.data_diff_src.target(dx.data(), dx_buffer);
     std::unordered_map<int, memory> args{
@@ -325,7 +328,11 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
     p.data.execute(p.stream, args);
     p.data_diff_src.finish(diff_src, dx.data(), p.stream);
     p.stream.wait();
-    if (shared) p.dy_buffer = std::move(dy_buffer);  // backward_filter reads it
+    if (shared) {  // backward_filter reads it
+      p.dy_converted = diff_dst;
+      p.dy_source = dy.data();
+      p.dy_buffer = std::move(dy_buffer);
+    }
   });
 }
 
@@ -341,15 +348,15 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
       "oneDNN conv backward-filter: bias gradient of " + std::to_string(dbias.size()) +
           " values for " + std::to_string(p.shapes.w.n) + " output channels" +
           (p.shapes.bias ? "" : " (planned without bias)"));
+  // backward_data's conversion of dy, taken whatever happens next (released after this call).
+  const memory kept = std::exchange(p.dy_converted, memory());
+  const float* kept_source = std::exchange(p.dy_source, nullptr);
+  Storage dy_buffer = std::move(p.dy_buffer);
   onednn::run("convolution backward-weights", [&] {
     Storage x_buffer, scratch;
-    Storage dy_buffer = std::move(p.dy_buffer);  // released after this call
     memory src = p.weights_src.read(x.data(), p.stream, x_buffer);
-    memory diff_dst = p.dy_source == dy.data()
-                          ? p.dy_converted
-                          : p.weights_diff_dst.read(dy.data(), p.stream, dy_buffer);
-    p.dy_converted = memory();
-    p.dy_source = nullptr;
+    memory diff_dst =
+        kept_source == dy.data() ? kept : p.weights_diff_dst.read(dy.data(), p.stream, dy_buffer);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, p.diff_w}};
     if (p.shapes.bias) args.insert({DNNL_ARG_DIFF_BIAS, p.diff_b});

@@ -107,7 +107,7 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
   // (and then recomputes what read it), so it holds old values, never indeterminate ones.
   const Layout layout = exchange_->window_layout();
-  if (window_.shape() != shape ||
+  if (window_.shape() != shape || window_.layout() != layout ||
       static_cast<std::int64_t>(window_.span().size()) != storage_size(shape, layout))
     window_ = Tensor<T>(shape, layout);
   in_layout_ = x.layout();

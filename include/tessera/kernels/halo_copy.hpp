@@ -49,6 +49,8 @@ class HaloCopyKernel {
  public:
   virtual ~HaloCopyKernel() = default;
   virtual std::string name() const = 0;
+  // The memory the copies read and write; the exchange checks its tensors lie there.
+  virtual MemorySpace space() const = 0;
   // Copies (fill) or adds (accumulate) `box` of every plane from `from` to `to`.
   virtual void move(const Planes<const T>& from, const Planes<T>& to, const Box& box,
                     Direction how) const = 0;
