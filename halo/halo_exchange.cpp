@@ -85,7 +85,7 @@ void HaloExchange<T>::set_window_layout(Layout layout) {
 
 template <typename T>
 HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target,
-                                      Layout tile_layout, Into into) {
+                                      Into into) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
   TESSERA_CHECK(!abandoned_, "the halo exchange of " + name_ +
                                  " was abandoned in flight (an error unwound past it); its "
@@ -103,20 +103,15 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
                     source.shape().str() + " / target " + target.shape().str() +
                     " do not match the plan's " + to_string(from) + " / " + to_string(to));
-  // An nchw16c window may pad its channels (its storage holds them); tiles in nchw16c do not.
-  TESSERA_CHECK(
-      tile_layout == Layout::nchw || source.shape().c % kBlock == 0,
-      "halo exchange: an nchw16c tile needs channels divisible by 16, got " + source.shape().str());
   const Tensor<T>& window = fill ? target : source;
   const Tensor<T>& tile = fill ? source : target;
-  TESSERA_CHECK(tile.layout() == tile_layout && window.layout() == window_layout_,
-                std::string("halo exchange: the tile lies in ") + to_string(tile.layout()) +
-                    " and the window in " + to_string(window.layout()) + ", the exchange expects " +
-                    to_string(tile_layout) + " and " + to_string(window_layout_));
+  // An nchw16c window may pad its channels (its storage holds them); tiles in nchw16c do not.
   TESSERA_CHECK(
-      static_cast<std::int64_t>(window.size()) >= storage_size(window.shape(), window_layout_),
-      "halo exchange: the window " + window.shape().str() +
-          " has no storage for its nchw16c padding channels");
+      tile.layout() == Layout::nchw || tile.shape().c % kBlock == 0,
+      "halo exchange: an nchw16c tile needs channels divisible by 16, got " + tile.shape().str());
+  TESSERA_CHECK(window.layout() == window_layout_,
+                std::string("halo exchange: the window lies in ") + to_string(window.layout()) +
+                    ", the exchange assembles it in " + to_string(window_layout_));
   TESSERA_CHECK(source.space() == copies_->space() && target.space() == copies_->space(),
                 std::string("halo exchange of ") + name_ + ": tensors in " +
                     to_string(source.space()) + " and " + to_string(target.space()) +

@@ -173,6 +173,7 @@ class HostAllocator final : public Allocator {
     char* base = static_cast<char*>(mapped);
     Block out{n, {}};
     std::size_t filled = 0;
+    bool refused = false;
     while (filled < n && !kept_.empty()) {
       auto it = kept_.lower_bound(n - filled);
       if (it == kept_.end()) it = std::prev(it);
@@ -187,11 +188,15 @@ class HostAllocator final : public Allocator {
         stats_.kept_bytes += static_cast<std::int64_t>(from.bytes);
         kept_.emplace(from.bytes, std::move(from));
       }
-      if (moved < want) break;  // the kernel refused a move: the rest is fresh
+      if (moved < want) {  // the kernel refused a move: the rest is fresh
+        refused = true;
+        break;
+      }
     }
     if (filled < n) {
-      // A refused move may have unmapped its target: map the rest afresh, whatever it holds.
-      if (mmap(base + filled, n - filled, PROT_READ | PROT_WRITE,
+      // A refused move may have unmapped its target: map the rest afresh.
+      if (refused &&
+          mmap(base + filled, n - filled, PROT_READ | PROT_WRITE,
                MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
         unmap(out);
         munmap(base + filled, n - filled);

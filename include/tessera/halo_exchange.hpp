@@ -77,37 +77,35 @@ class HaloExchange {
   // finish, window holds the tile's values, the peers' values, and the padding value (zero unless
   // set_window_padding said otherwise) outside the image.
   // Neighbour-wise collective over the spatial communicator (every rank must start one).
-  // `tile_layout` is the tile's memory layout (the window's is window_layout()).
-  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window,
-                            Layout tile_layout = Layout::nchw) {
-    return start(Direction::fill, tile, window, tile_layout);
+  // The tile may lie in any layout (Tensor::layout); the window lies in window_layout().
+  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window) {
+    return start(Direction::fill, tile, window);
   }
 
   // Backward. Adds each element of `window_grad` (sized to plan.window) into the tile that owns
   // it; parts outside the image are dropped. `tile_grad` is added to, or with Into::overwrite
   // overwritten. Neighbour-wise collective over the spatial communicator.
   HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
-                                  Layout tile_layout = Layout::nchw, Into into = Into::add) {
-    return start(Direction::accumulate, window_grad, tile_grad, tile_layout, into);
+                                  Into into = Into::add) {
+    return start(Direction::accumulate, window_grad, tile_grad, into);
   }
 
   // Completes the exchange. Local wait (Comm::wait, with its deadline).
   void finish(HaloRequest<T>& request);
 
-  void fill(const Tensor<T>& tile, Tensor<T>& window, Layout tile_layout = Layout::nchw) {
-    auto r = start_fill(tile, window, tile_layout);
+  void fill(const Tensor<T>& tile, Tensor<T>& window) {
+    auto r = start_fill(tile, window);
     finish(r);
   }
-  void accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
-                  Layout tile_layout = Layout::nchw) {
-    auto r = start_accumulate(window_grad, tile_grad, tile_layout);
+  void accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad) {
+    auto r = start_accumulate(window_grad, tile_grad);
     finish(r);
   }
 
  private:
   friend class HaloRequest<T>;
   HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target,
-                       Layout tile_layout, Into into = Into::add);
+                       Into into = Into::add);
   void size_buffers(std::int64_t planes);
 
   HaloPlan plan_;

@@ -3,12 +3,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "tessera/allocator.hpp"
 

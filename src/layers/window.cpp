@@ -107,11 +107,9 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
   // (and then recomputes what read it), so it holds old values, never indeterminate ones.
   const Layout layout = exchange_->window_layout();
-  if (window_.shape() != shape || window_.layout() != layout ||
-      static_cast<std::int64_t>(window_.span().size()) != storage_size(shape, layout))
-    window_ = Tensor<T>(shape, layout);
+  if (window_.shape() != shape || window_.layout() != layout) window_ = Tensor<T>(shape, layout);
   in_layout_ = x.layout();
-  return exchange_->start_fill(x.local, window_, x.layout());
+  return exchange_->start_fill(x.local, window_);
 }
 
 template <typename T>
@@ -136,7 +134,7 @@ DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
                                                 const std::function<void()>& overlap) {
   // dL/dx lies as x did; the exchange writes all of it.
   DistTensor<T> dx(in_, in_layout_, uninitialized, this->allocator());
-  auto request = exchange_->start_accumulate(grad, dx.local, in_layout_, Into::overwrite);
+  auto request = exchange_->start_accumulate(grad, dx.local, Into::overwrite);
   if (overlap) overlap();
   exchange_->finish(request);
   return dx;

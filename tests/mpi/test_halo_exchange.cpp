@@ -161,8 +161,8 @@ void expect_blocked_windows_hold_the_same_values() {
     // Tiles in nchw16c too (a conv's output handed on as oneDNN wrote it): both sides blocked.
     Tensor<T> both(s.window_shape(), Layout::nchw16c, -1.0),
         ay_both(s.in.local_shape(), Layout::nchw16c);
-    s.exchange->fill(to_layout(x, Layout::nchw16c), both, Layout::nchw16c);
-    s.exchange->accumulate(to_layout(y, Layout::nchw16c), ay_both, Layout::nchw16c);
+    s.exchange->fill(to_layout(x, Layout::nchw16c), both);
+    s.exchange->accumulate(to_layout(y, Layout::nchw16c), ay_both);
     EXPECT_TRUE(std::equal(both.span().begin(), both.span().end(), blocked.span().begin()))
         << "fill from an nchw16c tile, kernel " << g.ah.kernel << " stride " << g.ah.stride;
     const Tensor<T> ay_back = to_layout(ay_both, Layout::nchw);
@@ -238,7 +238,7 @@ TEST(HaloExchange, AccumulateCanOverwriteTheTile) {
     const Tensor<double> y = s.random_tile_and_window(stream).second;
     Tensor<double> added(s.in.local_shape()), overwritten(s.in.local_shape(), 123.0);
     s.exchange->accumulate(y, added);
-    auto r = s.exchange->start_accumulate(y, overwritten, Layout::nchw, Into::overwrite);
+    auto r = s.exchange->start_accumulate(y, overwritten, Into::overwrite);
     s.exchange->finish(r);
     EXPECT_TRUE(std::equal(added.span().begin(), added.span().end(), overwritten.span().begin()))
         << "kernel " << g.ah.kernel << " stride " << g.ah.stride << " dilation " << g.ah.dilation
