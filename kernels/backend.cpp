@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
 #include "tessera_config.h"
 
 #if TESSERA_HAVE_ONEDNN
@@ -64,7 +65,27 @@ std::unique_ptr<PoolKernel<T>> reference_pool(PoolKind kind, const PoolShapes& s
 }  // namespace
 
 const char* to_string(KernelBackend b) {
-  return b == KernelBackend::onednn ? "onednn" : "reference";
+  switch (b) {
+    case KernelBackend::onednn:
+      return "onednn";
+    case KernelBackend::cuda:
+      return "cuda";
+    case KernelBackend::reference:
+      break;
+  }
+  return "reference";
+}
+
+namespace {
+CudaOptions g_cuda_options;
+}  // namespace
+
+void set_cuda_options(const CudaOptions& options) {
+  g_cuda_options = options;
+}
+
+const CudaOptions& cuda_options() {
+  return g_cuda_options;
 }
 
 KernelBackend parse_kernel_backend(const std::string& text) {
@@ -191,6 +212,14 @@ std::unique_ptr<LinearKernel<double>> Backend::make_linear(std::int64_t in, std:
 const Backend& backend_of(KernelBackend kind) {
   static const Backend reference;
   if (kind == KernelBackend::reference) return reference;
+  if (kind == KernelBackend::cuda) {
+    const Backend* cuda = cuda_backend();
+    TESSERA_CHECK(cuda != nullptr, "kernel backend 'cuda' asked for, but " +
+                                       std::string(gpu_info().built ? "no GPU is usable here (" +
+                                                                          gpu_info().error + ")"
+                                                                    : "this build has no CUDA"));
+    return *cuda;
+  }
 #if TESSERA_HAVE_ONEDNN
   static const OneDnnBackend onednn;
   return onednn;

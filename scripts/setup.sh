@@ -21,6 +21,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
+# The CUDA toolkit's nvcc (the GPU backend builds when it, cuDNN and NCCL are found).
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
 if [ ! -f build/build.ninja ]; then
   meson setup build --buildtype=release
 fi

@@ -1,6 +1,7 @@
-// What the build knows about GPUs, and device memory. The CUDA backend (cuDNN, NCCL) is not built
-// yet; this reports whether the CUDA runtime was linked and what it sees (`tessera --version`),
-// and hands out the current device's memory as an Allocator. Local.
+// What the build knows about GPUs, and device memory: whether the CUDA runtime was linked and what
+// it sees (`tessera --version`), the current device, the current device's memory as an Allocator,
+// and the CUDA kernels' options. The CUDA backend itself is kernels/backend.hpp's cuda_backend().
+// Local.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,23 @@ struct GpuInfo {
 };
 
 GpuInfo gpu_info();
+
+// Makes `device` the current CUDA device of this process (before any device memory is taken), and
+// its name ("NVIDIA H100 80GB HBM3"). Throw an Error in a build without CUDA. Local.
+void set_current_device(int device);
+std::string device_name(int device);
+
+// How the CUDA kernels compute: process-wide, like the kernel threads (backend.hpp), set once by
+// main from the command line. Local.
+struct CudaOptions {
+  // Only algorithms cuDNN marks deterministic (bitwise the same result every run).
+  bool deterministic = false;
+  // float32 convolutions may use TF32 tensor cores (10-bit mantissa products). Off: float32 is
+  // checked against float32.
+  bool allow_tf32 = false;
+};
+void set_cuda_options(const CudaOptions& options);
+const CudaOptions& cuda_options();
 
 // The memory of the current CUDA device (cudaMalloc / cudaFree; copies with cudaMemcpy), one per
 // process like host_allocator(); null in a build without CUDA or when no device is usable. An

@@ -11,17 +11,15 @@
 namespace tessera {
 namespace {
 
-// y = x > 0 ? x : slope * x, and which x were positive. Branch-free over restrict pointers, so
-// that GCC vectorises it (the product is taken unconditionally: a multiply under the condition is
-// not if-converted); with a branch, signs that change at random cost a misprediction every other
-// element (4 ns per element here).
+// y = leaky_relu(x), and which x were positive. Over restrict pointers, so that GCC vectorises
+// it (elementwise::leaky_relu is branch-free); with a branch, signs that change at random cost a
+// misprediction every other element (4 ns per element here).
 template <typename T>
 void leaky_relu_mask(const T* __restrict x, T* __restrict y, std::uint8_t* __restrict positive,
                      std::int64_t n, T slope) {
   for (std::int64_t k = 0; k < n; ++k) {
-    const T v = x[k], scaled = slope * v;
-    positive[k] = v > T(0);
-    y[k] = v > T(0) ? v : scaled;
+    positive[k] = x[k] > T(0);
+    y[k] = elementwise::leaky_relu(x[k], slope);
   }
 }
 
@@ -29,10 +27,8 @@ void leaky_relu_mask(const T* __restrict x, T* __restrict y, std::uint8_t* __res
 template <typename T>
 void leaky_relu_mask_backward(const T* __restrict dy, const std::uint8_t* __restrict positive,
                               T* __restrict dx, std::int64_t n, T slope) {
-  for (std::int64_t k = 0; k < n; ++k) {
-    const T scaled = slope * dy[k];
-    dx[k] = positive[k] ? dy[k] : scaled;
-  }
+  for (std::int64_t k = 0; k < n; ++k)
+    dx[k] = elementwise::leaky_relu_grad(positive[k] != 0, dy[k], slope);
 }
 
 template <typename T>

@@ -55,23 +55,12 @@ class ReferenceUpdate final : public UpdateKernel<T> {
  public:
   std::string name() const override { return "reference"; }
   void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s) const override {
-    for (std::int64_t i = 0; i < n; ++i) {
-      T d = s.decay ? g[i] + s.weight_decay * p[i] : g[i];
-      if (buf) {
-        buf[i] = s.first_step ? d : buf[i] * s.momentum + d;
-        d = buf[i];
-      }
-      p[i] = p[i] + s.neg_lr * d;
-    }
+    for (std::int64_t i = 0; i < n; ++i)
+      elementwise::sgd(p[i], g[i], buf ? buf + i : nullptr, s);
   }
   void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s) const override {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const T d = s.decay ? g[i] + s.weight_decay * p[i] : g[i];
-      m[i] = m[i] * s.beta1 + s.one_minus_beta1 * d;
-      v[i] = v[i] * s.beta2 + s.one_minus_beta2 * d * d;
-      const T denom = std::sqrt(v[i]) / s.bias_correction2_sqrt + s.eps;
-      p[i] = p[i] + s.neg_step_size * m[i] / denom;
-    }
+    for (std::int64_t i = 0; i < n; ++i)
+      elementwise::adam(p[i], g[i], m[i], v[i], s);
   }
 };
 
@@ -148,18 +137,17 @@ class CpuDropout final : public DropoutKernel<T> {
     const T* in = x.data();
     T* m = mask.data();
     T* out = y.data();
+    const TileIndex tile = tile_index(at, s);
     // One item per row (n, c, h) of the tile.
     parallel_for(
         s.n * s.c * s.h,
         [&](std::int64_t begin, std::int64_t end) {
           for (std::int64_t row = begin; row < end; ++row) {
-            const std::int64_t h = row % s.h, c = row / s.h % s.c, n = row / (s.h * s.c);
-            const std::int64_t first =
-                (((at.n + n) * at.global.c + c) * at.global.h + at.h + h) * at.global.w + at.w;
             const std::int64_t k0 = row * s.w;
+            const std::uint64_t first = elementwise::global_index(tile, k0);
             for (std::int64_t w = 0; w < s.w; ++w) {
               m[k0 + w] =
-                  dropout_scale(seed, stream, static_cast<std::uint64_t>(first + w), p_, keep_);
+                  dropout_scale(seed, stream, first + static_cast<std::uint64_t>(w), p_, keep_);
               out[k0 + w] = in[k0 + w] * m[k0 + w];
             }
           }

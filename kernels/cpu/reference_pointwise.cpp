@@ -1,33 +1,34 @@
 #include <cmath>
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/reference.hpp"
 
 namespace tessera::reference {
 
 template <typename T>
 void leaky_relu_forward(std::span<const T> x, T slope, std::span<T> y) {
-  for (std::size_t k = 0; k < x.size(); ++k) y[k] = x[k] > T(0) ? x[k] : slope * x[k];
+  for (std::size_t k = 0; k < x.size(); ++k)
+    y[k] = elementwise::leaky_relu(x[k], slope);
 }
 
 // y > 0 exactly where x > 0 (for slope >= 0), so y tells which branch x took.
 template <typename T>
 void leaky_relu_backward(std::span<const T> y, std::span<const T> dy, T slope, std::span<T> dx) {
-  for (std::size_t k = 0; k < y.size(); ++k) dx[k] = y[k] > T(0) ? dy[k] : slope * dy[k];
+  for (std::size_t k = 0; k < y.size(); ++k)
+    dx[k] = elementwise::leaky_relu_grad(y[k] > T(0), dy[k], slope);
 }
 
 template <typename T>
 void sigmoid_forward(std::span<const T> x, std::span<T> y) {
-  for (std::size_t k = 0; k < x.size(); ++k) {
-    // exp of a non-positive number only: large |x| neither overflows nor loses the tail.
-    const T e = std::exp(-std::abs(x[k]));
-    y[k] = x[k] >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
-  }
+  for (std::size_t k = 0; k < x.size(); ++k)
+    y[k] = elementwise::sigmoid(x[k]);
 }
 
 template <typename T>
 void sigmoid_backward(std::span<const T> y, std::span<const T> dy, std::span<T> dx) {
-  for (std::size_t k = 0; k < y.size(); ++k) dx[k] = dy[k] * y[k] * (T(1) - y[k]);
+  for (std::size_t k = 0; k < y.size(); ++k)
+    dx[k] = elementwise::sigmoid_grad(y[k], dy[k]);
 }
 
 template <typename T>
@@ -67,13 +68,12 @@ double pixel_cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t
   return total;
 }
 
-#define TESSERA_INSTANTIATE(T)                                                                 \
-  template void leaky_relu_forward<T>(std::span<const T>, T, std::span<T>);                    \
-  template void leaky_relu_backward<T>(std::span<const T>, std::span<const T>, T,              \
-                                       std::span<T>);                                          \
-  template void sigmoid_forward<T>(std::span<const T>, std::span<T>);                          \
-  template void sigmoid_backward<T>(std::span<const T>, std::span<const T>, std::span<T>);     \
-  template double pixel_cross_entropy<T>(const Tensor<T>&, std::span<const std::int32_t>, T, \
+#define TESSERA_INSTANTIATE(T)                                                                   \
+  template void leaky_relu_forward<T>(std::span<const T>, T, std::span<T>);                      \
+  template void leaky_relu_backward<T>(std::span<const T>, std::span<const T>, T, std::span<T>); \
+  template void sigmoid_forward<T>(std::span<const T>, std::span<T>);                            \
+  template void sigmoid_backward<T>(std::span<const T>, std::span<const T>, std::span<T>);       \
+  template double pixel_cross_entropy<T>(const Tensor<T>&, std::span<const std::int32_t>, T,     \
                                          Tensor<T>*);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)

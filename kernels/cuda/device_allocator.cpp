@@ -1,9 +1,12 @@
 // Device memory behind the Allocator interface (include/tessera/gpu.hpp). Built only with CUDA.
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "cuda_check.hpp"
+#include "cuda_context.hpp"
 #include "tessera/gpu.hpp"
 
 namespace tessera {
@@ -19,14 +22,34 @@ cudaMemcpyKind kind_of(MemorySpace to, MemorySpace from) {
   return to == MemorySpace::host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
 }
 
+// Stream-ordered device memory (cudaMallocAsync on the context's stream, from the device's
+// default pool with no release threshold): a freed block is reused by the next allocation of the
+// stream without a synchronisation or a cudaMalloc, as the host pool reuses pages. cudaFree would
+// wait for the whole device on every freed tensor.
 class CudaAllocator final : public Allocator {
  public:
+  CudaAllocator() {
+    int device = 0;
+    TESSERA_CHECK_CUDA(cudaGetDevice(&device));
+    TESSERA_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool_, device));
+    std::uint64_t keep_all = UINT64_MAX;
+    TESSERA_CHECK_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  }
+
   MemorySpace space() const override { return MemorySpace::device; }
 
   void* allocate(std::size_t bytes) override {
     if (bytes == 0) return nullptr;
+    const cudaStream_t stream = cuda::Context::get().stream();
     void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, bytes);
+    cudaError_t rc = cudaMallocAsync(&p, bytes, stream);
+    if (rc == cudaErrorMemoryAllocation) {
+      // Blocks the pool keeps but nothing uses may be in the way: return them and try again.
+      (void)cudaGetLastError();
+      TESSERA_CHECK_CUDA(cudaStreamSynchronize(stream));
+      TESSERA_CHECK_CUDA(cudaMemPoolTrimTo(pool_, 0));
+      rc = cudaMallocAsync(&p, bytes, stream);
+    }
     if (rc == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // resets this thread's last error: the failure is reported here
       std::size_t free = 0, total = 0;
@@ -39,17 +62,22 @@ class CudaAllocator final : public Allocator {
                   "; a larger spatial grid gives each rank a smaller tile (tessera plan)");
     }
     TESSERA_CHECK_CUDA(rc);
-    return p;  // cudaMalloc aligns to 256 bytes
+    return p;  // aligned to at least 256 bytes
   }
 
   void deallocate(void* p, std::size_t) noexcept override {
-    if (p != nullptr)
-      cudaFree(p);  // a failure here is a lost device; nothing to do in a destructor
+    if (p != nullptr)  // a failure here is a lost device; nothing to do in a destructor
+      cudaFreeAsync(p, cuda::Context::get().stream());
   }
 
   void copy(void* dst, const void* src, std::size_t bytes) const override {
-    if (bytes > 0) TESSERA_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    if (bytes > 0)
+      TESSERA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                         cuda::Context::get().stream()));
   }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
 };
 
 }  // namespace
@@ -64,7 +92,15 @@ Allocator* device_allocator() {
 
 void copy_bytes(void* dst, MemorySpace to, const void* src, MemorySpace from, std::size_t bytes) {
   if (bytes == 0) return;
-  TESSERA_CHECK_CUDA(cudaMemcpy(dst, src, bytes, kind_of(to, from)));
+  if (to == MemorySpace::host && from == MemorySpace::host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  // In the stream's order (after the kernels that wrote src), and finished on return: the host
+  // side may be pageable memory the caller reads or frees next.
+  const cudaStream_t stream = cuda::Context::get().stream();
+  TESSERA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind_of(to, from), stream));
+  TESSERA_CHECK_CUDA(cudaStreamSynchronize(stream));
 }
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 // Built only when Meson finds the CUDA toolkit (option cuda=auto|enabled).
 #include <cuda_runtime_api.h>
 
+#include "cuda_check.hpp"
 #include "tessera/gpu.hpp"
 
 namespace tessera {
@@ -15,6 +16,16 @@ GpuInfo gpu_info() {
     info.error = cudaGetErrorString(rc);
   }
   return info;
+}
+
+void set_current_device(int device) {
+  TESSERA_CHECK_CUDA(cudaSetDevice(device));
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  TESSERA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
 }
 
 }  // namespace tessera

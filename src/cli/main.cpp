@@ -64,7 +64,8 @@ void print_version(const tessera::RuntimeOptions& runtime) {
     std::cout << "  CUDA runtime " << gpu.runtime_version / 1000 << "."
               << gpu.runtime_version % 1000 / 10 << ": " << gpu.devices << " device(s)"
               << (gpu.error.empty() ? "" : " (" + gpu.error + ")")
-              << "; the GPU backend is not built yet\n";
+              << "; CUDA kernels and cuDNN convolutions built, no command runs on a GPU yet "
+                 "(README \"GPU\")\n";
   } else {
     std::cout << "  CUDA: not built\n";
   }

@@ -1,10 +1,7 @@
 // Device memory (include/tessera/gpu.hpp) on a real GPU: tensors in device memory keep their
 // shape, layout and bytes through copies to and from the host, host accessors refuse them, and an
-// allocation that cannot fit names the bytes asked and free. Without a usable device the whole
-// executable reports itself skipped (exit 77) with the reason.
+// allocation that cannot fit names the bytes asked and free. Skipped without a GPU (gpu_main.cpp).
 #include <gtest/gtest.h>
-
-#include <cstdio>
 
 #include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
@@ -46,15 +43,3 @@ TEST(DeviceMemory, AnAllocationTooLargeNamesTheBytes) {
 
 }  // namespace
 }  // namespace tessera
-
-int main(int argc, char** argv) {
-  const tessera::GpuInfo gpu = tessera::gpu_info();
-  if (tessera::device_allocator() == nullptr) {
-    std::printf("SKIP: no usable GPU (%s)\n",
-                gpu.built ? (gpu.error.empty() ? "no device" : gpu.error.c_str())
-                          : "this build has no CUDA");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -17,7 +17,7 @@
 
 namespace tessera {
 
-enum class KernelBackend { reference, onednn };
+enum class KernelBackend { reference, onednn, cuda };
 
 const char* to_string(KernelBackend b);
 // "reference" | "onednn"; throws an Error otherwise, or for onednn in a build without it. Local.
@@ -165,6 +165,13 @@ class Backend {
   virtual std::unique_ptr<BatchNormKernel<float>> batch_norm_float() const;
   virtual std::unique_ptr<BatchNormKernel<double>> batch_norm_double() const;
 };
+
+// The CUDA backend (kernels/cuda/): cuDNN convolutions and CUDA kernels for activations, dropout,
+// merges, halo copies and the optimizer updates, on the current device's memory; its other
+// factories throw an Error naming the missing kernel. Null in a build without CUDA or without a
+// usable device. Not yet a choice of parse_kernel_backend: the layers do not run on the device
+// yet (README, "GPU"). Local.
+const Backend* cuda_backend();
 
 // The backend of `kind`, alive for the whole process (backends hold no state). Local; throws an
 // Error for onednn in a build without it.

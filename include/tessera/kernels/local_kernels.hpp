@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
@@ -43,19 +44,8 @@ class LossKernel {
                                T scale, Tensor<T>* dlogits) const = 0;
 };
 
-// The optimizers' per-element updates on one parameter of n values, in torch's order of
-// operations (scalars computed in double by the caller and rounded to T once).
-template <typename T>
-struct SgdScalars {
-  T weight_decay = 0, momentum = 0, neg_lr = 0;
-  bool decay = false, first_step = false;  // first_step: the momentum buffer starts as d
-};
-template <typename T>
-struct AdamScalars {
-  T weight_decay = 0, beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0, eps = 0;
-  T neg_step_size = 0, bias_correction2_sqrt = 1;
-  bool decay = false;
-};
+// The optimizers' per-element updates on one parameter of n values (elementwise::sgd and
+// elementwise::adam over every element; the scalars are in kernels/elementwise.hpp).
 template <typename T>
 class UpdateKernel {
  public:
@@ -84,20 +74,17 @@ class MergeKernel {
   virtual void add(const Tensor<T>& b, Tensor<T>& a) const = 0;
 };
 
-// The per-element arithmetic of dropout, written once for every backend: the scale of element
-// `index` of the global tensor, 0 (dropped, with probability p) or `keep` = 1 / (1 - p), drawn
-// from (seed, stream, index) alone, so every grid and every backend drops the same elements.
-template <typename T>
-constexpr T dropout_scale(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double p,
-                          T keep) {
-  return uniform01(seed, stream, index) >= p ? keep : T(0);
-}
+using elementwise::dropout_scale;
 
 // Where a tile lies in its tensor: the global shape and the tile's first sample, row and column.
 struct TileOrigin {
   Shape4 global;
   std::int64_t n = 0, h = 0, w = 0;
 };
+// The index arithmetic of a tile of shape `tile` at `at` (elementwise::global_index). Local.
+inline TileIndex tile_index(const TileOrigin& at, const Shape4& tile) {
+  return {tile.n, tile.c, tile.h, tile.w, at.global.c, at.global.h, at.global.w, at.n, at.h, at.w};
+}
 
 // Dropout of one layer with probability p, on NCHW tiles.
 template <typename T>

@@ -1,0 +1,36 @@
+// The CUDA backend's kernels, private to kernels/cuda: factories the CudaBackend
+// (kernels/cuda/cuda_backend.cpp) hands out. Every kernel enqueues on the process's stream
+// (cuda_context.hpp) and reads and writes device tensors only (NCHW). Local.
+#pragma once
+
+#include <memory>
+
+#include "tessera/gpu.hpp"
+#include "tessera/kernels/batchnorm_kernel.hpp"
+#include "tessera/kernels/conv_kernel.hpp"
+#include "tessera/kernels/halo_copy.hpp"
+#include "tessera/kernels/local_kernels.hpp"
+
+namespace tessera::cuda {
+
+// A cuDNN convolution planned for `shapes` and `g`: algorithms for the three passes chosen once
+// here by cuDNN's heuristics (deterministic ones only with options.deterministic; no TF32 unless
+// options.allow_tf32), their workspace from the context's shared one. Null for what it declines:
+// nchw16c tensors, a geometry cuDNN rejects, no algorithm fitting the workspace limit.
+template <typename T>
+std::unique_ptr<ConvKernel<T>> make_cudnn_conv(const ConvShapes& shapes,
+                                               const reference::ConvGeometry& g,
+                                               const CudaOptions& options);
+
+template <typename T>
+std::unique_ptr<ActivationKernel<T>> make_activation(ActivationKind kind, double slope);
+template <typename T>
+std::unique_ptr<DropoutKernel<T>> make_dropout(double p);
+template <typename T>
+std::unique_ptr<UpdateKernel<T>> make_update();
+template <typename T>
+std::unique_ptr<MergeKernel<T>> make_merge();
+template <typename T>
+std::unique_ptr<HaloCopyKernel<T>> make_halo_copy();
+
+}  // namespace tessera::cuda

@@ -1,0 +1,40 @@
+// The process's CUDA state, private to kernels/cuda: the one stream every kernel, cuDNN call and
+// device allocation of this process is ordered on, its cuDNN handle, and the convolutions' shared
+// workspace. Created on first use, on the device current then (placement chose it: gpu.hpp).
+// The stream is a blocking one, so host copies on the legacy default stream (copy_bytes) wait
+// for the kernels before them. Local; one thread uses it at a time (the engine's).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstddef>
+
+#include "tessera/allocator.hpp"
+
+namespace tessera::cuda {
+
+class Context {
+ public:
+  // The calling process's context; throws an Error when no device is usable.
+  static Context& get();
+
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  // Device scratch of at least `bytes` for one call on the stream (the largest asked so far is
+  // kept: the convolutions of a model share it, one after another). Valid until the next call.
+  void* workspace(std::size_t bytes);
+  // Waits for everything enqueued on the stream.
+  void synchronize() const;
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+ private:
+  Context();
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  Storage workspace_;
+};
+
+}  // namespace tessera::cuda

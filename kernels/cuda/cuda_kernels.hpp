@@ -1,0 +1,68 @@
+// The launchers of Tessera's own CUDA kernels (kernels/cuda/*.cu), private to kernels/cuda. Each
+// enqueues one kernel on `stream` and returns at once; pointers are device memory. The
+// per-element arithmetic is include/tessera/kernels/elementwise.hpp's, shared with the CPU.
+// A launch that fails throws an Error (the CUDA error string). Local.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tessera/kernels/elementwise.hpp"
+
+namespace tessera::cuda {
+
+// Throws an Error naming `kernel` and the CUDA error when its launch failed (cudaGetLastError;
+// kernels/cuda/cuda_context.cpp: the .cu files include no engine header).
+void check_launch(const char* kernel);
+
+// y = leaky_relu(x, slope), positive = x > 0 (a byte each).
+template <typename T>
+void leaky_relu_forward(const T* x, T* y, std::uint8_t* positive, std::int64_t n, T slope,
+                        cudaStream_t stream);
+// dx = leaky_relu_grad(positive, dy, slope).
+template <typename T>
+void leaky_relu_backward(const T* dy, const std::uint8_t* positive, T* dx, std::int64_t n, T slope,
+                         cudaStream_t stream);
+template <typename T>
+void sigmoid_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream);
+template <typename T>
+void sigmoid_backward(const T* y, const T* dy, T* dx, std::int64_t n, cudaStream_t stream);
+
+// mask[k] = dropout_scale(seed, stream_id, global_index(tile, k), p, keep), y[k] = x[k] * mask[k]
+// for the tile's elements.
+template <typename T>
+void dropout_forward(const T* x, T* mask, T* y, const TileIndex& tile, std::uint64_t seed,
+                     std::uint64_t stream_id, double p, T keep, cudaStream_t stream);
+// out[k] = a[k] * b[k].
+template <typename T>
+void multiply(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t stream);
+// a[k] += b[k].
+template <typename T>
+void add(const T* b, T* a, std::int64_t n, cudaStream_t stream);
+// a[k] = value.
+template <typename T>
+void fill(T* a, std::int64_t n, T value, cudaStream_t stream);
+
+// The optimizers' updates (elementwise::sgd, elementwise::adam); buf may be null.
+template <typename T>
+void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s, cudaStream_t stream);
+template <typename T>
+void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s,
+          cudaStream_t stream);
+
+// A 3-D strided box: dst[i * ds0 + j * ds1 + k * ds2] = (or +=) src[i * ss0 + j * ss1 + k * ss2]
+// for i < e0, j < e1, k < e2 (strides in elements). Halo boxes (planes x rows x columns),
+// messages and channel blocks are all such boxes.
+struct Box3 {
+  std::int64_t extent[3] = {0, 0, 0};
+  std::int64_t src_stride[3] = {0, 0, 0};
+  std::int64_t dst_stride[3] = {0, 0, 0};
+};
+template <typename T>
+void copy_box(const T* src, T* dst, const Box3& box, bool accumulate, cudaStream_t stream);
+// dst[i * s0 + j * s1 + k * s2] = value over the box's extents (its dst strides).
+template <typename T>
+void fill_box(T* dst, const Box3& box, T value, cudaStream_t stream);
+
+}  // namespace tessera::cuda

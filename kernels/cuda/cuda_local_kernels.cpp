@@ -1,0 +1,258 @@
+// The CUDA backend's pointwise kernels, merges and halo copies (kernels/cuda/cuda_backend.hpp):
+// checks on the host, then one launcher of kernels/cuda/cuda_kernels.hpp each.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuda_backend.hpp"
+#include "cuda_context.hpp"
+#include "cuda_kernels.hpp"
+#include "tessera/error.hpp"
+
+namespace tessera::cuda {
+namespace {
+
+template <typename T>
+const T* device(const Tensor<T>& t) {
+  return t.data_in(MemorySpace::device);
+}
+template <typename T>
+T* device(Tensor<T>& t) {
+  return t.data_in(MemorySpace::device);
+}
+
+cudaStream_t stream() {
+  return Context::get().stream();
+}
+
+template <typename T>
+class CudaActivation final : public ActivationKernel<T> {
+ public:
+  CudaActivation(ActivationKind kind, double slope)
+      : kind_(kind), slope_(kind == ActivationKind::leaky_relu ? static_cast<T>(slope) : T(0)) {}
+  std::string name() const override { return "cuda"; }
+
+  void forward(const Tensor<T>& x, Tensor<T>& y) override {
+    TESSERA_CHECK(y.size() == x.size(), "activation: y's storage is not x's");
+    const auto n = static_cast<std::int64_t>(x.size());
+    if (kind_ == ActivationKind::sigmoid) {
+      sigmoid_forward(device(x), device(y), n, stream());
+      y_ = y;  // a device-to-device copy on the stream
+      return;
+    }
+    if (!(positive_.shape() == x.shape()) || positive_.size() != x.size())
+      positive_ = Tensor<std::uint8_t>(x.shape(), x.layout(), uninitialized, *device_allocator());
+    leaky_relu_forward(device(x), device(y), device(positive_), n, slope_, stream());
+  }
+
+  void backward(const Tensor<T>& dy, Tensor<T>& dx) const override {
+    const auto n = static_cast<std::int64_t>(dx.size());
+    if (kind_ == ActivationKind::sigmoid) {
+      TESSERA_CHECK(y_.size() == dx.size(), "activation: backward without its forward");
+      sigmoid_backward(device(y_), device(dy), device(dx), n, stream());
+      return;
+    }
+    TESSERA_CHECK(positive_.size() == dx.size() && dy.size() == dx.size(),
+                  "activation: backward without its forward");
+    leaky_relu_backward(device(dy), device(positive_), device(dx), n, slope_, stream());
+  }
+
+ private:
+  ActivationKind kind_;
+  T slope_;
+  Tensor<T> y_;                    // sigmoid's output
+  Tensor<std::uint8_t> positive_;  // (leaky) ReLU: x > 0
+};
+
+template <typename T>
+class CudaDropout final : public DropoutKernel<T> {
+ public:
+  explicit CudaDropout(double p) : p_(p), keep_(p < 1 ? static_cast<T>(1 / (1 - p)) : T(0)) {}
+  std::string name() const override { return "cuda"; }
+
+  void forward(const Tensor<T>& x, const TileOrigin& at, std::uint64_t seed, std::uint64_t id,
+               Tensor<T>& mask, Tensor<T>& y) const override {
+    const Shape4& s = x.shape();
+    TESSERA_CHECK(mask.shape() == s && y.shape() == s && x.layout() == Layout::nchw &&
+                      at.n + s.n <= at.global.n && at.h + s.h <= at.global.h &&
+                      at.w + s.w <= at.global.w && s.c == at.global.c,
+                  "dropout: tile " + s.str() + " does not fit its tensor " + at.global.str());
+    dropout_forward(device(x), device(mask), device(y), tile_index(at, s), seed, id, p_, keep_,
+                    stream());
+  }
+
+  void backward(const Tensor<T>& dy, const Tensor<T>& mask, Tensor<T>& dx) const override {
+    TESSERA_CHECK(mask.shape() == dy.shape() && dx.shape() == dy.shape(),
+                  "dropout backward: mask " + mask.shape().str() + ", gradient " +
+                      dy.shape().str() + ", input gradient " + dx.shape().str());
+    multiply(device(dy), device(mask), device(dx), dy.numel(), stream());
+  }
+
+ private:
+  double p_;
+  T keep_;
+};
+
+template <typename T>
+class CudaUpdate final : public UpdateKernel<T> {
+ public:
+  std::string name() const override { return "cuda"; }
+  void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s) const override {
+    cuda::sgd(p, g, buf, n, s, stream());
+  }
+  void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s) const override {
+    cuda::adam(p, g, m, v, n, s, stream());
+  }
+};
+
+template <typename T>
+class CudaMerge final : public MergeKernel<T> {
+ public:
+  std::string name() const override { return "cuda"; }
+  void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const override {
+    const Shape4 xs = x.shape(), ys = y.shape();
+    check(xs, ys, offset);
+    copy_box(device(x), device(y) + offset * ys.h * ys.w, blocks(xs, xs, ys), false, stream());
+  }
+  void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const override {
+    const Shape4 xs = x.shape(), ys = y.shape();
+    check(xs, ys, offset);
+    copy_box(device(y) + offset * ys.h * ys.w, device(x), blocks(xs, ys, xs), false, stream());
+  }
+  void add(const Tensor<T>& b, Tensor<T>& a) const override {
+    TESSERA_CHECK(a.shape() == b.shape(),
+                  "add: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
+    cuda::add(device(b), device(a), a.numel(), stream());
+  }
+
+ private:
+  static void check(const Shape4& xs, const Shape4& ys, std::int64_t offset) {
+    TESSERA_CHECK(
+        xs.n == ys.n && xs.h == ys.h && xs.w == ys.w && offset >= 0 && offset + xs.c <= ys.c,
+        "concat: " + xs.str() + " does not fit " + ys.str() + " at channel " +
+            std::to_string(offset));
+  }
+  // x's channel block of each sample: samples x (channels * pixels) x 1, from `from` to `to`.
+  static Box3 blocks(const Shape4& xs, const Shape4& from, const Shape4& to) {
+    Box3 b;
+    b.extent[0] = xs.n;
+    b.extent[1] = xs.c * xs.h * xs.w;
+    b.extent[2] = 1;
+    b.src_stride[0] = from.c * from.h * from.w;
+    b.dst_stride[0] = to.c * to.h * to.w;
+    b.src_stride[1] = b.dst_stride[1] = 1;
+    return b;
+  }
+};
+
+// Halo boxes on NCHW tensors (the CPU's nchw16c is oneDNN's layout; cuDNN computes in NCHW).
+template <typename T>
+class CudaHaloCopy final : public HaloCopyKernel<T> {
+ public:
+  std::string name() const override { return "cuda"; }
+  MemorySpace space() const override { return MemorySpace::device; }
+
+  void move(const Planes<const T>& from, const Planes<T>& to, const Box& box,
+            Direction how) const override {
+    check(from.layout, to.layout);
+    TESSERA_CHECK(
+        from.shape.n * from.shape.c == to.shape.n * to.shape.c,
+        "halo copy: " + from.shape.str() + " and " + to.shape.str() + " have different planes");
+    if (box.empty()) return;
+    Box3 b = planes_box(from.shape, box);
+    b.dst_stride[0] = to.shape.h * to.shape.w;
+    b.dst_stride[1] = to.shape.w;
+    copy_box(from.at(0, box.h.begin, box.w.begin), to.at(0, box.h.begin, box.w.begin), b,
+             how == Direction::accumulate, stream());
+  }
+
+  void pack(const Planes<const T>& t, const Box& box, T* message) const override {
+    check(t.layout, t.layout);
+    if (box.empty()) return;
+    Box3 b = planes_box(t.shape, box);
+    b.dst_stride[0] = box.size();
+    b.dst_stride[1] = box.w.size();
+    copy_box(t.at(0, box.h.begin, box.w.begin), message, b, false, stream());
+  }
+
+  void unpack(const T* message, const Box& box, const Planes<T>& t, Direction how) const override {
+    check(t.layout, t.layout);
+    if (box.empty()) return;
+    Box3 b = planes_box(t.shape, box);
+    b.dst_stride[0] = b.src_stride[0];
+    b.dst_stride[1] = b.src_stride[1];
+    b.src_stride[0] = box.size();
+    b.src_stride[1] = box.w.size();
+    copy_box(message, t.at(0, box.h.begin, box.w.begin), b, how == Direction::accumulate, stream());
+  }
+
+  void fill_outside(const Planes<T>& t, const Box& keep, T value) const override {
+    check(t.layout, t.layout);
+    const Box& all = t.origin;
+    const Box in = intersect(keep, all);
+    if (in.empty()) {
+      fill_region(t, all, value);
+      return;
+    }
+    fill_region(t, {{all.h.begin, in.h.begin}, all.w}, value);  // above
+    fill_region(t, {{in.h.end, all.h.end}, all.w}, value);      // below
+    fill_region(t, {in.h, {all.w.begin, in.w.begin}}, value);   // left
+    fill_region(t, {in.h, {in.w.end, all.w.end}}, value);       // right
+  }
+
+ private:
+  static void check(Layout a, Layout b) {
+    TESSERA_CHECK(a == Layout::nchw && b == Layout::nchw,
+                  "halo copy on the GPU: tensors must be NCHW");
+  }
+  // `box` of every plane of a tensor of `shape`, with the tensor's strides on both sides.
+  static Box3 planes_box(const Shape4& shape, const Box& box) {
+    Box3 b;
+    b.extent[0] = shape.n * shape.c;
+    b.extent[1] = box.h.size();
+    b.extent[2] = box.w.size();
+    b.src_stride[0] = b.dst_stride[0] = shape.h * shape.w;
+    b.src_stride[1] = b.dst_stride[1] = shape.w;
+    b.src_stride[2] = b.dst_stride[2] = 1;
+    return b;
+  }
+  static void fill_region(const Planes<T>& t, const Box& region, T value) {
+    if (region.empty()) return;
+    fill_box(t.at(0, region.h.begin, region.w.begin), planes_box(t.shape, region), value, stream());
+  }
+};
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<ActivationKernel<T>> make_activation(ActivationKind kind, double slope) {
+  return std::make_unique<CudaActivation<T>>(kind, slope);
+}
+template <typename T>
+std::unique_ptr<DropoutKernel<T>> make_dropout(double p) {
+  return std::make_unique<CudaDropout<T>>(p);
+}
+template <typename T>
+std::unique_ptr<UpdateKernel<T>> make_update() {
+  return std::make_unique<CudaUpdate<T>>();
+}
+template <typename T>
+std::unique_ptr<MergeKernel<T>> make_merge() {
+  return std::make_unique<CudaMerge<T>>();
+}
+template <typename T>
+std::unique_ptr<HaloCopyKernel<T>> make_halo_copy() {
+  return std::make_unique<CudaHaloCopy<T>>();
+}
+
+#define TESSERA_CUDA_LOCAL(T)                                                               \
+  template std::unique_ptr<ActivationKernel<T>> make_activation<T>(ActivationKind, double); \
+  template std::unique_ptr<DropoutKernel<T>> make_dropout<T>(double);                       \
+  template std::unique_ptr<UpdateKernel<T>> make_update<T>();                               \
+  template std::unique_ptr<MergeKernel<T>> make_merge<T>();                                 \
+  template std::unique_ptr<HaloCopyKernel<T>> make_halo_copy<T>();
+TESSERA_CUDA_LOCAL(float)
+TESSERA_CUDA_LOCAL(double)
+#undef TESSERA_CUDA_LOCAL
+
+}  // namespace tessera::cuda

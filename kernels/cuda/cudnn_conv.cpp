@@ -1,0 +1,351 @@
+// Convolutions with cuDNN's convolution API (cudnnConvolutionForward, BackwardData,
+// BackwardFilter, BackwardBias) behind ConvKernel (include/tessera/kernels/conv_kernel.hpp).
+//
+// cuDNN pads symmetrically. Tessera's windows carry their own padding (Conv2d plans pad 0), but the
+// adjoint convolutions of ConvTranspose2d have any top/left padding, negative included, and an
+// implied bottom/right one: those run on a padded copy of x (zeros around, or x cropped), made on
+// the device before each pass that reads x, and the gradient is cut back out of the padded one.
+// Box kernels address their boxes in place with strided descriptors (no copy).
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "cuda_backend.hpp"
+#include "cuda_check.hpp"
+#include "cuda_context.hpp"
+#include "cuda_kernels.hpp"
+
+namespace tessera::cuda {
+namespace {
+
+template <typename T>
+constexpr cudnnDataType_t data_type() {
+  return std::is_same_v<T, float> ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+}
+
+int to_int(std::int64_t v) {
+  TESSERA_CHECK(v >= 0 && v <= INT32_MAX,
+                "cuDNN: extent " + std::to_string(v) + " does not fit cuDNN's int dimensions");
+  return static_cast<int>(v);
+}
+
+// Owning handles of cuDNN descriptors.
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { TESSERA_CHECK_CUDNN(cudnnCreateTensorDescriptor(&d)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  // A tensor of `s` inside one of shape `outer` (NCHW strides of outer).
+  template <typename T>
+  void set(const Shape4& s, const Shape4& outer) {
+    TESSERA_CHECK_CUDNN(cudnnSetTensor4dDescriptorEx(
+        d, data_type<T>(), to_int(s.n), to_int(s.c), to_int(s.h), to_int(s.w),
+        to_int(outer.c * outer.h * outer.w), to_int(outer.h * outer.w), to_int(outer.w), 1));
+  }
+};
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc() { TESSERA_CHECK_CUDNN(cudnnCreateFilterDescriptor(&d)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc() { TESSERA_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&d)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+// One spatial axis: x extent `in`, y extent `out`. cuDNN's symmetric `pad` when it yields exactly
+// `out` outputs; otherwise x is copied into `padded` rows, x's row r at padded row r + begin.
+struct AxisPad {
+  std::int64_t pad = 0;
+  bool copy = false;
+  std::int64_t padded = 0, begin = 0;
+};
+AxisPad axis_pad(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
+                 std::int64_t dilation, std::int64_t pad_begin) {
+  const std::int64_t need = (out - 1) * stride + dilation * (kernel - 1) + 1;
+  const std::int64_t pad_end = need - in - pad_begin;
+  if (pad_begin >= 0 && pad_end == pad_begin) return {.pad = pad_begin};
+  return {.copy = true, .padded = need, .begin = pad_begin};
+}
+
+// The largest workspace one pass may take: a quarter of the free device memory, at most 2 GiB
+// (the activations need the rest).
+std::size_t workspace_limit() {
+  std::size_t free = 0, total = 0;
+  TESSERA_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+  return std::min<std::size_t>(free / 4, std::size_t{2} << 30);
+}
+
+// The first of cuDNN's ranked candidates that ran, fits `limit`, is deterministic if asked and
+// uses no TF32 unless allowed; -1 when none.
+template <typename Perf>
+int pick(const Perf* perf, int count, std::size_t limit, bool deterministic, bool fma_only,
+         std::size_t* bytes) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+    // The descriptor's FMA math already restricts the kernels; a candidate ranked for tensor
+    // cores would not run as ranked.
+    if (fma_only &&
+        (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+      continue;
+    *bytes = p.memory;
+    return static_cast<int>(p.algo);
+  }
+  return -1;
+}
+
+template <typename T>
+class CudnnConv final : public ConvKernel<T> {
+ public:
+  static std::unique_ptr<CudnnConv> create(const ConvShapes& shapes,
+                                           const reference::ConvGeometry& g,
+                                           const CudaOptions& options);
+
+  void forward(const Tensor<T>& x, const Tensor<T>& w, std::span<const T> bias,
+               Tensor<T>& y) override {
+    check(x, shapes_.x, "x");
+    check(w, shapes_.w, "w");
+    check(y, shapes_.y, "y");
+    run_forward(input(x), w, bias, y.data_in(MemorySpace::device));
+  }
+
+  void backward_data(const Tensor<T>& dy, const Tensor<T>& w, Tensor<T>& dx) override {
+    check(dy, shapes_.y, "dy");
+    check(w, shapes_.w, "w");
+    check(dx, shapes_.x, "dx");
+    Context& ctx = Context::get();
+    const T one = 1, zero = 0;
+    T* out = copy_ ? static_cast<T*>(padded_.data()) : dx.data_in(MemorySpace::device);
+    TESSERA_CHECK_CUDNN(
+        cudnnConvolutionBackwardData(ctx.cudnn(), &one, w_.d, w.data_in(MemorySpace::device), y_.d,
+                                     dy.data_in(MemorySpace::device), conv_.d, data_algo_,
+                                     ctx.workspace(data_bytes_), data_bytes_, &zero, xp_.d, out));
+    if (copy_) cut_out(dx);
+  }
+
+  void backward_filter(const Tensor<T>& x, const Tensor<T>& dy, Tensor<T>& dw,
+                       std::span<T> dbias) override {
+    check(x, shapes_.x, "x");
+    check(dy, shapes_.y, "dy");
+    check(dw, shapes_.w, "dw");
+    Context& ctx = Context::get();
+    const T one = 1;
+    const T* in = input(x);
+    TESSERA_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+        ctx.cudnn(), &one, xp_.d, in, y_.d, dy.data_in(MemorySpace::device), conv_.d, filter_algo_,
+        ctx.workspace(filter_bytes_), filter_bytes_, &one, w_.d, dw.data_in(MemorySpace::device)));
+    if (!dbias.empty()) {
+      TESSERA_CHECK(static_cast<std::int64_t>(dbias.size()) == shapes_.y.c,
+                    "conv: bias gradient of " + std::to_string(dbias.size()) + " for " +
+                        std::to_string(shapes_.y.c) + " channels");
+      TESSERA_CHECK_CUDNN(cudnnConvolutionBackwardBias(
+          ctx.cudnn(), &one, y_.d, dy.data_in(MemorySpace::device), &one, bias_.d, dbias.data()));
+    }
+  }
+
+  void forward_box(const Tensor<T>& x, BoxAt x_at, const Tensor<T>& w, std::span<const T> bias,
+                   Tensor<T>& y, BoxAt y_at) override {
+    check(x, shapes_.x_outer, "x");
+    check(w, shapes_.w, "w");
+    check(y, shapes_.y_outer, "y");
+    const Shape4 &xo = shapes_.x_outer, &yo = shapes_.y_outer;
+    const T* in = x.data_in(MemorySpace::device) + x_at.h * xo.w + x_at.w;
+    T* out = y.data_in(MemorySpace::device) + y_at.h * yo.w + y_at.w;
+    run_forward(in, w, bias, out);
+  }
+
+  std::string name() const override { return name_; }
+
+ private:
+  CudnnConv(const ConvShapes& shapes, const reference::ConvGeometry& g) : shapes_(shapes), g_(g) {}
+
+  void check(const Tensor<T>& t, const Shape4& planned, const char* what) const {
+    TESSERA_CHECK(
+        t.shape() == planned && t.layout() == Layout::nchw && t.space() == MemorySpace::device,
+        std::string("cuDNN conv: ") + what + " " + t.shape().str() + " in " + to_string(t.space()) +
+            " memory; planned " + planned.str() + " NCHW on the device");
+  }
+
+  void run_forward(const T* in, const Tensor<T>& w, std::span<const T> bias, T* out) {
+    Context& ctx = Context::get();
+    const T one = 1, zero = 0;
+    TESSERA_CHECK_CUDNN(cudnnConvolutionForward(
+        ctx.cudnn(), &one, xp_.d, in, w_.d, w.data_in(MemorySpace::device), conv_.d, fwd_algo_,
+        ctx.workspace(fwd_bytes_), fwd_bytes_, &zero, y_.d, out));
+    if (!bias.empty()) {
+      TESSERA_CHECK(static_cast<std::int64_t>(bias.size()) == shapes_.y.c,
+                    "conv: bias of " + std::to_string(bias.size()) + " for " +
+                        std::to_string(shapes_.y.c) + " channels");
+      TESSERA_CHECK_CUDNN(cudnnAddTensor(ctx.cudnn(), &one, bias_.d, bias.data(), &one, y_.d, out));
+    }
+  }
+
+  // The padded copy's box of x rows and columns (the rest of it is zero), as planes x rows x
+  // columns, from x to the copy or back, with where the box starts in each.
+  struct Inside {
+    Box3 box;
+    std::int64_t offset_x = 0, offset_padded = 0;
+  };
+  Inside inside(bool to_padded) const {
+    const Shape4& x = shapes_.x;
+    const std::int64_t r0 = std::max<std::int64_t>(0, -ph_.begin),
+                       r1 = std::min(x.h, ph_.padded - ph_.begin);
+    const std::int64_t c0 = std::max<std::int64_t>(0, -pw_.begin),
+                       c1 = std::min(x.w, pw_.padded - pw_.begin);
+    Inside in;
+    in.box.extent[0] = x.n * x.c;
+    in.box.extent[1] = std::max<std::int64_t>(0, r1 - r0);
+    in.box.extent[2] = std::max<std::int64_t>(0, c1 - c0);
+    const std::array<std::int64_t, 3> xs{x.h * x.w, x.w, 1},
+        ps{ph_.padded * pw_.padded, pw_.padded, 1};
+    for (int i = 0; i < 3; ++i) {
+      in.box.src_stride[i] = to_padded ? xs[i] : ps[i];
+      in.box.dst_stride[i] = to_padded ? ps[i] : xs[i];
+    }
+    in.offset_x = r0 * x.w + c0;
+    in.offset_padded = (r0 + ph_.begin) * pw_.padded + (c0 + pw_.begin);
+    return in;
+  }
+
+  // x as the convolution reads it: x itself, or its padded copy made now.
+  const T* input(const Tensor<T>& x) {
+    const T* in = x.data_in(MemorySpace::device);
+    if (!copy_) return in;
+    const cudaStream_t stream = Context::get().stream();
+    T* p = static_cast<T*>(padded_.data());
+    const Inside b = inside(true);
+    fill(p, static_cast<std::int64_t>(padded_.bytes() / sizeof(T)), T(0), stream);
+    copy_box(in + b.offset_x, p + b.offset_padded, b.box, false, stream);
+    return p;
+  }
+
+  // dx from the padded copy's gradient: its inside, zeros where x was cropped away.
+  void cut_out(Tensor<T>& dx) {
+    const cudaStream_t stream = Context::get().stream();
+    T* out = dx.data_in(MemorySpace::device);
+    const Inside b = inside(false);
+    fill(out, dx.numel(), T(0), stream);
+    copy_box(static_cast<const T*>(padded_.data()) + b.offset_padded, out + b.offset_x, b.box,
+             false, stream);
+  }
+
+  ConvShapes shapes_;
+  reference::ConvGeometry g_;
+  AxisPad ph_, pw_;
+  bool copy_ = false;
+  Storage padded_;            // the padded copy of x, or of dx's gradient (copy_ only)
+  TensorDesc xp_, y_, bias_;  // xp_: x as the convolution reads it
+  FilterDesc w_;
+  ConvDesc conv_;
+  cudnnConvolutionFwdAlgo_t fwd_algo_{};
+  cudnnConvolutionBwdDataAlgo_t data_algo_{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo_{};
+  std::size_t fwd_bytes_ = 0, data_bytes_ = 0, filter_bytes_ = 0;
+  std::string name_;
+};
+
+template <typename T>
+std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
+                                                   const reference::ConvGeometry& g,
+                                                   const CudaOptions& options) {
+  const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
+  if (shapes.x_layout != Layout::nchw || shapes.y_layout != Layout::nchw) return nullptr;
+  if (g.groups <= 0 || x.c % g.groups != 0 || w.n % g.groups != 0 || w.c * g.groups != x.c ||
+      y.c != w.n || y.n != x.n || x.n <= 0 || y.h <= 0 || y.w <= 0 || g.stride_h <= 0 ||
+      g.stride_w <= 0 || g.dilation_h <= 0 || g.dilation_w <= 0)
+    return nullptr;
+  std::unique_ptr<CudnnConv> k(new CudnnConv(shapes, g));
+  k->ph_ = axis_pad(x.h, y.h, w.h, g.stride_h, g.dilation_h, g.pad_top);
+  k->pw_ = axis_pad(x.w, y.w, w.w, g.stride_w, g.dilation_w, g.pad_left);
+  k->copy_ = k->ph_.copy || k->pw_.copy;
+  if (k->copy_ && shapes.is_box()) return nullptr;  // box kernels serve Conv2d's pad-0 windows
+  if (k->copy_) {
+    // Both axes explicit: the copy holds every row and column the outputs read.
+    if (!k->ph_.copy) k->ph_ = {.copy = true, .padded = x.h + 2 * k->ph_.pad, .begin = k->ph_.pad};
+    if (!k->pw_.copy) k->pw_ = {.copy = true, .padded = x.w + 2 * k->pw_.pad, .begin = k->pw_.pad};
+    k->padded_ =
+        Storage(*device_allocator(),
+                static_cast<std::size_t>(x.n * x.c * k->ph_.padded * k->pw_.padded) * sizeof(T));
+  }
+  const Shape4 xp = k->copy_ ? Shape4{x.n, x.c, k->ph_.padded, k->pw_.padded} : x;
+  k->xp_.template set<T>(xp, shapes.is_box() ? shapes.x_outer : xp);
+  k->y_.template set<T>(y, shapes.is_box() ? shapes.y_outer : y);
+  k->bias_.template set<T>({1, y.c, 1, 1}, {1, y.c, 1, 1});
+  TESSERA_CHECK_CUDNN(cudnnSetFilter4dDescriptor(k->w_.d, data_type<T>(), CUDNN_TENSOR_NCHW,
+                                                 to_int(w.n), to_int(w.c), to_int(w.h),
+                                                 to_int(w.w)));
+  const int pad_h = k->copy_ ? 0 : to_int(k->ph_.pad), pad_w = k->copy_ ? 0 : to_int(k->pw_.pad);
+  TESSERA_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(
+      k->conv_.d, pad_h, pad_w, to_int(g.stride_h), to_int(g.stride_w), to_int(g.dilation_h),
+      to_int(g.dilation_w), CUDNN_CROSS_CORRELATION, data_type<T>()));
+  TESSERA_CHECK_CUDNN(cudnnSetConvolutionGroupCount(k->conv_.d, to_int(g.groups)));
+  const bool fma_only = std::is_same_v<T, float> && !options.allow_tf32;
+  TESSERA_CHECK_CUDNN(
+      cudnnSetConvolutionMathType(k->conv_.d, fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+
+  // cuDNN computes the output extent itself: it must be the planned one.
+  int n = 0, c = 0, h = 0, wd = 0;
+  TESSERA_CHECK_CUDNN(
+      cudnnGetConvolution2dForwardOutputDim(k->conv_.d, k->xp_.d, k->w_.d, &n, &c, &h, &wd));
+  if (n != y.n || c != y.c || h != y.h || wd != y.w) return nullptr;
+
+  Context& ctx = Context::get();
+  const std::size_t limit = workspace_limit();
+  constexpr int kMax = 16;
+  int count = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
+  TESSERA_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
+      ctx.cudnn(), k->xp_.d, k->w_.d, k->conv_.d, k->y_.d, kMax, &count, fwd));
+  const int fa = pick(fwd, count, limit, options.deterministic, fma_only, &k->fwd_bytes_);
+  if (fa < 0) return nullptr;
+  k->fwd_algo_ = static_cast<cudnnConvolutionFwdAlgo_t>(fa);
+  if (!shapes.is_box()) {
+    cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
+    TESSERA_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        ctx.cudnn(), k->w_.d, k->y_.d, k->conv_.d, k->xp_.d, kMax, &count, data));
+    const int da = pick(data, count, limit, options.deterministic, fma_only, &k->data_bytes_);
+    cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
+    TESSERA_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        ctx.cudnn(), k->xp_.d, k->y_.d, k->conv_.d, k->w_.d, kMax, &count, filter));
+    const int wa = pick(filter, count, limit, options.deterministic, fma_only, &k->filter_bytes_);
+    if (da < 0 || wa < 0) return nullptr;
+    k->data_algo_ = static_cast<cudnnConvolutionBwdDataAlgo_t>(da);
+    k->filter_algo_ = static_cast<cudnnConvolutionBwdFilterAlgo_t>(wa);
+  }
+  k->name_ = "cudnn " + std::to_string(cudnnGetVersion()) + " algos " + std::to_string(fa) + "/" +
+             std::to_string(static_cast<int>(k->data_algo_)) + "/" +
+             std::to_string(static_cast<int>(k->filter_algo_)) +
+             (k->copy_ ? " (padded copy)" : "") + (fma_only ? "" : " tf32");
+  return k;
+}
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<ConvKernel<T>> make_cudnn_conv(const ConvShapes& shapes,
+                                               const reference::ConvGeometry& g,
+                                               const CudaOptions& options) {
+  return CudnnConv<T>::create(shapes, g, options);
+}
+
+template std::unique_ptr<ConvKernel<float>> make_cudnn_conv<float>(const ConvShapes&,
+                                                                   const reference::ConvGeometry&,
+                                                                   const CudaOptions&);
+template std::unique_ptr<ConvKernel<double>> make_cudnn_conv<double>(const ConvShapes&,
+                                                                     const reference::ConvGeometry&,
+                                                                     const CudaOptions&);
+
+}  // namespace tessera::cuda

@@ -1,0 +1,124 @@
+// The pointwise CUDA kernels: a grid-stride loop over the elements calling the per-element
+// functions of include/tessera/kernels/elementwise.hpp (shared with the CPU loops). Compiled
+// without FMA contraction (meson.build) so they round as the CPU does.
+#include <cstdint>
+
+#include "cuda_kernels.hpp"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Enough blocks to fill any current GPU several times over; the loop covers the rest.
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65536 ? 65536 : b));
+}
+
+// Calls f(k) for every k < n, each once, spread over the grid.
+template <typename F>
+__global__ void for_each_index(std::int64_t n, F f) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += step)
+    f(k);
+}
+
+template <typename F>
+void launch(const char* kernel, std::int64_t n, cudaStream_t stream, F f) {
+  if (n <= 0) return;
+  for_each_index<<<blocks_for(n), kThreads, 0, stream>>>(n, f);
+  check_launch(kernel);
+}
+
+}  // namespace
+
+template <typename T>
+void leaky_relu_forward(const T* x, T* y, std::uint8_t* positive, std::int64_t n, T slope,
+                        cudaStream_t stream) {
+  launch("leaky_relu_forward", n, stream, [=] __device__(std::int64_t k) {
+    positive[k] = x[k] > T(0);
+    y[k] = elementwise::leaky_relu(x[k], slope);
+  });
+}
+
+template <typename T>
+void leaky_relu_backward(const T* dy, const std::uint8_t* positive, T* dx, std::int64_t n, T slope,
+                         cudaStream_t stream) {
+  launch("leaky_relu_backward", n, stream, [=] __device__(std::int64_t k) {
+    dx[k] = elementwise::leaky_relu_grad(positive[k] != 0, dy[k], slope);
+  });
+}
+
+template <typename T>
+void sigmoid_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  launch("sigmoid_forward", n, stream,
+         [=] __device__(std::int64_t k) { y[k] = elementwise::sigmoid(x[k]); });
+}
+
+template <typename T>
+void sigmoid_backward(const T* y, const T* dy, T* dx, std::int64_t n, cudaStream_t stream) {
+  launch("sigmoid_backward", n, stream,
+         [=] __device__(std::int64_t k) { dx[k] = elementwise::sigmoid_grad(y[k], dy[k]); });
+}
+
+template <typename T>
+void dropout_forward(const T* x, T* mask, T* y, const TileIndex& tile, std::uint64_t seed,
+                     std::uint64_t stream_id, double p, T keep, cudaStream_t stream) {
+  const TileIndex t = tile;
+  launch("dropout_forward", t.n * t.c * t.h * t.w, stream, [=] __device__(std::int64_t k) {
+    mask[k] = elementwise::dropout_scale(seed, stream_id, elementwise::global_index(t, k), p, keep);
+    y[k] = x[k] * mask[k];
+  });
+}
+
+template <typename T>
+void multiply(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t stream) {
+  launch("multiply", n, stream, [=] __device__(std::int64_t k) { out[k] = a[k] * b[k]; });
+}
+
+template <typename T>
+void add(const T* b, T* a, std::int64_t n, cudaStream_t stream) {
+  launch("add", n, stream, [=] __device__(std::int64_t k) { a[k] = a[k] + b[k]; });
+}
+
+template <typename T>
+void fill(T* a, std::int64_t n, T value, cudaStream_t stream) {
+  launch("fill", n, stream, [=] __device__(std::int64_t k) { a[k] = value; });
+}
+
+template <typename T>
+void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s, cudaStream_t stream) {
+  const SgdScalars<T> scalars = s;
+  launch("sgd", n, stream, [=] __device__(std::int64_t k) {
+    elementwise::sgd(p[k], g[k], buf ? buf + k : nullptr, scalars);
+  });
+}
+
+template <typename T>
+void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s,
+          cudaStream_t stream) {
+  const AdamScalars<T> scalars = s;
+  launch("adam", n, stream,
+         [=] __device__(std::int64_t k) { elementwise::adam(p[k], g[k], m[k], v[k], scalars); });
+}
+
+#define TESSERA_CUDA_ELEMENTWISE(T)                                                                \
+  template void leaky_relu_forward<T>(const T*, T*, std::uint8_t*, std::int64_t, T, cudaStream_t); \
+  template void leaky_relu_backward<T>(const T*, const std::uint8_t*, T*, std::int64_t, T,         \
+                                       cudaStream_t);                                              \
+  template void sigmoid_forward<T>(const T*, T*, std::int64_t, cudaStream_t);                      \
+  template void sigmoid_backward<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);           \
+  template void dropout_forward<T>(const T*, T*, T*, const TileIndex&, std::uint64_t,              \
+                                   std::uint64_t, double, T, cudaStream_t);                        \
+  template void multiply<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                   \
+  template void add<T>(const T*, T*, std::int64_t, cudaStream_t);                                  \
+  template void fill<T>(T*, std::int64_t, T, cudaStream_t);                                        \
+  template void sgd<T>(T*, const T*, T*, std::int64_t, const SgdScalars<T>&, cudaStream_t);        \
+  template void adam<T>(T*, const T*, T*, T*, std::int64_t, const AdamScalars<T>&, cudaStream_t);
+TESSERA_CUDA_ELEMENTWISE(float)
+TESSERA_CUDA_ELEMENTWISE(double)
+#undef TESSERA_CUDA_ELEMENTWISE
+
+}  // namespace tessera::cuda

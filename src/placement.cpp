@@ -1,0 +1,84 @@
+// One GPU per rank from its node-local rank (include/tessera/placement.hpp).
+#include "tessera/placement.hpp"
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "tessera/collectives.hpp"
+#include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
+#include "tessera/mpi_comm.hpp"
+
+namespace tessera {
+
+NodeRank node_rank(const Comm& comm) {
+  const MPI_Comm world = mpi_comm(comm, Group::world);
+  MPI_Comm node = MPI_COMM_NULL;
+  TESSERA_CHECK_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm.rank(Group::world),
+                                        MPI_INFO_NULL, &node));
+  NodeRank r;
+  MPI_Comm_rank(node, &r.local_rank);
+  MPI_Comm_size(node, &r.local_size);
+  MPI_Comm_free(&node);
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  TESSERA_CHECK_MPI(MPI_Get_processor_name(host, &length));
+  r.host.assign(host, static_cast<std::size_t>(length));
+  return r;
+}
+
+int device_for(int local_rank, int local_size, int devices, bool share) {
+  TESSERA_CHECK(devices > 0, "no usable GPU on this node for " + std::to_string(local_size) +
+                                 " rank(s): run with --device cpu");
+  if (local_size > devices && !share)
+    throw Error(std::to_string(local_size) + " ranks on this node but " + std::to_string(devices) +
+                " GPU(s): start one rank per GPU, or pass --share-devices to let ranks share "
+                "them (halos then travel through host memory, not NCCL)");
+  return local_rank % devices;
+}
+
+Placement place_on_device(const Comm& comm, bool share) {
+  Placement p;
+  p.node = node_rank(comm);
+  agree(
+      comm,
+      [&] {
+        const GpuInfo gpu = gpu_info();
+        TESSERA_CHECK(gpu.built, "--device cuda: this build of tessera has no CUDA");
+        TESSERA_CHECK(gpu.devices > 0, "--device cuda: no usable GPU on " + p.node.host + " (" +
+                                           gpu.error + "): run with --device cpu");
+        p.device = device_for(p.node.local_rank, p.node.local_size, gpu.devices, share);
+        set_current_device(p.device);
+      },
+      "device placement");
+  p.line = "rank " + std::to_string(comm.rank(Group::world)) + " -> " + p.node.host + " -> GPU " +
+           std::to_string(p.device) + " (" + device_name(p.device) + ")";
+  return p;
+}
+
+std::vector<std::string> placement_report(const Comm& comm, const Placement& mine) {
+  const MPI_Comm world = mpi_comm(comm, Group::world);
+  const int size = comm.size(Group::world), root = 0;
+  int length = static_cast<int>(mine.line.size());
+  std::vector<int> lengths(static_cast<std::size_t>(size));
+  TESSERA_CHECK_MPI(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, world));
+  std::vector<int> offsets(static_cast<std::size_t>(size), 0);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    offsets[static_cast<std::size_t>(r)] = total;
+    total += lengths[static_cast<std::size_t>(r)];
+  }
+  std::string all(static_cast<std::size_t>(comm.rank(Group::world) == root ? total : 0), '\0');
+  TESSERA_CHECK_MPI(MPI_Gatherv(mine.line.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                                offsets.data(), MPI_CHAR, root, world));
+  std::vector<std::string> lines;
+  if (comm.rank(Group::world) != root) return lines;
+  for (int r = 0; r < size; ++r)
+    lines.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
+                               static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])));
+  return lines;
+}
+
+}  // namespace tessera

@@ -1,0 +1,330 @@
+// The CUDA backend's kernels one by one against the CPU (include/tessera/gpu.hpp: cuda_backend):
+// cuDNN convolutions against the reference loops (float64 to 1e-12, float32 to 1e-5, no TF32),
+// the pointwise kernels, merges, halo copies and optimizer updates bit for bit against the CPU
+// kernels (they share their per-element arithmetic, kernels/elementwise.hpp; sigmoid's exp to a
+// few ulp). Skipped without a GPU (gpu_main.cpp).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../common/test_helpers.hpp"
+#include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
+#include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/reference.hpp"
+
+namespace tessera {
+namespace {
+
+const Backend& gpu() {
+  return *cuda_backend();
+}
+
+template <typename T>
+Tensor<T> on_device(const Tensor<T>& t) {
+  return copy_to(t, *device_allocator());
+}
+template <typename T>
+Tensor<T> on_host(const Tensor<T>& t) {
+  return copy_to(t, host_allocator());
+}
+template <typename T>
+std::span<const T> device_span(const Tensor<T>& t) {
+  return {t.data_in(MemorySpace::device), t.size()};
+}
+
+template <typename T>
+void expect_same_bits(const Tensor<T>& device_result, const Tensor<T>& cpu,
+                      const std::string& what) {
+  const Tensor<T> got = on_host(device_result);
+  ASSERT_EQ(got.size(), cpu.size()) << what;
+  for (std::size_t k = 0; k < got.size(); ++k)
+    ASSERT_EQ(got.data()[k], cpu.data()[k]) << what << ": element " << k;
+}
+
+template <typename T>
+double tolerance() {
+  return sizeof(T) == 8 ? 1e-12 : 1e-5;
+}
+
+struct ConvCase {
+  std::string name;
+  Shape4 x, w;
+  reference::ConvGeometry g;
+  std::int64_t oh, ow;
+  bool bias;
+};
+
+// Conv2d's windows (pad 0), strides, dilations and groups, and the adjoint convolutions of
+// ConvTranspose2d (padding of any sign, the padded-copy path).
+std::vector<ConvCase> conv_cases() {
+  return {
+      {"3x3", {2, 5, 12, 11}, {7, 5, 3, 3}, {}, 10, 9, true},
+      {"stride 2", {1, 4, 13, 12}, {6, 4, 3, 3}, {.stride_h = 2, .stride_w = 2}, 6, 5, true},
+      {"dilation 2",
+       {2, 3, 14, 13},
+       {4, 3, 3, 3},
+       {.dilation_h = 2, .dilation_w = 2},
+       10,
+       9,
+       false},
+      {"groups 2", {1, 6, 9, 9}, {4, 3, 3, 3}, {.groups = 2}, 7, 7, true},
+      {"1x1", {3, 8, 5, 6}, {5, 8, 1, 1}, {}, 5, 6, true},
+      {"symmetric pad 1", {1, 3, 8, 8}, {2, 3, 3, 3}, {.pad_top = 1, .pad_left = 1}, 8, 8, true},
+      {"pad 2 top, 0 bottom",
+       {1, 3, 8, 9},
+       {2, 3, 3, 3},
+       {.pad_top = 2, .pad_left = 1},
+       8,
+       8,
+       false},
+      {"negative pad", {2, 2, 10, 10}, {3, 2, 3, 3}, {.pad_top = -1, .pad_left = -2}, 6, 5, false},
+      {"adjoint of stride 2",
+       {1, 4, 7, 6},
+       {3, 4, 4, 4},
+       {.stride_h = 2, .stride_w = 2, .pad_top = 3, .pad_left = 2},
+       6,
+       5,
+       false},
+  };
+}
+
+template <typename T>
+void check_conv(const ConvCase& c) {
+  SCOPED_TRACE(c.name);
+  const Shape4 ys{c.x.n, c.w.n, c.oh, c.ow};
+  const ConvShapes shapes{.x = c.x, .w = c.w, .y = ys, .bias = c.bias};
+  std::unique_ptr<ConvKernel<T>> k = gpu().conv<T>(shapes, c.g);
+  ASSERT_TRUE(k) << "the CUDA backend declined";
+  EXPECT_TRUE(test::contains(k->name(), "cudnn")) << k->name();
+
+  const Tensor<T> x = test::random_tensor<T>(c.x, 1, 1), w = test::random_tensor<T>(c.w, 1, 2);
+  const Tensor<T> bias = test::random_tensor<T>({c.bias ? c.w.n : 0, 1, 1, 1}, 1, 3);
+  const Tensor<T> dy = test::random_tensor<T>(ys, 1, 4);
+  const Tensor<T> dx_x = on_device(x), dx_w = on_device(w), dx_bias = on_device(bias),
+                  dx_dy = on_device(dy);
+  const std::span<const T> no_bias;
+
+  Tensor<T> y_ref(ys);
+  reference::conv2d_forward(x, w, c.bias ? bias.span() : no_bias, y_ref, c.g);
+  Tensor<T> y(ys, Layout::nchw, uninitialized, *device_allocator());
+  k->forward(dx_x, dx_w, c.bias ? device_span(dx_bias) : no_bias, y);
+  EXPECT_LE(test::rel_error(on_host(y).span(), y_ref.span()), tolerance<T>()) << "forward";
+
+  Tensor<T> dxr(c.x);
+  reference::conv2d_backward_data(dy, w, dxr, c.g);
+  Tensor<T> dx(c.x, Layout::nchw, uninitialized, *device_allocator());
+  k->backward_data(dx_dy, dx_w, dx);
+  EXPECT_LE(test::rel_error(on_host(dx).span(), dxr.span()), tolerance<T>()) << "backward data";
+
+  // backward_filter adds into what is there.
+  Tensor<T> dw_ref = test::random_tensor<T>(c.w, 1, 5);
+  Tensor<T> db_ref = test::random_tensor<T>(bias.shape(), 1, 6);
+  Tensor<T> dw = on_device(dw_ref), db = on_device(db_ref);
+  reference::conv2d_backward_filter(x, dy, dw_ref, db_ref.span(), c.g);
+  k->backward_filter(
+      dx_x, dx_dy, dw,
+      c.bias ? std::span<T>(db.data_in(MemorySpace::device), db.size()) : std::span<T>());
+  EXPECT_LE(test::rel_error(on_host(dw).span(), dw_ref.span()), tolerance<T>()) << "dw";
+  if (c.bias) {
+    EXPECT_LE(test::rel_error(on_host(db).span(), db_ref.span()), tolerance<T>()) << "dbias";
+  }
+}
+
+TEST(CudaConv, AgreesWithTheReferenceDouble) {
+  for (const ConvCase& c : conv_cases())
+    check_conv<double>(c);
+}
+TEST(CudaConv, AgreesWithTheReferenceFloat) {
+  for (const ConvCase& c : conv_cases())
+    check_conv<float>(c);
+}
+
+// A box kernel writes only its box of y, reading its box of x in place.
+TEST(CudaConv, BoxForwardWritesOnlyItsBox) {
+  using T = double;
+  const Shape4 xo{2, 3, 14, 15}, yo{2, 4, 12, 13}, xb{2, 3, 6, 7}, wb{4, 3, 3, 3}, yb{2, 4, 4, 5};
+  const reference::ConvGeometry g;
+  const ConvShapes shapes{.x = xb, .w = wb, .y = yb, .bias = true, .x_outer = xo, .y_outer = yo};
+  std::unique_ptr<ConvKernel<T>> k = gpu().conv<T>(shapes, g);
+  ASSERT_TRUE(k);
+  const Tensor<T> x = test::random_tensor<T>(xo, 2, 1), w = test::random_tensor<T>(wb, 2, 2);
+  const Tensor<T> bias = test::random_tensor<T>({4, 1, 1, 1}, 2, 3);
+  const Tensor<T> y0 = test::random_tensor<T>(yo, 2, 4);
+  Tensor<T> y = on_device(y0);
+  const Tensor<T> dw = on_device(w), dbias = on_device(bias);
+  k->forward_box(on_device(x), {5, 4}, dw, device_span(dbias), y, {3, 6});
+
+  ReferenceConv<T> ref(g, shapes);
+  Tensor<T> expected = y0;
+  ref.forward_box(x, {5, 4}, w, bias.span(), expected, {3, 6});
+  EXPECT_LE(test::rel_error(on_host(y).span(), expected.span()), 1e-12);
+}
+
+template <typename T>
+void check_activations() {
+  const Shape4 s{2, 3, 17, 19};
+  Tensor<T> x = test::random_tensor<T>(s, 3, 1);
+  x.data()[5] = T(0);  // the boundary: not positive
+  const Tensor<T> dy = test::random_tensor<T>(s, 3, 2);
+  for (const ActivationKind kind :
+       {ActivationKind::relu, ActivationKind::leaky_relu, ActivationKind::sigmoid}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    auto cpu = Backend().activation<T>(kind, 0.1);
+    auto dev = gpu().activation<T>(kind, 0.1);
+    Tensor<T> y(s), dx(s);
+    cpu->forward(x, y);
+    cpu->backward(dy, dx);
+    Tensor<T> yd(s, Layout::nchw, uninitialized, *device_allocator()), dxd = yd;
+    dev->forward(on_device(x), yd);
+    dev->backward(on_device(dy), dxd);
+    if (kind == ActivationKind::sigmoid) {
+      EXPECT_LE(test::rel_error(on_host(yd).span(), y.span()), 8 * tolerance<T>());
+      EXPECT_LE(test::rel_error(on_host(dxd).span(), dx.span()), 8 * tolerance<T>());
+    } else {
+      expect_same_bits(yd, y, "activation forward");
+      expect_same_bits(dxd, dx, "activation backward");
+    }
+  }
+}
+TEST(CudaPointwise, ActivationsMatchTheCpu) {
+  check_activations<float>();
+  check_activations<double>();
+}
+
+TEST(CudaPointwise, DropoutDropsTheSameElementsAsTheCpu) {
+  using T = float;
+  const Shape4 tile{2, 3, 5, 7};
+  const TileOrigin at{.global = {4, 3, 20, 30}, .n = 1, .h = 9, .w = 11};
+  const Tensor<T> x = test::random_tensor<T>(tile, 4, 1), dy = test::random_tensor<T>(tile, 4, 2);
+  auto cpu = Backend().dropout<T>(0.3);
+  auto dev = gpu().dropout<T>(0.3);
+  Tensor<T> mask(tile), y(tile), dx(tile);
+  cpu->forward(x, at, 77, 5, mask, y);
+  cpu->backward(dy, mask, dx);
+  Tensor<T> maskd(tile, Layout::nchw, uninitialized, *device_allocator()), yd = maskd, dxd = maskd;
+  dev->forward(on_device(x), at, 77, 5, maskd, yd);
+  dev->backward(on_device(dy), maskd, dxd);
+  expect_same_bits(maskd, mask, "mask");
+  expect_same_bits(yd, y, "y");
+  expect_same_bits(dxd, dx, "dx");
+}
+
+template <typename T>
+void check_updates() {
+  const Shape4 s{1, 1, 1, 1000};
+  const Tensor<T> g = test::random_tensor<T>(s, 5, 1);
+  auto cpu = Backend().update<T>();
+  auto dev = gpu().update<T>();
+  for (const bool momentum : {false, true}) {
+    Tensor<T> p = test::random_tensor<T>(s, 5, 2), buf = test::random_tensor<T>(s, 5, 3);
+    Tensor<T> pd = on_device(p), bufd = on_device(buf);
+    const SgdScalars<T> sgd{.weight_decay = T(0.01),
+                            .momentum = T(0.9),
+                            .neg_lr = T(-0.1),
+                            .decay = true,
+                            .first_step = false};
+    cpu->sgd(p.data(), g.data(), momentum ? buf.data() : nullptr, s.numel(), sgd);
+    const Tensor<T> gd = on_device(g);
+    dev->sgd(pd.data_in(MemorySpace::device), gd.data_in(MemorySpace::device),
+             momentum ? bufd.data_in(MemorySpace::device) : nullptr, s.numel(), sgd);
+    expect_same_bits(pd, p, "sgd p");
+    expect_same_bits(bufd, buf, "sgd momentum");
+  }
+  Tensor<T> p = test::random_tensor<T>(s, 6, 1), m = test::random_tensor<T>(s, 6, 2),
+            v = test::random_tensor<T>(s, 6, 3, 0, 1);
+  Tensor<T> pd = on_device(p), md = on_device(m), vd = on_device(v);
+  const Tensor<T> gd = on_device(g);
+  const AdamScalars<T> adam{.weight_decay = T(0.01),
+                            .beta1 = T(0.9),
+                            .one_minus_beta1 = T(0.1),
+                            .beta2 = T(0.999),
+                            .one_minus_beta2 = T(0.001),
+                            .eps = T(1e-8),
+                            .neg_step_size = T(-0.001),
+                            .bias_correction2_sqrt = T(0.3),
+                            .decay = true};
+  cpu->adam(p.data(), g.data(), m.data(), v.data(), s.numel(), adam);
+  dev->adam(pd.data_in(MemorySpace::device), gd.data_in(MemorySpace::device),
+            md.data_in(MemorySpace::device), vd.data_in(MemorySpace::device), s.numel(), adam);
+  expect_same_bits(pd, p, "adam p");
+  expect_same_bits(md, m, "adam m");
+  expect_same_bits(vd, v, "adam v");
+}
+TEST(CudaPointwise, OptimizerUpdatesMatchTheCpuBitForBit) {
+  check_updates<float>();
+  check_updates<double>();
+}
+
+TEST(CudaMerge, ChannelBlocksAndSumsMatchTheCpu) {
+  using T = double;
+  const Shape4 xs{2, 3, 4, 5}, ys{2, 8, 4, 5};
+  const Tensor<T> x = test::random_tensor<T>(xs, 7, 1), y0 = test::random_tensor<T>(ys, 7, 2);
+  auto cpu = Backend().merge<T>();
+  auto dev = gpu().merge<T>();
+  Tensor<T> y = y0, yd = on_device(y0);
+  cpu->put_channels(x, y, 4);
+  dev->put_channels(on_device(x), yd, 4);
+  expect_same_bits(yd, y, "put_channels");
+  Tensor<T> taken(xs), takend(xs, Layout::nchw, uninitialized, *device_allocator());
+  cpu->take_channels(y0, 2, taken);
+  dev->take_channels(on_device(y0), 2, takend);
+  expect_same_bits(takend, taken, "take_channels");
+  Tensor<T> a = test::random_tensor<T>(xs, 7, 3), ad = on_device(a);
+  cpu->add(x, a);
+  dev->add(on_device(x), ad);
+  expect_same_bits(ad, a, "add");
+}
+
+TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
+  using T = float;
+  const Shape4 s{2, 3, 9, 11};
+  const Box origin{{10, 19}, {4, 15}}, box{{12, 16}, {5, 9}};
+  auto cpu = Backend().halo_copy<T>();
+  auto dev = gpu().halo_copy<T>();
+  EXPECT_EQ(dev->space(), MemorySpace::device);
+  const Tensor<T> t = test::random_tensor<T>(s, 8, 1);
+  const Tensor<T> td = on_device(t);
+  const std::int64_t planes = s.n * s.c;
+
+  Tensor<T> message({1, 1, 1, planes * box.size()}), messaged = on_device(message);
+  cpu->pack(planes_of(t, origin), box, message.data());
+  dev->pack(planes_of(td, origin), box, messaged.data_in(MemorySpace::device));
+  expect_same_bits(messaged, message, "pack");
+
+  for (const Direction how : {Direction::fill, Direction::accumulate}) {
+    Tensor<T> u = test::random_tensor<T>(s, 8, 2), ud = on_device(u);
+    cpu->unpack(message.data(), box, planes_of(u, origin), how);
+    dev->unpack(messaged.data_in(MemorySpace::device), box, planes_of(ud, origin), how);
+    expect_same_bits(ud, u, "unpack");
+
+    Tensor<T> m = test::random_tensor<T>(s, 8, 3), md = on_device(m);
+    cpu->move(planes_of(t, origin), planes_of(m, origin), box, how);
+    dev->move(planes_of(td, origin), planes_of(md, origin), box, how);
+    expect_same_bits(md, m, "move");
+  }
+
+  for (const Box keep : {box, Box{{0, 12}, {0, 100}}, Box{{30, 40}, {0, 5}}}) {
+    Tensor<T> f = t, fd = on_device(t);
+    cpu->fill_outside(planes_of(f, origin), keep, T(-7));
+    dev->fill_outside(planes_of(fd, origin), keep, T(-7));
+    expect_same_bits(fd, f, "fill_outside " + to_string(keep));
+  }
+}
+
+TEST(CudaBackend, RefusesWhatHasNoCudaKernelByName) {
+  try {
+    (void)gpu().batch_norm<float>();
+    ADD_FAILURE() << "the CUDA backend handed out a batch-norm kernel";
+  } catch (const Error& e) {
+    test::expect_mentions(e.what(), {"CUDA backend has no batch-norm kernel"});
+  }
+  EXPECT_EQ(&gpu().allocator(), device_allocator());
+  EXPECT_TRUE(test::contains(gpu().description(), "cuDNN"));
+}
+
+}  // namespace
+}  // namespace tessera
