@@ -21,8 +21,9 @@ struct GpuInfo {
 
 GpuInfo gpu_info();
 
-// Makes `device` the current CUDA device of this process (before any device memory is taken), and
-// its name ("NVIDIA H100 80GB HBM3"). Throw an Error in a build without CUDA. Local.
+// Makes `device` the current CUDA device of this process, and its name ("NVIDIA H100 80GB HBM3").
+// The device memory and the kernels' stream are bound to the device current when first used, so
+// a different device after that is an Error; so is any device in a build without CUDA. Local.
 void set_current_device(int device);
 std::string device_name(int device);
 

@@ -70,14 +70,14 @@ class CpuMerge final : public MergeKernel<T> {
   std::string name() const override { return "threaded"; }
   void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const override {
     const Shape4 xs = x.shape(), ys = y.shape();
-    check(xs, ys, offset);
+    check_concat(xs, ys, offset);
     const std::int64_t plane = xs.h * xs.w, block = xs.c * plane;
     for (std::int64_t n = 0; n < xs.n; ++n)
       parallel_copy(x.data() + n * block, block, y.data() + (n * ys.c + offset) * plane);
   }
   void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const override {
     const Shape4 xs = x.shape(), ys = y.shape();
-    check(xs, ys, offset);
+    check_concat(xs, ys, offset);
     const std::int64_t plane = xs.h * xs.w, block = xs.c * plane;
     for (std::int64_t n = 0; n < xs.n; ++n)
       parallel_copy(y.data() + (n * ys.c + offset) * plane, block, x.data() + n * block);
@@ -88,14 +88,6 @@ class CpuMerge final : public MergeKernel<T> {
     const T* pb = b.data();
     for (std::int64_t i = 0; i < a.numel(); ++i)
       pa[i] += pb[i];
-  }
-
- private:
-  static void check(const Shape4& xs, const Shape4& ys, std::int64_t offset) {
-    TESSERA_CHECK(
-        xs.n == ys.n && xs.h == ys.h && xs.w == ys.w && offset >= 0 && offset + xs.c <= ys.c,
-        "concat: channels [" + std::to_string(offset) + ", " + std::to_string(offset + xs.c) +
-            ") of " + ys.str() + " do not fit " + xs.str());
   }
 };
 
@@ -130,10 +122,7 @@ class CpuDropout final : public DropoutKernel<T> {
   void forward(const Tensor<T>& x, const TileOrigin& at, std::uint64_t seed, std::uint64_t stream,
                Tensor<T>& mask, Tensor<T>& y) const override {
     const Shape4& s = x.shape();
-    TESSERA_CHECK(mask.shape() == s && y.shape() == s && x.layout() == Layout::nchw &&
-                      at.n + s.n <= at.global.n && at.h + s.h <= at.global.h &&
-                      at.w + s.w <= at.global.w && s.c == at.global.c,
-                  "dropout: tile " + s.str() + " does not fit its tensor " + at.global.str());
+    check_dropout_tile(s, x.layout(), at, mask.shape(), y.shape());
     const T* in = x.data();
     T* m = mask.data();
     T* out = y.data();
@@ -156,9 +145,7 @@ class CpuDropout final : public DropoutKernel<T> {
   }
 
   void backward(const Tensor<T>& dy, const Tensor<T>& mask, Tensor<T>& dx) const override {
-    TESSERA_CHECK(mask.shape() == dy.shape() && dx.shape() == dy.shape(),
-                  "dropout backward: mask " + mask.shape().str() + ", gradient " +
-                      dy.shape().str() + ", input gradient " + dx.shape().str());
+    check_dropout_backward(dy.shape(), mask.shape(), dx.shape());
     const T* g = dy.data();
     const T* m = mask.data();
     T* out = dx.data();
@@ -174,6 +161,24 @@ class CpuDropout final : public DropoutKernel<T> {
 };
 
 }  // namespace
+
+void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset) {
+  TESSERA_CHECK(x.n == y.n && x.h == y.h && x.w == y.w && offset >= 0 && offset + x.c <= y.c,
+                "concat: channels [" + std::to_string(offset) + ", " +
+                    std::to_string(offset + x.c) + ") of " + y.str() + " do not fit " + x.str());
+}
+
+void check_dropout_tile(const Shape4& x, Layout layout, const TileOrigin& at, const Shape4& mask,
+                        const Shape4& y) {
+  TESSERA_CHECK(mask == x && y == x && layout == Layout::nchw && at.n + x.n <= at.global.n &&
+                    at.h + x.h <= at.global.h && at.w + x.w <= at.global.w && x.c == at.global.c,
+                "dropout: tile " + x.str() + " does not fit its tensor " + at.global.str());
+}
+
+void check_dropout_backward(const Shape4& dy, const Shape4& mask, const Shape4& dx) {
+  TESSERA_CHECK(mask == dy && dx == dy, "dropout backward: mask " + mask.str() + ", gradient " +
+                                            dy.str() + ", input gradient " + dx.str());
+}
 
 template <typename T>
 std::unique_ptr<DropoutKernel<T>> make_cpu_dropout(double p) {

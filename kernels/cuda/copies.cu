@@ -9,6 +9,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Element k of the box (the innermost extent fastest): its offset with strides `stride`.
+__device__ inline std::int64_t box_offset(const Box3& box, const std::int64_t* stride,
+                                          std::int64_t k) {
+  const std::int64_t c = k % box.extent[2], b = k / box.extent[2] % box.extent[1],
+                     a = k / (box.extent[2] * box.extent[1]);
+  return a * stride[0] + b * stride[1] + c * stride[2];
+}
+
 // One thread per element of the box, the innermost extent fastest (coalesced rows).
 template <typename T>
 __global__ void copy_box_kernel(const T* src, T* dst, Box3 box, bool accumulate) {
@@ -16,10 +24,8 @@ __global__ void copy_box_kernel(const T* src, T* dst, Box3 box, bool accumulate)
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
        k += step) {
-    const std::int64_t c = k % box.extent[2], b = k / box.extent[2] % box.extent[1],
-                       a = k / (box.extent[2] * box.extent[1]);
-    const T v = src[a * box.src_stride[0] + b * box.src_stride[1] + c * box.src_stride[2]];
-    T& out = dst[a * box.dst_stride[0] + b * box.dst_stride[1] + c * box.dst_stride[2]];
+    const T v = src[box_offset(box, box.src_stride, k)];
+    T& out = dst[box_offset(box, box.dst_stride, k)];
     out = accumulate ? out + v : v;
   }
 }
@@ -30,9 +36,7 @@ __global__ void fill_box_kernel(T* dst, Box3 box, T value) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
        k += step) {
-    const std::int64_t c = k % box.extent[2], b = k / box.extent[2] % box.extent[1],
-                       a = k / (box.extent[2] * box.extent[1]);
-    dst[a * box.dst_stride[0] + b * box.dst_stride[1] + c * box.dst_stride[2]] = value;
+    dst[box_offset(box, box.dst_stride, k)] = value;
   }
 }
 

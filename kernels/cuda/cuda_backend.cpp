@@ -23,14 +23,14 @@ namespace {
 template <typename T>
 std::unique_ptr<ConvKernel<T>> cudnn_conv(const ConvShapes& shapes,
                                           const reference::ConvGeometry& g) {
-  if (auto k = cuda::make_cudnn_conv<T>(shapes, g, cuda_options())) return k;
+  std::string why;
+  if (auto k = cuda::make_cudnn_conv<T>(shapes, g, cuda_options(), why)) return k;
   // Backend::conv never returns null for NCHW; a host kernel cannot stand in on the device.
   if (shapes.x_layout != Layout::nchw || shapes.y_layout != Layout::nchw) return nullptr;
   throw Error("cuDNN declined the convolution of x " + shapes.x.str() + ", w " + shapes.w.str() +
               ", y " + shapes.y.str() + " (stride " + std::to_string(g.stride_h) + "x" +
               std::to_string(g.stride_w) + ", dilation " + std::to_string(g.dilation_h) + "x" +
-              std::to_string(g.dilation_w) + ", groups " + std::to_string(g.groups) +
-              "): no algorithm fits the workspace limit");
+              std::to_string(g.dilation_w) + ", groups " + std::to_string(g.groups) + "): " + why);
 }
 
 class CudaBackend final : public Backend {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "tessera/gpu.hpp"
 #include "tessera/kernels/batchnorm_kernel.hpp"
@@ -16,11 +17,12 @@ namespace tessera::cuda {
 // A cuDNN convolution planned for `shapes` and `g`: algorithms for the three passes chosen once
 // here by cuDNN's heuristics (deterministic ones only with options.deterministic; no TF32 unless
 // options.allow_tf32), their workspace from the context's shared one. Null for what it declines:
-// nchw16c tensors, a geometry cuDNN rejects, no algorithm fitting the workspace limit.
+// nchw16c tensors, a geometry cuDNN rejects, no algorithm fitting the workspace limit; `why`
+// then says which.
 template <typename T>
 std::unique_ptr<ConvKernel<T>> make_cudnn_conv(const ConvShapes& shapes,
                                                const reference::ConvGeometry& g,
-                                               const CudaOptions& options);
+                                               const CudaOptions& options, std::string& why);
 
 template <typename T>
 std::unique_ptr<ActivationKernel<T>> make_activation(ActivationKind kind, double slope);

@@ -73,18 +73,13 @@ class CudaDropout final : public DropoutKernel<T> {
   void forward(const Tensor<T>& x, const TileOrigin& at, std::uint64_t seed, std::uint64_t id,
                Tensor<T>& mask, Tensor<T>& y) const override {
     const Shape4& s = x.shape();
-    TESSERA_CHECK(mask.shape() == s && y.shape() == s && x.layout() == Layout::nchw &&
-                      at.n + s.n <= at.global.n && at.h + s.h <= at.global.h &&
-                      at.w + s.w <= at.global.w && s.c == at.global.c,
-                  "dropout: tile " + s.str() + " does not fit its tensor " + at.global.str());
+    check_dropout_tile(s, x.layout(), at, mask.shape(), y.shape());
     dropout_forward(device(x), device(mask), device(y), tile_index(at, s), seed, id, p_, keep_,
                     stream());
   }
 
   void backward(const Tensor<T>& dy, const Tensor<T>& mask, Tensor<T>& dx) const override {
-    TESSERA_CHECK(mask.shape() == dy.shape() && dx.shape() == dy.shape(),
-                  "dropout backward: mask " + mask.shape().str() + ", gradient " +
-                      dy.shape().str() + ", input gradient " + dx.shape().str());
+    check_dropout_backward(dy.shape(), mask.shape(), dx.shape());
     multiply(device(dy), device(mask), device(dx), dy.numel(), stream());
   }
 
@@ -111,12 +106,12 @@ class CudaMerge final : public MergeKernel<T> {
   std::string name() const override { return "cuda"; }
   void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const override {
     const Shape4 xs = x.shape(), ys = y.shape();
-    check(xs, ys, offset);
+    check_concat(xs, ys, offset);
     copy_box(device(x), device(y) + offset * ys.h * ys.w, blocks(xs, xs, ys), false, stream());
   }
   void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const override {
     const Shape4 xs = x.shape(), ys = y.shape();
-    check(xs, ys, offset);
+    check_concat(xs, ys, offset);
     copy_box(device(y) + offset * ys.h * ys.w, device(x), blocks(xs, ys, xs), false, stream());
   }
   void add(const Tensor<T>& b, Tensor<T>& a) const override {
@@ -126,12 +121,6 @@ class CudaMerge final : public MergeKernel<T> {
   }
 
  private:
-  static void check(const Shape4& xs, const Shape4& ys, std::int64_t offset) {
-    TESSERA_CHECK(
-        xs.n == ys.n && xs.h == ys.h && xs.w == ys.w && offset >= 0 && offset + xs.c <= ys.c,
-        "concat: " + xs.str() + " does not fit " + ys.str() + " at channel " +
-            std::to_string(offset));
-  }
   // x's channel block of each sample: samples x (channels * pixels) x 1, from `from` to `to`.
   static Box3 blocks(const Shape4& xs, const Shape4& from, const Shape4& to) {
     Box3 b;

@@ -65,7 +65,8 @@ struct ConvDesc {
 };
 
 // One spatial axis: x extent `in`, y extent `out`. cuDNN's symmetric `pad` when it yields exactly
-// `out` outputs; otherwise x is copied into `padded` rows, x's row r at padded row r + begin.
+// `out` outputs reading the same rows; otherwise x is copied into `padded` rows, x's row r at
+// padded row r + begin.
 struct AxisPad {
   std::int64_t pad = 0;
   bool copy = false;
@@ -75,7 +76,10 @@ AxisPad axis_pad(std::int64_t in, std::int64_t out, std::int64_t kernel, std::in
                  std::int64_t dilation, std::int64_t pad_begin) {
   const std::int64_t need = (out - 1) * stride + dilation * (kernel - 1) + 1;
   const std::int64_t pad_end = need - in - pad_begin;
-  if (pad_begin >= 0 && pad_end == pad_begin) return {.pad = pad_begin};
+  // cuDNN's output extent floor((in + 2 pad - dilation (kernel - 1) - 1) / stride) + 1 is `out`
+  // when the rows past the last one read are fewer than a stride.
+  if (pad_begin >= 0 && pad_end <= pad_begin && pad_begin - pad_end < stride)
+    return {.pad = pad_begin};
   return {.copy = true, .padded = need, .begin = pad_begin};
 }
 
@@ -84,6 +88,15 @@ AxisPad axis_pad(std::int64_t in, std::int64_t out, std::int64_t kernel, std::in
 std::size_t workspace_limit() {
   std::size_t free = 0, total = 0;
   TESSERA_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+  // Memory the stream-ordered pool keeps but nothing uses is free to us, not to cudaMemGetInfo.
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  std::uint64_t reserved = 0, used = 0;
+  TESSERA_CHECK_CUDA(cudaGetDevice(&device));
+  TESSERA_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+  TESSERA_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  TESSERA_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  free += static_cast<std::size_t>(reserved > used ? reserved - used : 0);
   return std::min<std::size_t>(free / 4, std::size_t{2} << 30);
 }
 
@@ -91,7 +104,7 @@ std::size_t workspace_limit() {
 // uses no TF32 unless allowed; -1 when none.
 template <typename Perf>
 int pick(const Perf* perf, int count, std::size_t limit, bool deterministic, bool fma_only,
-         std::size_t* bytes) {
+         std::size_t* bytes, cudnnMathType_t* math) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
@@ -102,6 +115,7 @@ int pick(const Perf* perf, int count, std::size_t limit, bool deterministic, boo
         (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
       continue;
     *bytes = p.memory;
+    *math = p.mathType;
     return static_cast<int>(p.algo);
   }
   return -1;
@@ -110,9 +124,10 @@ int pick(const Perf* perf, int count, std::size_t limit, bool deterministic, boo
 template <typename T>
 class CudnnConv final : public ConvKernel<T> {
  public:
+  // Null with `why` set when cuDNN cannot take the case.
   static std::unique_ptr<CudnnConv> create(const ConvShapes& shapes,
                                            const reference::ConvGeometry& g,
-                                           const CudaOptions& options);
+                                           const CudaOptions& options, std::string& why);
 
   void forward(const Tensor<T>& x, const Tensor<T>& w, std::span<const T> bias,
                Tensor<T>& y) override {
@@ -129,6 +144,7 @@ class CudnnConv final : public ConvKernel<T> {
     Context& ctx = Context::get();
     const T one = 1, zero = 0;
     T* out = copy_ ? static_cast<T*>(padded_.data()) : dx.data_in(MemorySpace::device);
+    TESSERA_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.d, data_math_));
     TESSERA_CHECK_CUDNN(
         cudnnConvolutionBackwardData(ctx.cudnn(), &one, w_.d, w.data_in(MemorySpace::device), y_.d,
                                      dy.data_in(MemorySpace::device), conv_.d, data_algo_,
@@ -144,6 +160,7 @@ class CudnnConv final : public ConvKernel<T> {
     Context& ctx = Context::get();
     const T one = 1;
     const T* in = input(x);
+    TESSERA_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.d, filter_math_));
     TESSERA_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         ctx.cudnn(), &one, xp_.d, in, y_.d, dy.data_in(MemorySpace::device), conv_.d, filter_algo_,
         ctx.workspace(filter_bytes_), filter_bytes_, &one, w_.d, dw.data_in(MemorySpace::device)));
@@ -182,6 +199,7 @@ class CudnnConv final : public ConvKernel<T> {
   void run_forward(const T* in, const Tensor<T>& w, std::span<const T> bias, T* out) {
     Context& ctx = Context::get();
     const T one = 1, zero = 0;
+    TESSERA_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.d, fwd_math_));
     TESSERA_CHECK_CUDNN(cudnnConvolutionForward(
         ctx.cudnn(), &one, xp_.d, in, w_.d, w.data_in(MemorySpace::device), conv_.d, fwd_algo_,
         ctx.workspace(fwd_bytes_), fwd_bytes_, &zero, y_.d, out));
@@ -254,24 +272,35 @@ class CudnnConv final : public ConvKernel<T> {
   cudnnConvolutionBwdDataAlgo_t data_algo_{};
   cudnnConvolutionBwdFilterAlgo_t filter_algo_{};
   std::size_t fwd_bytes_ = 0, data_bytes_ = 0, filter_bytes_ = 0;
+  // Each pass runs with the math type its algorithm was ranked with (cuDNN 7.4+ wants both).
+  cudnnMathType_t fwd_math_ = CUDNN_FMA_MATH, data_math_ = CUDNN_FMA_MATH,
+                  filter_math_ = CUDNN_FMA_MATH;
   std::string name_;
 };
 
 template <typename T>
 std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
                                                    const reference::ConvGeometry& g,
-                                                   const CudaOptions& options) {
+                                                   const CudaOptions& options, std::string& why) {
   const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
-  if (shapes.x_layout != Layout::nchw || shapes.y_layout != Layout::nchw) return nullptr;
+  if (shapes.x_layout != Layout::nchw || shapes.y_layout != Layout::nchw) {
+    why = "cuDNN takes NCHW tensors only";
+    return nullptr;
+  }
   if (g.groups <= 0 || x.c % g.groups != 0 || w.n % g.groups != 0 || w.c * g.groups != x.c ||
       y.c != w.n || y.n != x.n || x.n <= 0 || y.h <= 0 || y.w <= 0 || g.stride_h <= 0 ||
-      g.stride_w <= 0 || g.dilation_h <= 0 || g.dilation_w <= 0)
+      g.stride_w <= 0 || g.dilation_h <= 0 || g.dilation_w <= 0) {
+    why = "shapes and geometry do not describe a convolution";
     return nullptr;
+  }
   std::unique_ptr<CudnnConv> k(new CudnnConv(shapes, g));
   k->ph_ = axis_pad(x.h, y.h, w.h, g.stride_h, g.dilation_h, g.pad_top);
   k->pw_ = axis_pad(x.w, y.w, w.w, g.stride_w, g.dilation_w, g.pad_left);
   k->copy_ = k->ph_.copy || k->pw_.copy;
-  if (k->copy_ && shapes.is_box()) return nullptr;  // box kernels serve Conv2d's pad-0 windows
+  if (k->copy_ && shapes.is_box()) {  // box kernels serve Conv2d's pad-0 windows
+    why = "a box kernel with padding cuDNN cannot express";
+    return nullptr;
+  }
   if (k->copy_) {
     // Both axes explicit: the copy holds every row and column the outputs read.
     if (!k->ph_.copy) k->ph_ = {.copy = true, .padded = x.h + 2 * k->ph_.pad, .begin = k->ph_.pad};
@@ -300,7 +329,10 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
   int n = 0, c = 0, h = 0, wd = 0;
   TESSERA_CHECK_CUDNN(
       cudnnGetConvolution2dForwardOutputDim(k->conv_.d, k->xp_.d, k->w_.d, &n, &c, &h, &wd));
-  if (n != y.n || c != y.c || h != y.h || wd != y.w) return nullptr;
+  if (n != y.n || c != y.c || h != y.h || wd != y.w) {
+    why = "cuDNN computes an output of " + Shape4{n, c, h, wd}.str();
+    return nullptr;
+  }
 
   Context& ctx = Context::get();
   const std::size_t limit = workspace_limit();
@@ -309,26 +341,39 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
   cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
   TESSERA_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
       ctx.cudnn(), k->xp_.d, k->w_.d, k->conv_.d, k->y_.d, kMax, &count, fwd));
-  const int fa = pick(fwd, count, limit, options.deterministic, fma_only, &k->fwd_bytes_);
-  if (fa < 0) return nullptr;
+  const int fa =
+      pick(fwd, count, limit, options.deterministic, fma_only, &k->fwd_bytes_, &k->fwd_math_);
+  const std::string none = std::string("no ") + (options.deterministic ? "deterministic " : "") +
+                           "algorithm fits the workspace limit of " + std::to_string(limit >> 20) +
+                           " MiB";
+  if (fa < 0) {
+    why = none + " (forward)";
+    return nullptr;
+  }
   k->fwd_algo_ = static_cast<cudnnConvolutionFwdAlgo_t>(fa);
   if (!shapes.is_box()) {
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     TESSERA_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         ctx.cudnn(), k->w_.d, k->y_.d, k->conv_.d, k->xp_.d, kMax, &count, data));
-    const int da = pick(data, count, limit, options.deterministic, fma_only, &k->data_bytes_);
+    const int da =
+        pick(data, count, limit, options.deterministic, fma_only, &k->data_bytes_, &k->data_math_);
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     TESSERA_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         ctx.cudnn(), k->xp_.d, k->y_.d, k->conv_.d, k->w_.d, kMax, &count, filter));
-    const int wa = pick(filter, count, limit, options.deterministic, fma_only, &k->filter_bytes_);
-    if (da < 0 || wa < 0) return nullptr;
+    const int wa = pick(filter, count, limit, options.deterministic, fma_only, &k->filter_bytes_,
+                        &k->filter_math_);
+    if (da < 0 || wa < 0) {
+      why = none + (da < 0 ? " (backward data)" : " (backward filter)");
+      return nullptr;
+    }
     k->data_algo_ = static_cast<cudnnConvolutionBwdDataAlgo_t>(da);
     k->filter_algo_ = static_cast<cudnnConvolutionBwdFilterAlgo_t>(wa);
   }
   k->name_ = "cudnn " + std::to_string(cudnnGetVersion()) + " algos " + std::to_string(fa) + "/" +
              std::to_string(static_cast<int>(k->data_algo_)) + "/" +
              std::to_string(static_cast<int>(k->filter_algo_)) +
-             (k->copy_ ? " (padded copy)" : "") + (fma_only ? "" : " tf32");
+             (k->copy_ ? " (padded copy)" : "") +
+             (std::is_same_v<T, float> && options.allow_tf32 ? " tf32 allowed" : "");
   return k;
 }
 
@@ -337,15 +382,17 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
 template <typename T>
 std::unique_ptr<ConvKernel<T>> make_cudnn_conv(const ConvShapes& shapes,
                                                const reference::ConvGeometry& g,
-                                               const CudaOptions& options) {
-  return CudnnConv<T>::create(shapes, g, options);
+                                               const CudaOptions& options, std::string& why) {
+  return CudnnConv<T>::create(shapes, g, options, why);
 }
 
 template std::unique_ptr<ConvKernel<float>> make_cudnn_conv<float>(const ConvShapes&,
                                                                    const reference::ConvGeometry&,
-                                                                   const CudaOptions&);
+                                                                   const CudaOptions&,
+                                                                   std::string&);
 template std::unique_ptr<ConvKernel<double>> make_cudnn_conv<double>(const ConvShapes&,
                                                                      const reference::ConvGeometry&,
-                                                                     const CudaOptions&);
+                                                                     const CudaOptions&,
+                                                                     std::string&);
 
 }  // namespace tessera::cuda

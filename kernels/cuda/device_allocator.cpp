@@ -1,6 +1,7 @@
 // Device memory behind the Allocator interface (include/tessera/gpu.hpp). Built only with CUDA.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -26,11 +27,15 @@ cudaMemcpyKind kind_of(MemorySpace to, MemorySpace from) {
 // default pool with no release threshold): a freed block is reused by the next allocation of the
 // stream without a synchronisation or a cudaMalloc, as the host pool reuses pages. cudaFree would
 // wait for the whole device on every freed tensor.
+// The device the allocator (and with it the context's stream) was made on; -1 before.
+std::atomic<int> g_bound_device{-1};
+
 class CudaAllocator final : public Allocator {
  public:
   CudaAllocator() {
     int device = 0;
     TESSERA_CHECK_CUDA(cudaGetDevice(&device));
+    g_bound_device = device;
     TESSERA_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool_, device));
     std::uint64_t keep_all = UINT64_MAX;
     TESSERA_CHECK_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
@@ -88,6 +93,15 @@ Allocator* device_allocator() {
     return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? new CudaAllocator : nullptr;
   }();
   return allocator;
+}
+
+void set_current_device(int device) {
+  const int bound = g_bound_device.load();
+  TESSERA_CHECK(bound < 0 || bound == device,
+                "GPU " + std::to_string(device) + " asked for after this process began using GPU " +
+                    std::to_string(bound) +
+                    ": a rank's device is chosen before it takes any device memory");
+  TESSERA_CHECK_CUDA(cudaSetDevice(device));
 }
 
 void copy_bytes(void* dst, MemorySpace to, const void* src, MemorySpace from, std::size_t bytes) {

@@ -18,10 +18,6 @@ GpuInfo gpu_info() {
   return info;
 }
 
-void set_current_device(int device) {
-  TESSERA_CHECK_CUDA(cudaSetDevice(device));
-}
-
 std::string device_name(int device) {
   cudaDeviceProp prop{};
   TESSERA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));

@@ -86,6 +86,13 @@ inline TileIndex tile_index(const TileOrigin& at, const Shape4& tile) {
   return {tile.n, tile.c, tile.h, tile.w, at.global.c, at.global.h, at.global.w, at.n, at.h, at.w};
 }
 
+// The shape checks every backend's merge and dropout kernels make before they touch memory:
+// Errors naming the shapes. Local.
+void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset);
+void check_dropout_tile(const Shape4& x, Layout layout, const TileOrigin& at, const Shape4& mask,
+                        const Shape4& y);
+void check_dropout_backward(const Shape4& dy, const Shape4& mask, const Shape4& dx);
+
 // Dropout of one layer with probability p, on NCHW tiles.
 template <typename T>
 class DropoutKernel {
