@@ -3,7 +3,9 @@
 
 #include <mpi.h>
 
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/collectives.hpp"
@@ -59,25 +61,31 @@ Placement place_on_device(const Comm& comm, bool share) {
 }
 
 std::vector<std::string> placement_report(const Comm& comm, const Placement& mine) {
-  const MPI_Comm world = mpi_comm(comm, Group::world);
-  const int size = comm.size(Group::world), root = 0;
-  int length = static_cast<int>(mine.line.size());
-  std::vector<int> lengths(static_cast<std::size_t>(size));
-  TESSERA_CHECK_MPI(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, world));
-  std::vector<int> offsets(static_cast<std::size_t>(size), 0);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    offsets[static_cast<std::size_t>(r)] = total;
-    total += lengths[static_cast<std::size_t>(r)];
-  }
-  std::string all(static_cast<std::size_t>(comm.rank(Group::world) == root ? total : 0), '\0');
-  TESSERA_CHECK_MPI(MPI_Gatherv(mine.line.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                                offsets.data(), MPI_CHAR, root, world));
+  // Through the Comm, so the report's waits have the watchdog's deadline: every rank's length,
+  // then each line in its own slot of one buffer, summed.
+  const int size = comm.size(Group::world), rank = comm.rank(Group::world);
+  std::vector<long long> lengths(static_cast<std::size_t>(size));
+  Request r = comm.start_allgather(static_cast<long long>(mine.line.size()), lengths, Group::world,
+                                   "placement report");
+  comm.wait(r);
+  std::vector<long long> offsets(static_cast<std::size_t>(size) + 1, 0);
+  for (int k = 0; k < size; ++k)
+    offsets[static_cast<std::size_t>(k) + 1] =
+        offsets[static_cast<std::size_t>(k)] + lengths[static_cast<std::size_t>(k)];
+  std::vector<int> text(static_cast<std::size_t>(offsets.back()), 0);
+  for (std::size_t c = 0; c < mine.line.size(); ++c)
+    text[static_cast<std::size_t>(offsets[static_cast<std::size_t>(rank)]) + c] =
+        static_cast<unsigned char>(mine.line[c]);
+  allreduce_sum(comm, std::span<int>(text), Group::world, "placement report");
   std::vector<std::string> lines;
-  if (comm.rank(Group::world) != root) return lines;
-  for (int r = 0; r < size; ++r)
-    lines.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
-                               static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])));
+  if (rank != 0) return lines;
+  for (int k = 0; k < size; ++k) {
+    std::string line;
+    for (long long c = offsets[static_cast<std::size_t>(k)];
+         c < offsets[static_cast<std::size_t>(k) + 1]; ++c)
+      line += static_cast<char>(text[static_cast<std::size_t>(c)]);
+    lines.push_back(std::move(line));
+  }
   return lines;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 
 #include "tessera/kernels/elementwise.hpp"
@@ -59,6 +60,23 @@ struct Box3 {
   std::int64_t src_stride[3] = {0, 0, 0};
   std::int64_t dst_stride[3] = {0, 0, 0};
 };
+using Strides3 = std::array<std::int64_t, 3>;
+// The strides of planes x rows x columns of row-major planes of `rows` x `cols`: an NCHW tensor,
+// or a message of one box per plane.
+inline Strides3 plane_strides(std::int64_t rows, std::int64_t cols) {
+  return {rows * cols, cols, 1};
+}
+inline Box3 make_box3(std::int64_t e0, std::int64_t e1, std::int64_t e2, const Strides3& src,
+                      const Strides3& dst) {
+  Box3 b;
+  const std::int64_t extent[3] = {e0, e1, e2};
+  for (int i = 0; i < 3; ++i) {
+    b.extent[i] = extent[i];
+    b.src_stride[i] = src[i];
+    b.dst_stride[i] = dst[i];
+  }
+  return b;
+}
 template <typename T>
 void copy_box(const T* src, T* dst, const Box3& box, bool accumulate, cudaStream_t stream);
 // dst[i * s0 + j * s1 + k * s2] = value over the box's extents (its dst strides).

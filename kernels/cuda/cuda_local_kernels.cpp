@@ -40,7 +40,7 @@ class CudaActivation final : public ActivationKernel<T> {
       y_ = y;  // a device-to-device copy on the stream
       return;
     }
-    if (!(positive_.shape() == x.shape()) || positive_.size() != x.size())
+    if (!(positive_.shape() == x.shape()) || positive_.layout() != x.layout())
       positive_ = Tensor<std::uint8_t>(x.shape(), x.layout(), uninitialized, *device_allocator());
     leaky_relu_forward(device(x), device(y), device(positive_), n, slope_, stream());
   }
@@ -107,12 +107,12 @@ class CudaMerge final : public MergeKernel<T> {
   void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const override {
     const Shape4 xs = x.shape(), ys = y.shape();
     check_concat(xs, ys, offset);
-    copy_box(device(x), device(y) + offset * ys.h * ys.w, blocks(xs, xs, ys), false, stream());
+    copy_box(device(x), device(y) + offset * ys.h * ys.w, blocks(xs, xs.c, ys.c), false, stream());
   }
   void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const override {
     const Shape4 xs = x.shape(), ys = y.shape();
     check_concat(xs, ys, offset);
-    copy_box(device(y) + offset * ys.h * ys.w, device(x), blocks(xs, ys, xs), false, stream());
+    copy_box(device(y) + offset * ys.h * ys.w, device(x), blocks(xs, ys.c, xs.c), false, stream());
   }
   void add(const Tensor<T>& b, Tensor<T>& a) const override {
     TESSERA_CHECK(a.shape() == b.shape(),
@@ -121,16 +121,11 @@ class CudaMerge final : public MergeKernel<T> {
   }
 
  private:
-  // x's channel block of each sample: samples x (channels * pixels) x 1, from `from` to `to`.
-  static Box3 blocks(const Shape4& xs, const Shape4& from, const Shape4& to) {
-    Box3 b;
-    b.extent[0] = xs.n;
-    b.extent[1] = xs.c * xs.h * xs.w;
-    b.extent[2] = 1;
-    b.src_stride[0] = from.c * from.h * from.w;
-    b.dst_stride[0] = to.c * to.h * to.w;
-    b.src_stride[1] = b.dst_stride[1] = 1;
-    return b;
+  // x's channel block of each sample: samples x (channels * pixels) x 1, between tensors of
+  // `from` and `to` channels (the same pixels).
+  static Box3 blocks(const Shape4& xs, std::int64_t from, std::int64_t to) {
+    const std::int64_t plane = xs.h * xs.w;
+    return make_box3(xs.n, xs.c * plane, 1, {from * plane, 1, 0}, {to * plane, 1, 0});
   }
 };
 
@@ -143,40 +138,34 @@ class CudaHaloCopy final : public HaloCopyKernel<T> {
 
   void move(const Planes<const T>& from, const Planes<T>& to, const Box& box,
             Direction how) const override {
-    check(from.layout, to.layout);
+    check_nchw(from.layout);
+    check_nchw(to.layout);
     TESSERA_CHECK(
         from.shape.n * from.shape.c == to.shape.n * to.shape.c,
         "halo copy: " + from.shape.str() + " and " + to.shape.str() + " have different planes");
     if (box.empty()) return;
-    Box3 b = planes_box(from.shape, box);
-    b.dst_stride[0] = to.shape.h * to.shape.w;
-    b.dst_stride[1] = to.shape.w;
-    copy_box(from.at(0, box.h.begin, box.w.begin), to.at(0, box.h.begin, box.w.begin), b,
+    copy_box(from.at(0, box.h.begin, box.w.begin), to.at(0, box.h.begin, box.w.begin),
+             planes_box(from.shape, box, strides(from.shape), strides(to.shape)),
              how == Direction::accumulate, stream());
   }
 
   void pack(const Planes<const T>& t, const Box& box, T* message) const override {
-    check(t.layout, t.layout);
+    check_nchw(t.layout);
     if (box.empty()) return;
-    Box3 b = planes_box(t.shape, box);
-    b.dst_stride[0] = box.size();
-    b.dst_stride[1] = box.w.size();
-    copy_box(t.at(0, box.h.begin, box.w.begin), message, b, false, stream());
+    copy_box(t.at(0, box.h.begin, box.w.begin), message,
+             planes_box(t.shape, box, strides(t.shape), strides(box)), false, stream());
   }
 
   void unpack(const T* message, const Box& box, const Planes<T>& t, Direction how) const override {
-    check(t.layout, t.layout);
+    check_nchw(t.layout);
     if (box.empty()) return;
-    Box3 b = planes_box(t.shape, box);
-    b.dst_stride[0] = b.src_stride[0];
-    b.dst_stride[1] = b.src_stride[1];
-    b.src_stride[0] = box.size();
-    b.src_stride[1] = box.w.size();
-    copy_box(message, t.at(0, box.h.begin, box.w.begin), b, how == Direction::accumulate, stream());
+    copy_box(message, t.at(0, box.h.begin, box.w.begin),
+             planes_box(t.shape, box, strides(box), strides(t.shape)), how == Direction::accumulate,
+             stream());
   }
 
   void fill_outside(const Planes<T>& t, const Box& keep, T value) const override {
-    check(t.layout, t.layout);
+    check_nchw(t.layout);
     const Box& all = t.origin;
     const Box in = intersect(keep, all);
     if (in.empty()) {
@@ -190,24 +179,21 @@ class CudaHaloCopy final : public HaloCopyKernel<T> {
   }
 
  private:
-  static void check(Layout a, Layout b) {
-    TESSERA_CHECK(a == Layout::nchw && b == Layout::nchw,
-                  "halo copy on the GPU: tensors must be NCHW");
+  static void check_nchw(Layout layout) {
+    TESSERA_CHECK(layout == Layout::nchw, "halo copy on the GPU: tensors must be NCHW");
   }
-  // `box` of every plane of a tensor of `shape`, with the tensor's strides on both sides.
-  static Box3 planes_box(const Shape4& shape, const Box& box) {
-    Box3 b;
-    b.extent[0] = shape.n * shape.c;
-    b.extent[1] = box.h.size();
-    b.extent[2] = box.w.size();
-    b.src_stride[0] = b.dst_stride[0] = shape.h * shape.w;
-    b.src_stride[1] = b.dst_stride[1] = shape.w;
-    b.src_stride[2] = b.dst_stride[2] = 1;
-    return b;
+  // Planes of a tensor, or of a message holding `box` of each plane.
+  static Strides3 strides(const Shape4& s) { return plane_strides(s.h, s.w); }
+  static Strides3 strides(const Box& box) { return plane_strides(box.h.size(), box.w.size()); }
+  // `box` of every plane of a tensor of `shape`.
+  static Box3 planes_box(const Shape4& shape, const Box& box, const Strides3& src,
+                         const Strides3& dst) {
+    return make_box3(shape.n * shape.c, box.h.size(), box.w.size(), src, dst);
   }
   static void fill_region(const Planes<T>& t, const Box& region, T value) {
     if (region.empty()) return;
-    fill_box(t.at(0, region.h.begin, region.w.begin), planes_box(t.shape, region), value, stream());
+    fill_box(t.at(0, region.h.begin, region.w.begin),
+             planes_box(t.shape, region, {}, strides(t.shape)), value, stream());
   }
 };
 

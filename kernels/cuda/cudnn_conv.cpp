@@ -9,7 +9,6 @@
 #include <cudnn.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,35 +33,29 @@ int to_int(std::int64_t v) {
   return static_cast<int>(v);
 }
 
-// Owning handles of cuDNN descriptors.
-struct TensorDesc {
-  cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc() { TESSERA_CHECK_CUDNN(cudnnCreateTensorDescriptor(&d)); }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-  // A tensor of `s` inside one of shape `outer` (NCHW strides of outer).
-  template <typename T>
-  void set(const Shape4& s, const Shape4& outer) {
-    TESSERA_CHECK_CUDNN(cudnnSetTensor4dDescriptorEx(
-        d, data_type<T>(), to_int(s.n), to_int(s.c), to_int(s.h), to_int(s.w),
-        to_int(outer.c * outer.h * outer.w), to_int(outer.h * outer.w), to_int(outer.w), 1));
-  }
+// An owning handle of a cuDNN descriptor.
+template <typename Handle, cudnnStatus_t (*create)(Handle*), cudnnStatus_t (*destroy)(Handle)>
+struct Descriptor {
+  Handle d = nullptr;
+  Descriptor() { TESSERA_CHECK_CUDNN(create(&d)); }
+  ~Descriptor() { destroy(d); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
 };
-struct FilterDesc {
-  cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc() { TESSERA_CHECK_CUDNN(cudnnCreateFilterDescriptor(&d)); }
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-};
-struct ConvDesc {
-  cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc() { TESSERA_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&d)); }
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-};
+using TensorDesc =
+    Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                            cudnnDestroyConvolutionDescriptor>;
+
+// `desc` as a tensor of `s` inside one of shape `outer` (NCHW strides of outer).
+template <typename T>
+void set_tensor(TensorDesc& desc, const Shape4& s, const Shape4& outer) {
+  TESSERA_CHECK_CUDNN(cudnnSetTensor4dDescriptorEx(
+      desc.d, data_type<T>(), to_int(s.n), to_int(s.c), to_int(s.h), to_int(s.w),
+      to_int(outer.c * outer.h * outer.w), to_int(outer.h * outer.w), to_int(outer.w), 1));
+}
 
 // One spatial axis: x extent `in`, y extent `out`. cuDNN's symmetric `pad` when it yields exactly
 // `out` outputs reading the same rows; otherwise x is copied into `padded` rows, x's row r at
@@ -187,7 +180,7 @@ class CudnnConv final : public ConvKernel<T> {
   std::string name() const override { return name_; }
 
  private:
-  CudnnConv(const ConvShapes& shapes, const reference::ConvGeometry& g) : shapes_(shapes), g_(g) {}
+  explicit CudnnConv(const ConvShapes& shapes) : shapes_(shapes) {}
 
   void check(const Tensor<T>& t, const Shape4& planned, const char* what) const {
     TESSERA_CHECK(
@@ -212,30 +205,23 @@ class CudnnConv final : public ConvKernel<T> {
   }
 
   // The padded copy's box of x rows and columns (the rest of it is zero), as planes x rows x
-  // columns, from x to the copy or back, with where the box starts in each.
+  // columns from x to the copy, and where it starts in each. Planned once.
   struct Inside {
-    Box3 box;
+    Box3 to_padded, from_padded;
     std::int64_t offset_x = 0, offset_padded = 0;
   };
-  Inside inside(bool to_padded) const {
-    const Shape4& x = shapes_.x;
-    const std::int64_t r0 = std::max<std::int64_t>(0, -ph_.begin),
-                       r1 = std::min(x.h, ph_.padded - ph_.begin);
-    const std::int64_t c0 = std::max<std::int64_t>(0, -pw_.begin),
-                       c1 = std::min(x.w, pw_.padded - pw_.begin);
-    Inside in;
-    in.box.extent[0] = x.n * x.c;
-    in.box.extent[1] = std::max<std::int64_t>(0, r1 - r0);
-    in.box.extent[2] = std::max<std::int64_t>(0, c1 - c0);
-    const std::array<std::int64_t, 3> xs{x.h * x.w, x.w, 1},
-        ps{ph_.padded * pw_.padded, pw_.padded, 1};
-    for (int i = 0; i < 3; ++i) {
-      in.box.src_stride[i] = to_padded ? xs[i] : ps[i];
-      in.box.dst_stride[i] = to_padded ? ps[i] : xs[i];
-    }
-    in.offset_x = r0 * x.w + c0;
-    in.offset_padded = (r0 + ph_.begin) * pw_.padded + (c0 + pw_.begin);
-    return in;
+  static Inside inside(const Shape4& x, const AxisPad& ph, const AxisPad& pw) {
+    const std::int64_t r0 = std::max<std::int64_t>(0, -ph.begin),
+                       r1 = std::min(x.h, ph.padded - ph.begin);
+    const std::int64_t c0 = std::max<std::int64_t>(0, -pw.begin),
+                       c1 = std::min(x.w, pw.padded - pw.begin);
+    const std::int64_t rows = std::max<std::int64_t>(0, r1 - r0),
+                       cols = std::max<std::int64_t>(0, c1 - c0);
+    const Strides3 xs = plane_strides(x.h, x.w), ps = plane_strides(ph.padded, pw.padded);
+    return {.to_padded = make_box3(x.n * x.c, rows, cols, xs, ps),
+            .from_padded = make_box3(x.n * x.c, rows, cols, ps, xs),
+            .offset_x = r0 * x.w + c0,
+            .offset_padded = (r0 + ph.begin) * pw.padded + (c0 + pw.begin)};
   }
 
   // x as the convolution reads it: x itself, or its padded copy made now.
@@ -244,9 +230,8 @@ class CudnnConv final : public ConvKernel<T> {
     if (!copy_) return in;
     const cudaStream_t stream = Context::get().stream();
     T* p = static_cast<T*>(padded_.data());
-    const Inside b = inside(true);
     fill(p, static_cast<std::int64_t>(padded_.bytes() / sizeof(T)), T(0), stream);
-    copy_box(in + b.offset_x, p + b.offset_padded, b.box, false, stream);
+    copy_box(in + inside_.offset_x, p + inside_.offset_padded, inside_.to_padded, false, stream);
     return p;
   }
 
@@ -254,16 +239,15 @@ class CudnnConv final : public ConvKernel<T> {
   void cut_out(Tensor<T>& dx) {
     const cudaStream_t stream = Context::get().stream();
     T* out = dx.data_in(MemorySpace::device);
-    const Inside b = inside(false);
     fill(out, dx.numel(), T(0), stream);
-    copy_box(static_cast<const T*>(padded_.data()) + b.offset_padded, out + b.offset_x, b.box,
-             false, stream);
+    copy_box(static_cast<const T*>(padded_.data()) + inside_.offset_padded, out + inside_.offset_x,
+             inside_.from_padded, false, stream);
   }
 
   ConvShapes shapes_;
-  reference::ConvGeometry g_;
-  AxisPad ph_, pw_;
+  // Whether x runs through the padded copy (then both axes are explicit, pad 0 for cuDNN).
   bool copy_ = false;
+  Inside inside_;             // copy_ only
   Storage padded_;            // the padded copy of x, or of dx's gradient (copy_ only)
   TensorDesc xp_, y_, bias_;  // xp_: x as the convolution reads it
   FilterDesc w_;
@@ -293,30 +277,30 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
     why = "shapes and geometry do not describe a convolution";
     return nullptr;
   }
-  std::unique_ptr<CudnnConv> k(new CudnnConv(shapes, g));
-  k->ph_ = axis_pad(x.h, y.h, w.h, g.stride_h, g.dilation_h, g.pad_top);
-  k->pw_ = axis_pad(x.w, y.w, w.w, g.stride_w, g.dilation_w, g.pad_left);
-  k->copy_ = k->ph_.copy || k->pw_.copy;
+  std::unique_ptr<CudnnConv> k(new CudnnConv(shapes));
+  AxisPad ph = axis_pad(x.h, y.h, w.h, g.stride_h, g.dilation_h, g.pad_top);
+  AxisPad pw = axis_pad(x.w, y.w, w.w, g.stride_w, g.dilation_w, g.pad_left);
+  k->copy_ = ph.copy || pw.copy;
   if (k->copy_ && shapes.is_box()) {  // box kernels serve Conv2d's pad-0 windows
     why = "a box kernel with padding cuDNN cannot express";
     return nullptr;
   }
   if (k->copy_) {
     // Both axes explicit: the copy holds every row and column the outputs read.
-    if (!k->ph_.copy) k->ph_ = {.copy = true, .padded = x.h + 2 * k->ph_.pad, .begin = k->ph_.pad};
-    if (!k->pw_.copy) k->pw_ = {.copy = true, .padded = x.w + 2 * k->pw_.pad, .begin = k->pw_.pad};
-    k->padded_ =
-        Storage(*device_allocator(),
-                static_cast<std::size_t>(x.n * x.c * k->ph_.padded * k->pw_.padded) * sizeof(T));
+    if (!ph.copy) ph = {.copy = true, .padded = x.h + 2 * ph.pad, .begin = ph.pad};
+    if (!pw.copy) pw = {.copy = true, .padded = x.w + 2 * pw.pad, .begin = pw.pad};
+    k->inside_ = inside(x, ph, pw);
+    k->padded_ = Storage(*device_allocator(),
+                         static_cast<std::size_t>(x.n * x.c * ph.padded * pw.padded) * sizeof(T));
   }
-  const Shape4 xp = k->copy_ ? Shape4{x.n, x.c, k->ph_.padded, k->pw_.padded} : x;
-  k->xp_.template set<T>(xp, shapes.is_box() ? shapes.x_outer : xp);
-  k->y_.template set<T>(y, shapes.is_box() ? shapes.y_outer : y);
-  k->bias_.template set<T>({1, y.c, 1, 1}, {1, y.c, 1, 1});
+  const Shape4 xp = k->copy_ ? Shape4{x.n, x.c, ph.padded, pw.padded} : x;
+  set_tensor<T>(k->xp_, xp, shapes.is_box() ? shapes.x_outer : xp);
+  set_tensor<T>(k->y_, y, shapes.is_box() ? shapes.y_outer : y);
+  set_tensor<T>(k->bias_, {1, y.c, 1, 1}, {1, y.c, 1, 1});
   TESSERA_CHECK_CUDNN(cudnnSetFilter4dDescriptor(k->w_.d, data_type<T>(), CUDNN_TENSOR_NCHW,
                                                  to_int(w.n), to_int(w.c), to_int(w.h),
                                                  to_int(w.w)));
-  const int pad_h = k->copy_ ? 0 : to_int(k->ph_.pad), pad_w = k->copy_ ? 0 : to_int(k->pw_.pad);
+  const int pad_h = k->copy_ ? 0 : to_int(ph.pad), pad_w = k->copy_ ? 0 : to_int(pw.pad);
   TESSERA_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(
       k->conv_.d, pad_h, pad_w, to_int(g.stride_h), to_int(g.stride_w), to_int(g.dilation_h),
       to_int(g.dilation_w), CUDNN_CROSS_CORRELATION, data_type<T>()));

@@ -22,6 +22,23 @@ TEST(Placement, RanksOnOneHostAreNumberedByWorldRank) {
   EXPECT_FALSE(r.host.empty());
 }
 
+TEST(Placement, TheReportHoldsEveryRanksLineInRankOrder) {
+  const Comm& comm = test::world();
+  const int rank = comm.rank(Group::world);
+  Placement mine;
+  // Lines of different lengths, one of them empty, with bytes above 127.
+  mine.line = rank == 1 ? "" : "rank " + std::to_string(rank) + std::string(rank, '*') + "\xc3\xa9";
+  const std::vector<std::string> lines = placement_report(comm, mine);
+  if (rank != 0) {
+    EXPECT_TRUE(lines.empty());
+    return;
+  }
+  ASSERT_EQ(static_cast<int>(lines.size()), comm.size(Group::world));
+  for (int k = 0; k < comm.size(Group::world); ++k)
+    EXPECT_EQ(lines[static_cast<std::size_t>(k)],
+              k == 1 ? "" : "rank " + std::to_string(k) + std::string(k, '*') + "\xc3\xa9");
+}
+
 TEST(Placement, EveryRankGetsADeviceOrTheSameError) {
   const Comm& comm = test::world();
   if (gpu_info().devices == 0) {
