@@ -41,7 +41,8 @@ template <typename T>
 Tensor<T> gather_to_root(const DistTensor<T>& x, const Comm& grid) {
   const Shape4& g = x.dist.global;
   Tensor<T> whole(grid.rank() == 0 ? g : Shape4{});
-  gather_tiles<T>(x.local.span(), x.dist, g.c, grid,
+  const Tensor<T> mine = to_host(x.local);
+  gather_tiles<T>(mine.span(), x.dist, g.c, grid,
                   [&](const Distribution& d, const std::vector<T>& t) {
                     const Range ns = d.samples(), hs = d.rows(), ws = d.cols();
                     std::size_t k = 0;

@@ -53,27 +53,39 @@ HaloExchange<T>::~HaloExchange() {
 
 template <typename T>
 HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name,
-                              std::int64_t planes, std::unique_ptr<HaloCopyKernel<T>> copies)
+                              std::int64_t planes, std::unique_ptr<HaloCopyKernel<T>> copies,
+                              Allocator* memory)
     : plan_(std::move(plan)),
       comm_(&comm),
       copies_(copies ? std::move(copies) : make_cpu_halo_copy<T>()),
       tag_(tag),
       name_(std::move(name)),
       fill_what_("halo fill of " + name_),
-      accumulate_what_("halo accumulate of " + name_) {
+      accumulate_what_("halo accumulate of " + name_),
+      memory_(memory != nullptr ? memory : &host_allocator()),
+      staged_(memory_->space() != MemorySpace::host) {
+  TESSERA_CHECK(memory_->space() == copies_->space(),
+                "halo exchange of " + name_ + ": copies for " + to_string(copies_->space()) +
+                    " memory given " + to_string(memory_->space()) + " memory");
   if (planes > 0) size_buffers(planes);
 }
 
 template <typename T>
 void HaloExchange<T>::size_buffers(std::int64_t planes) {
   if (planes == planes_) return;
-  auto size = [&](const std::vector<HaloTransfer>& transfers, std::vector<std::vector<T>>& bufs) {
+  auto size = [&](const std::vector<HaloTransfer>& transfers, std::vector<std::vector<T>>& bufs,
+                  std::vector<Tensor<T>>& staging) {
     bufs.resize(transfers.size());
-    for (std::size_t k = 0; k < transfers.size(); ++k)
-      bufs[k].resize(static_cast<std::size_t>(planes * transfers[k].box.size()));
+    staging.clear();
+    for (std::size_t k = 0; k < transfers.size(); ++k) {
+      const std::int64_t count = planes * transfers[k].box.size();
+      bufs[k].resize(static_cast<std::size_t>(count));
+      if (staged_)
+        staging.emplace_back(Shape4{1, 1, 1, count}, Layout::nchw, uninitialized, *memory_);
+    }
   };
-  size(plan_.recv, recv_buffers_);
-  size(plan_.send, send_buffers_);
+  size(plan_.recv, recv_buffers_, recv_staging_);
+  size(plan_.send, send_buffers_, send_staging_);
   planes_ = planes;
 }
 
@@ -122,13 +134,20 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   size_buffers(source.shape().n * source.shape().c);
   auto& in_buffers = fill ? recv_buffers_ : send_buffers_;
   auto& out_buffers = fill ? send_buffers_ : recv_buffers_;
+  auto& out_staging = fill ? send_staging_ : recv_staging_;
   std::optional<Timed> timed(std::in_place, Activity::halo);
   std::vector<Message<T>> recv;
   std::vector<Message<const T>> send;
   for (std::size_t k = 0; k < incoming.size(); ++k)
     recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
   for (std::size_t k = 0; k < outgoing.size(); ++k) {
-    copies_->pack(in, outgoing[k].box, out_buffers[k].data());
+    if (staged_) {  // packed on the device, then copied out for the Comm
+      Tensor<T>& box = out_staging[k];
+      copies_->pack(in, outgoing[k].box, box.data_in(box.space()));
+      download(box, out_buffers[k].data());
+    } else {
+      copies_->pack(in, outgoing[k].box, out_buffers[k].data());
+    }
     send.push_back({outgoing[k].peer, out_buffers[k].data(), std::ssize(out_buffers[k])});
   }
   HaloRequest<T> request;
@@ -174,10 +193,18 @@ void HaloExchange<T>::finish(HaloRequest<T>& request) {
   const bool fill = how_ == Direction::fill;
   const auto& incoming = fill ? plan_.recv : plan_.send;
   const auto& buffers = fill ? recv_buffers_ : send_buffers_;
+  auto& staging = fill ? recv_staging_ : send_staging_;
   const Planes<T> out{target_, target_shape_, fill ? plan_.window : plan_.owned, target_layout_};
   // Received boxes are added in ascending peer order, so results do not depend on timing.
-  for (std::size_t k = 0; k < incoming.size(); ++k)
-    copies_->unpack(buffers[k].data(), incoming[k].box, out, how_);
+  for (std::size_t k = 0; k < incoming.size(); ++k) {
+    if (staged_) {  // copied into the device, then unpacked there
+      Tensor<T>& box = staging[k];
+      upload(buffers[k].data(), box);
+      copies_->unpack(box.data_in(box.space()), incoming[k].box, out, how_);
+    } else {
+      copies_->unpack(buffers[k].data(), incoming[k].box, out, how_);
+    }
+  }
   in_flight_ = false;
 }
 

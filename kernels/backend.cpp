@@ -70,6 +70,8 @@ const char* to_string(KernelBackend b) {
       return "onednn";
     case KernelBackend::cuda:
       return "cuda";
+    case KernelBackend::emulated:
+      return "emulated";
     case KernelBackend::reference:
       break;
   }
@@ -90,13 +92,14 @@ const CudaOptions& cuda_options() {
 
 KernelBackend parse_kernel_backend(const std::string& text) {
   if (text == "reference") return KernelBackend::reference;
+  if (text == "emulated") return KernelBackend::emulated;
   if (text == "onednn") {
     TESSERA_CHECK(kHaveOneDnn,
                   "kernel backend 'onednn' asked for, but this build has no oneDNN "
                   "(libdnnl): use 'reference' or rebuild with -Donednn=enabled");
     return KernelBackend::onednn;
   }
-  throw Error("bad kernel backend '" + text + "': expected reference or onednn");
+  throw Error("bad kernel backend '" + text + "': expected reference, onednn or emulated");
 }
 
 KernelBackend default_kernel_backend() {
@@ -212,6 +215,7 @@ std::unique_ptr<LinearKernel<double>> Backend::make_linear(std::int64_t in, std:
 const Backend& backend_of(KernelBackend kind) {
   static const Backend reference;
   if (kind == KernelBackend::reference) return reference;
+  if (kind == KernelBackend::emulated) return emulated_backend();
   if (kind == KernelBackend::cuda) {
     const Backend* cuda = cuda_backend();
     TESSERA_CHECK(cuda != nullptr, "kernel backend 'cuda' asked for, but " +

@@ -295,6 +295,53 @@ void release_kept_host_memory() {
   host().release();
 }
 
+void Allocator::upload(void* dst, const void* host_src, std::size_t bytes) const {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
+}
+void Allocator::download(void* host_dst, const void* src, std::size_t bytes) const {
+  if (bytes > 0) std::memcpy(host_dst, src, bytes);
+}
+void Allocator::zero(void* dst, std::size_t bytes) const {
+  if (bytes > 0) std::memset(dst, 0, bytes);
+}
+
+namespace {
+
+// Open EmulatedKernelScopes, over all threads.
+std::atomic<int> g_emulated_scopes{0};
+
+class EmulatedDeviceAllocator final : public Allocator {
+ public:
+  MemorySpace space() const override { return MemorySpace::device; }
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    // Rounded up to the alignment, as aligned_alloc asks.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr)
+      throw Error("out of emulated device memory: asked " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override { std::free(p); }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  bool host_accessible() const override { return g_emulated_scopes.load() > 0; }
+};
+
+}  // namespace
+
+Allocator& emulated_device_allocator() {
+  static EmulatedDeviceAllocator* const allocator = new EmulatedDeviceAllocator;
+  return *allocator;
+}
+
+EmulatedKernelScope::EmulatedKernelScope() {
+  ++g_emulated_scopes;
+}
+EmulatedKernelScope::~EmulatedKernelScope() {
+  --g_emulated_scopes;
+}
+
 void not_on_host(MemorySpace space) {
   throw Error(std::string("a host accessor was used on a tensor in ") + to_string(space) +
               " memory: device tensors are read and written by their backend's kernels");

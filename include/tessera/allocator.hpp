@@ -29,6 +29,32 @@ class Allocator {
   virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
   // Copies `bytes` between two blocks of this allocator.
   virtual void copy(void* dst, const void* src, std::size_t bytes) const = 0;
+  // Copies `bytes` from host memory into a block of this allocator (upload) and from a block into
+  // host memory (download), finished on return: the host side may be pageable memory the caller
+  // reads or frees next. memcpy unless overridden.
+  virtual void upload(void* dst, const void* host_src, std::size_t bytes) const;
+  virtual void download(void* host_dst, const void* src, std::size_t bytes) const;
+  // Sets `bytes` of a block to zero bits (0.0 for float and double). memset unless overridden.
+  virtual void zero(void* dst, std::size_t bytes) const;
+  // Whether host code may read and write this allocator's blocks directly (Tensor's host
+  // accessors ask): host memory yes; device memory no, except emulated device memory while one
+  // of its kernels runs.
+  virtual bool host_accessible() const { return space() == MemorySpace::host; }
+};
+
+// Device memory emulated in host memory, for checking on a machine without a GPU that Tessera
+// reaches device tensors only through kernels and copies: its blocks are in the device space, so
+// every host accessor refuses them, except while an EmulatedKernelScope is open (the emulated
+// backend's kernels open one around each call; backend.hpp). One per process. Local.
+Allocator& emulated_device_allocator();
+// While alive, the host may reach emulated device memory (from any thread: the kernels' loops
+// run on the kernel threads). Scopes nest. Local.
+class EmulatedKernelScope {
+ public:
+  EmulatedKernelScope();
+  ~EmulatedKernelScope();
+  EmulatedKernelScope(const EmulatedKernelScope&) = delete;
+  EmulatedKernelScope& operator=(const EmulatedKernelScope&) = delete;
 };
 
 // How the host allocator serves large blocks (at least kLargeBlock bytes; smaller ones always come
@@ -95,6 +121,8 @@ class Storage {
   Allocator* allocator() const { return allocator_; }
   // Host for an empty block.
   MemorySpace space() const { return allocator_ ? allocator_->space() : MemorySpace::host; }
+  // Allocator::host_accessible of the block's allocator; true for an empty block.
+  bool host_accessible() const { return allocator_ == nullptr || allocator_->host_accessible(); }
   void reset() noexcept;
 
  private:

@@ -45,6 +45,9 @@ struct DistTensor {
   DistTensor(const Distribution& d, Layout layout, Uninitialized,
              Allocator& allocator = host_allocator())
       : dist(d), local(d.local_shape(), layout, uninitialized, allocator) {}
+  // Zeros in the memory of `allocator`.
+  DistTensor(const Distribution& d, Layout layout, Allocator& allocator)
+      : dist(d), local(d.local_shape(), layout, allocator) {}
 
   // How `local` lies in memory. Convolutions with 16k output channels may give nchw16c (float32,
   // oneDNN) where the model allows it: only where every consumer takes it (Layer::takes_blocked).

@@ -39,22 +39,10 @@ struct CudaOptions {
 void set_cuda_options(const CudaOptions& options);
 const CudaOptions& cuda_options();
 
-// The memory of the current CUDA device (cudaMalloc / cudaFree; copies with cudaMemcpy), one per
-// process like host_allocator(); null in a build without CUDA or when no device is usable. An
-// allocation that does not fit throws an Error naming the bytes asked and the bytes free.
+// The memory of the current CUDA device (stream-ordered cudaMallocAsync / cudaFreeAsync; copies
+// with cudaMemcpyAsync, finished before they return), one per process like host_allocator(); null
+// in a build without CUDA or when no device is usable. An allocation that does not fit throws an
+// Error naming the bytes asked and the bytes free.
 Allocator* device_allocator();
-
-// Copies `bytes` from `src` in `from` to `dst` in `to` (host or device). Throws an Error in a
-// build without CUDA when either side is the device.
-void copy_bytes(void* dst, MemorySpace to, const void* src, MemorySpace from, std::size_t bytes);
-
-// `t` with its shape and layout in the memory of `allocator`. Local.
-template <typename T>
-Tensor<T> copy_to(const Tensor<T>& t, Allocator& allocator) {
-  Tensor<T> out(t.shape(), t.layout(), uninitialized, allocator);
-  copy_bytes(out.data_in(out.space()), out.space(), t.data_in(t.space()), t.space(),
-             t.size() * sizeof(T));
-  return out;
-}
 
 }  // namespace tessera

@@ -52,9 +52,12 @@ class HaloExchange {
   // from other exchanges that may be in flight at the same time; `name` ("layer 'c3'") is what
   // the watchdog names. Message buffers are allocated here for `planes` planes (samples x
   // channels) and reused by every exchange (a tensor of other planes reallocates them). The copies
-  // are the Backend's (Backend::halo_copy); Tessera's CPU copies when none is given. Local.
+  // are the Backend's (Backend::halo_copy); Tessera's CPU copies when none is given. `memory` is
+  // the memory the copies work in (Backend::allocator; host memory when none is given): with
+  // device memory, boxes are packed and unpacked there and the messages travel through host
+  // copies of them (the MPI transport's host staging). Local.
   HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name, std::int64_t planes = 0,
-               std::unique_ptr<HaloCopyKernel<T>> copies = nullptr);
+               std::unique_ptr<HaloCopyKernel<T>> copies = nullptr, Allocator* memory = nullptr);
   HaloExchange(HaloExchange&&) noexcept = default;
   // An exchange abandoned in flight leaves its buffers allocated: a late message may still land.
   ~HaloExchange();
@@ -118,9 +121,15 @@ class HaloExchange {
   T window_padding_ = T(0);
   bool in_flight_ = false;
   bool abandoned_ = false;
-  // One buffer per transfer of plan_.recv / plan_.send, for `planes_` planes.
+  // One buffer per transfer of plan_.recv / plan_.send, for `planes_` planes: what the Comm
+  // sends and receives, in host memory.
   std::int64_t planes_ = -1;
   std::vector<std::vector<T>> recv_buffers_, send_buffers_;
+  // With device copies, the same buffers in device memory, where boxes are packed and unpacked;
+  // empty otherwise.
+  Allocator* memory_;
+  bool staged_ = false;
+  std::vector<Tensor<T>> recv_staging_, send_staging_;
   // Of the exchange in flight: its direction and where finish() unpacks.
   Direction how_ = Direction::fill;
   T* target_ = nullptr;

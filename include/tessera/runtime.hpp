@@ -26,7 +26,7 @@ struct RuntimeOptions {
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:
-//   TESSERA_KERNELS=reference|onednn, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
+//   TESSERA_KERNELS=reference|onednn|emulated, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
 //   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system; the kernel threads from
 //   OMP_NUM_THREADS, else the cores of this process's affinity mask divided by the ranks the
 //   launcher started on this node (MPI_LOCALNRANKS from MPICH's Hydra, OMPI_COMM_WORLD_LOCAL_SIZE

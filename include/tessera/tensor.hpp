@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/allocator.hpp"
 
@@ -56,9 +57,9 @@ struct Uninitialized {};
 inline constexpr Uninitialized uninitialized{};
 
 // A tensor owns its storage (from an Allocator, host_allocator() unless given), knows the memory
-// space that storage lies in and its layout. Host accessors (data, span, at, fill) check the space:
-// device tensors are reached through their backend's kernels only. Copies allocate from the same
-// allocator.
+// space that storage lies in and its layout. Host accessors (data, span, at, fill) check that the
+// host may reach the storage (Allocator::host_accessible): device tensors are reached through
+// their backend's kernels and the copies below only. Copies allocate from the same allocator.
 template <typename T>
 class Tensor {
  public:
@@ -74,6 +75,11 @@ class Tensor {
         layout_(layout),
         size_(static_cast<std::size_t>(storage_size(shape, layout))),
         storage_(allocator, size_ * sizeof(T)) {}
+  // Zeros in the memory of `allocator` (any space).
+  Tensor(Shape4 shape, Layout layout, Allocator& allocator)
+      : Tensor(shape, layout, uninitialized, allocator) {
+    zero();
+  }
 
   Tensor(const Tensor&) = default;
   // A moved-from tensor is empty (no storage, no elements).
@@ -108,6 +114,12 @@ class Tensor {
   std::int64_t numel() const { return shape_.numel(); }
   std::size_t size() const { return size_; }
   const Storage& storage() const { return storage_; }
+  // Where the storage came from (host_allocator() for an empty tensor).
+  Allocator& allocator() const {
+    return storage_.allocator() != nullptr ? *storage_.allocator() : host_allocator();
+  }
+  // Sets every element (padding included) to zero, in any memory space.
+  void zero() { allocator().zero(storage_.data(), size_ * sizeof(T)); }
 
   T* data() { return host(); }
   const T* data() const { return host(); }
@@ -115,10 +127,13 @@ class Tensor {
   std::span<const T> span() const { return {host(), size_}; }
   // The storage wherever it lies, for the backend of that space; checks that it lies in `space`.
   T* data_in(MemorySpace space) {
+    if (size_ == 0) return nullptr;  // an empty tensor lies anywhere
     if (space != this->space()) not_on_host(this->space());
     return static_cast<T*>(storage_.data());
   }
   const T* data_in(MemorySpace space) const { return const_cast<Tensor*>(this)->data_in(space); }
+  std::span<T> span_in(MemorySpace space) { return {data_in(space), size_}; }
+  std::span<const T> span_in(MemorySpace space) const { return {data_in(space), size_}; }
 
   std::int64_t offset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
     return ((n * shape_.c + c) * shape_.h + h) * shape_.w + w;
@@ -133,7 +148,7 @@ class Tensor {
 
  private:
   T* host() const {
-    if (storage_.space() != MemorySpace::host) [[unlikely]]
+    if (!storage_.host_accessible()) [[unlikely]]
       not_on_host(storage_.space());
     return static_cast<T*>(storage_.data());
   }
@@ -142,6 +157,64 @@ class Tensor {
   Layout layout_ = Layout::nchw;
   std::size_t size_ = 0;
   Storage storage_;
+};
+
+// Copies the storage of `t` (t.size() values) into host memory at `to`, finished on return.
+// Local.
+template <typename T>
+void download(const Tensor<T>& t, T* to) {
+  t.allocator().download(to, t.data_in(t.space()), t.size() * sizeof(T));
+}
+// Overwrites the storage of `t` with t.size() values from host memory at `from`. Local.
+template <typename T>
+void upload(const T* from, Tensor<T>& t) {
+  t.allocator().upload(t.data_in(t.space()), from, t.size() * sizeof(T));
+}
+
+// `t` with its shape and layout in the memory of `allocator` (a plain copy when it is already
+// there). Local.
+template <typename T>
+Tensor<T> copy_to(const Tensor<T>& t, Allocator& allocator) {
+  if (&t.allocator() == &allocator) return t;
+  Tensor<T> out(t.shape(), t.layout(), uninitialized, allocator);
+  if (allocator.space() == MemorySpace::host) {
+    download(t, out.data_in(MemorySpace::host));
+  } else if (t.space() == MemorySpace::host) {
+    upload(t.data_in(MemorySpace::host), out);
+  } else {  // between two device allocators: through the host
+    Tensor<T> staged = copy_to(t, host_allocator());
+    upload(staged.data(), out);
+  }
+  return out;
+}
+// `t` in host memory. Local.
+template <typename T>
+Tensor<T> to_host(const Tensor<T>& t) {
+  return copy_to(t, host_allocator());
+}
+
+// The values of a tensor in host memory for a short host computation on a small tensor (a
+// layer's per-channel sums, a classifier's logits): the tensor's own storage when the host may
+// reach it, else a copy that store() writes back. Local.
+template <typename T>
+class HostValues {
+ public:
+  explicit HostValues(Tensor<T>& t) : t_(t), direct_(t.storage().host_accessible()) {
+    if (!direct_) {
+      copy_.resize(t.size());
+      download(t, copy_.data());
+    }
+  }
+  std::span<T> span() { return direct_ ? t_.span() : std::span<T>(copy_); }
+  // Writes the values back into the tensor (nothing to do when they are its own).
+  void store() {
+    if (!direct_) upload(copy_.data(), t_);
+  }
+
+ private:
+  Tensor<T>& t_;
+  bool direct_;
+  std::vector<T> copy_;
 };
 
 // The same tensor in another layout, element by element (for tests and rare fallbacks: the hot

@@ -1,8 +1,6 @@
 // Built when CUDA is disabled or not found.
 #include "tessera/gpu.hpp"
 
-#include <cstring>
-
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 
@@ -14,12 +12,6 @@ GpuInfo gpu_info() {
 
 Allocator* device_allocator() {
   return nullptr;
-}
-
-void copy_bytes(void* dst, MemorySpace to, const void* src, MemorySpace from, std::size_t bytes) {
-  TESSERA_CHECK(to == MemorySpace::host && from == MemorySpace::host,
-                "a copy to or from device memory in a build without CUDA");
-  if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
 void set_current_device(int device) {

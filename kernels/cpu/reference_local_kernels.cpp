@@ -3,6 +3,7 @@
 #include "tessera/kernels/local_kernels.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference.hpp"
@@ -83,11 +84,56 @@ class CpuMerge final : public MergeKernel<T> {
       parallel_copy(y.data() + (n * ys.c + offset) * plane, block, x.data() + n * block);
   }
   void add(const Tensor<T>& b, Tensor<T>& a) const override {
-    TESSERA_CHECK(a.shape() == b.shape(), "add: the tensors' shapes differ");
-    T* pa = a.data();
-    const T* pb = b.data();
-    for (std::int64_t i = 0; i < a.numel(); ++i)
-      pa[i] += pb[i];
+    TESSERA_CHECK(a.shape() == b.shape() && a.layout() == b.layout(),
+                  "add: shapes " + a.shape().str() + " in " + to_string(a.layout()) + " and " +
+                      b.shape().str() + " in " + to_string(b.layout()) + " differ");
+    parallel_for(static_cast<std::int64_t>(a.size()), [&](std::int64_t begin, std::int64_t end) {
+      T* __restrict pa = a.data();
+      const T* __restrict pb = b.data();
+      for (std::int64_t k = begin; k < end; ++k)
+        pa[k] += pb[k];
+    });
+  }
+  void add_bias(std::span<const T> bias, Tensor<T>& y) const override {
+    const Shape4& s = y.shape();
+    check_bias(bias.size(), y, "bias");
+    const std::int64_t plane = s.h * s.w;
+    parallel_for(
+        s.n * s.c,
+        [&](std::int64_t first, std::int64_t last) {
+          for (std::int64_t k = first; k < last; ++k) {
+            const T b = bias[static_cast<std::size_t>(k % s.c)];
+            T* out = y.data() + k * plane;
+            for (std::int64_t i = 0; i < plane; ++i)
+              out[i] += b;
+          }
+        },
+        grain_for(plane));
+  }
+  void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const override {
+    const Shape4& s = dy.shape();
+    check_bias(dbias.size(), dy, "bias gradient");
+    const std::int64_t plane = s.h * s.w;
+    std::vector<T> sums(static_cast<std::size_t>(s.n * s.c));
+    parallel_for(
+        s.n * s.c,
+        [&](std::int64_t first, std::int64_t last) {
+          for (std::int64_t k = first; k < last; ++k) {
+            const T* grad = dy.data() + k * plane;
+            T sum = T(0);
+            for (std::int64_t i = 0; i < plane; ++i)
+              sum += grad[i];
+            sums[static_cast<std::size_t>(k)] = sum;
+          }
+        },
+        grain_for(plane));
+    for (std::int64_t k = 0; k < s.n * s.c; ++k)
+      dbias[static_cast<std::size_t>(k % s.c)] += sums[static_cast<std::size_t>(k)];
+  }
+
+ private:
+  static void check_bias(std::size_t size, const Tensor<T>& t, const char* what) {
+    check_bias_shape(size, t.shape(), t.layout(), what);
   }
 };
 
@@ -166,6 +212,12 @@ void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset) {
   TESSERA_CHECK(x.n == y.n && x.h == y.h && x.w == y.w && offset >= 0 && offset + x.c <= y.c,
                 "concat: channels [" + std::to_string(offset) + ", " +
                     std::to_string(offset + x.c) + ") of " + y.str() + " do not fit " + x.str());
+}
+
+void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what) {
+  TESSERA_CHECK(static_cast<std::int64_t>(size) == t.c && layout == Layout::nchw,
+                std::string(what) + " of " + std::to_string(size) + " values for " + t.str() +
+                    " in " + to_string(layout) + " (expected one per channel, NCHW)");
 }
 
 void check_dropout_tile(const Shape4& x, Layout layout, const TileOrigin& at, const Shape4& mask,

@@ -1,8 +1,8 @@
 // The process's CUDA state, private to kernels/cuda: the one stream every kernel, cuDNN call and
 // device allocation of this process is ordered on, its cuDNN handle, and the convolutions' shared
 // workspace. Created on first use, on the device current then (placement chose it: gpu.hpp).
-// The stream is a blocking one, so host copies on the legacy default stream (copy_bytes) wait
-// for the kernels before them. Local; one thread uses it at a time (the engine's).
+// The stream is a blocking one, so copies on the legacy default stream wait for the kernels
+// before them. Local; one thread uses it at a time (the engine's).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -44,6 +44,15 @@ void add(const T* b, T* a, std::int64_t n, cudaStream_t stream);
 // a[k] = value.
 template <typename T>
 void fill(T* a, std::int64_t n, T value, cudaStream_t stream);
+// y[(n * channels + c) * plane + i] += bias[c] over `planes` = N * channels planes.
+template <typename T>
+void add_bias(const T* bias, T* y, std::int64_t planes, std::int64_t channels, std::int64_t plane,
+              cudaStream_t stream);
+// dbias[c] += the sum of each plane of channel c, every plane summed in order and the planes
+// added in sample order: the CPU's order exactly (one thread per channel; not tuned).
+template <typename T>
+void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t channels,
+                   std::int64_t plane, cudaStream_t stream);
 
 // The optimizers' updates (elementwise::sgd, elementwise::adam); buf may be null.
 template <typename T>

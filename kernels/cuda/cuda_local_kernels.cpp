@@ -115,9 +115,19 @@ class CudaMerge final : public MergeKernel<T> {
     copy_box(device(y) + offset * ys.h * ys.w, device(x), blocks(xs, ys.c, xs.c), false, stream());
   }
   void add(const Tensor<T>& b, Tensor<T>& a) const override {
-    TESSERA_CHECK(a.shape() == b.shape(),
+    TESSERA_CHECK(a.shape() == b.shape() && a.layout() == b.layout(),
                   "add: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
     cuda::add(device(b), device(a), a.numel(), stream());
+  }
+  void add_bias(std::span<const T> bias, Tensor<T>& y) const override {
+    const Shape4& s = y.shape();
+    check_bias_shape(bias.size(), s, y.layout(), "bias");
+    cuda::add_bias(bias.data(), device(y), s.n * s.c, s.c, s.h * s.w, stream());
+  }
+  void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const override {
+    const Shape4& s = dy.shape();
+    check_bias_shape(dbias.size(), s, dy.layout(), "bias gradient");
+    cuda::add_bias_grad(device(dy), dbias.data(), s.n, s.c, s.h * s.w, stream());
   }
 
  private:

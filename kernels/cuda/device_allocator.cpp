@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -15,12 +14,6 @@ namespace {
 
 std::string mib(std::size_t bytes) {
   return std::to_string((bytes + (std::size_t{1} << 19)) >> 20) + " MiB";
-}
-
-cudaMemcpyKind kind_of(MemorySpace to, MemorySpace from) {
-  if (from == MemorySpace::host)
-    return to == MemorySpace::host ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice;
-  return to == MemorySpace::host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
 }
 
 // Stream-ordered device memory (cudaMallocAsync on the context's stream, from the device's
@@ -80,8 +73,27 @@ class CudaAllocator final : public Allocator {
       TESSERA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                          cuda::Context::get().stream()));
   }
+  // In the stream's order (after the kernels that wrote src), and finished on return: the host
+  // side may be pageable memory the caller reads or frees next.
+  void upload(void* dst, const void* host_src, std::size_t bytes) const override {
+    synchronous_copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+  }
+  void download(void* host_dst, const void* src, std::size_t bytes) const override {
+    synchronous_copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  void zero(void* dst, std::size_t bytes) const override {
+    if (bytes > 0)
+      TESSERA_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, cuda::Context::get().stream()));
+  }
 
  private:
+  static void synchronous_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    if (bytes == 0) return;
+    const cudaStream_t stream = cuda::Context::get().stream();
+    TESSERA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    TESSERA_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+
   cudaMemPool_t pool_ = nullptr;
 };
 
@@ -102,19 +114,6 @@ void set_current_device(int device) {
                     std::to_string(bound) +
                     ": a rank's device is chosen before it takes any device memory");
   TESSERA_CHECK_CUDA(cudaSetDevice(device));
-}
-
-void copy_bytes(void* dst, MemorySpace to, const void* src, MemorySpace from, std::size_t bytes) {
-  if (bytes == 0) return;
-  if (to == MemorySpace::host && from == MemorySpace::host) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  // In the stream's order (after the kernels that wrote src), and finished on return: the host
-  // side may be pageable memory the caller reads or frees next.
-  const cudaStream_t stream = cuda::Context::get().stream();
-  TESSERA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind_of(to, from), stream));
-  TESSERA_CHECK_CUDA(cudaStreamSynchronize(stream));
 }
 
 }  // namespace tessera

@@ -77,6 +77,29 @@ void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s,
          [=] __device__(std::int64_t k) { elementwise::adam(p[k], g[k], m[k], v[k], scalars); });
 }
 
+template <typename T>
+void add_bias(const T* bias, T* y, std::int64_t planes, std::int64_t channels, std::int64_t plane,
+              cudaStream_t stream) {
+  launch("add_bias", planes * plane, stream,
+         [=] __device__(std::int64_t k) { y[k] = y[k] + bias[(k / plane) % channels]; });
+}
+
+template <typename T>
+void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t channels,
+                   std::int64_t plane, cudaStream_t stream) {
+  launch("add_bias_grad", channels, stream, [=] __device__(std::int64_t c) {
+    T total = dbias[c];
+    for (std::int64_t n = 0; n < samples; ++n) {
+      const T* p = dy + (n * channels + c) * plane;
+      T sum = T(0);
+      for (std::int64_t i = 0; i < plane; ++i)
+        sum = sum + p[i];
+      total = total + sum;
+    }
+    dbias[c] = total;
+  });
+}
+
 #define TESSERA_CUDA_ELEMENTWISE(T)                                                                \
   template void leaky_relu_forward<T>(const T*, T*, std::uint8_t*, std::int64_t, T, cudaStream_t); \
   template void leaky_relu_backward<T>(const T*, const std::uint8_t*, T*, std::int64_t, T,         \
@@ -88,6 +111,9 @@ void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s,
   template void multiply<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                   \
   template void add<T>(const T*, T*, std::int64_t, cudaStream_t);                                  \
   template void fill<T>(T*, std::int64_t, T, cudaStream_t);                                        \
+  template void add_bias<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, cudaStream_t); \
+  template void add_bias_grad<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t,           \
+                                 cudaStream_t);                                                    \
   template void sgd<T>(T*, const T*, T*, std::int64_t, const SgdScalars<T>&, cudaStream_t);        \
   template void adam<T>(T*, const T*, T*, T*, std::int64_t, const AdamScalars<T>&, cudaStream_t);
 TESSERA_CUDA_ELEMENTWISE(float)

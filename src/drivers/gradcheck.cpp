@@ -134,22 +134,29 @@ std::vector<Row> compare_all(Model<T>& sharded, const StepResult<T>& step, const
   std::vector<Row> rows;
   rows.push_back(compare<double>("loss", "1", std::span<const double>(&step.loss, 1),
                                  std::span<const double>(&r.loss, 1)));
-  rows.push_back(compare<T>("output", output.shape().str(), output.span(), r.output.local.span()));
-  double largest = max_abs(std::as_const(r.input_grad.local).span());
-  for (auto& p : theirs)
-    largest = std::max(largest, max_abs(std::as_const(p.param->grad).span()));
+  // The models' tensors lie where their backend computes: compared in host copies.
+  const Tensor<T> ref_output = to_host(r.output.local),
+                  ref_input_grad = to_host(r.input_grad.local);
+  std::vector<Tensor<T>> my_grads, their_grads;
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    my_grads.push_back(to_host(mine[k].param->grad));
+    their_grads.push_back(to_host(theirs[k].param->grad));
+  }
+  rows.push_back(compare<T>("output", output.shape().str(), output.span(), ref_output.span()));
+  double largest = max_abs(ref_input_grad.span());
+  for (const Tensor<T>& g : their_grads)
+    largest = std::max(largest, max_abs(g.span()));
   const double floor = kGradientFloor<T> * largest;
   rows.push_back(compare<T>("input_grad", input_grad.shape().str(), input_grad.span(),
-                            r.input_grad.local.span(), floor));
+                            ref_input_grad.span(), floor));
   for (std::size_t k = 0; k < mine.size(); ++k)
     rows.push_back(compare<T>(mine[k].key(), dims_text(torch_param_dims(sharded, mine[k])),
-                              std::as_const(mine[k].param->grad).span(),
-                              std::as_const(theirs[k].param->grad).span(), floor));
+                              my_grads[k].span(), their_grads[k].span(), floor));
   for (std::size_t k = 0; k < my_buffers.size(); ++k)
     rows.push_back(compare<T>(my_buffers[k].key(),
                               std::to_string(my_buffers[k].buffer->value.numel()),
-                              std::as_const(my_buffers[k].buffer->value).span(),
-                              std::as_const(their_buffers[k].buffer->value).span()));
+                              to_host(my_buffers[k].buffer->value).span(),
+                              to_host(their_buffers[k].buffer->value).span()));
   return rows;
 }
 
@@ -186,12 +193,13 @@ void write_dump(const GradcheckOptions& o, const ModelSpec& spec, Model<T>& shar
                  {initial_buffers[k].numel()});
     write_batch(f, "/batch", ref.x.local, ref.labels, ref.model->output_distribution());
     for (auto& m : ref.model->masks()) {
-      const Shape4& s = m.buffer->value.shape();
-      f.write<T>("/masks/" + m.layer, std::as_const(m.buffer->value).span(), {s.n, s.c, s.h, s.w});
+      const Tensor<T> mask = to_host(m.buffer->value);
+      const Shape4& s = mask.shape();
+      f.write<T>("/masks/" + m.layer, mask.span(), {s.n, s.c, s.h, s.w});
     }
     write_result(f, "/sharded", step.loss, output, input_grad, sharded);
-    write_result(f, "/reference", ref.result.loss, ref.result.output.local,
-                 ref.result.input_grad.local, *ref.model);
+    write_result(f, "/reference", ref.result.loss, to_host(ref.result.output.local),
+                 to_host(ref.result.input_grad.local), *ref.model);
   });
 }
 

@@ -3,26 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "tessera/collectives.hpp"
 #include "tessera/engine/graph.hpp"
 #include "tessera/error.hpp"
-#include "tessera/parallel.hpp"
 #include "tessera/partition.hpp"
 #include "tessera/random.hpp"
 
 namespace tessera {
 namespace {
-
-template <typename T>
-void add_into(Tensor<T>& to, const Tensor<T>& from) {
-  parallel_for(to.numel(), [&](std::int64_t begin, std::int64_t end) {
-    T* __restrict a = to.data();
-    const T* __restrict b = from.data();
-    for (std::int64_t k = begin; k < end; ++k)
-      a[k] += b[k];
-  });
-}
 
 // A gradient bucket closes once it holds this much: small enough that the last layers'
 // reduction starts while the first layers still run backward, large enough that a deep model
@@ -51,7 +42,10 @@ class PassTimer {
 
 template <typename T>
 Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
-    : spec_(spec), runtime_(runtime), loss_kernel_(runtime.backend().loss<T>()) {
+    : spec_(spec),
+      runtime_(runtime),
+      loss_kernel_(runtime.backend().loss<T>()),
+      merge_kernel_(runtime.backend().merge<T>()) {
   const Comm& grid = runtime.comm();
   TESSERA_CHECK(input.c == spec.input_channels,
                 "model '" + spec.name + "' takes " + std::to_string(spec.input_channels) +
@@ -90,9 +84,17 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
            (!nodes_[c].layer->passes_layout() || blocked_ok[c]);
     blocked_ok[k] = ok;
   }
+  Allocator& memory = runtime.allocator();
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
-    nodes_[k].layer->use_allocator(runtime.backend().allocator());
+    nodes_[k].layer->use_allocator(memory);
+    // Parameters and their gradients live where the kernels compute (layers make them in host
+    // memory at setup); buffers (batch norm's running statistics) stay on the host, which alone
+    // reads them.
+    for (Param<T>* p : nodes_[k].layer->params()) {
+      p->value = copy_to(p->value, memory);
+      p->grad = copy_to(p->grad, memory);
+    }
     nodes_[k].layer->bind(runtime);
   }
   build_buckets();
@@ -120,7 +122,15 @@ Model<T>::~Model() {
 }
 
 template <typename T>
-DistTensor<T> Model<T>::forward(const DistTensor<T>& x) {
+DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
+  // The batch comes from the host: on a device backend it is copied there first.
+  std::optional<DistTensor<T>> moved;
+  if (&input.local.allocator() != &runtime_.allocator()) {
+    moved.emplace();
+    moved->dist = input.dist;
+    moved->local = copy_to(input.local, runtime_.allocator());
+  }
+  const DistTensor<T>& x = moved ? *moved : input;
   // Outputs are kept until their last consumer has run.
   std::vector<std::optional<DistTensor<T>>> outputs(nodes_.size());
   std::vector<int> pending(nodes_.size());
@@ -149,9 +159,9 @@ template <typename T>
 DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
   std::vector<std::optional<DistTensor<T>>> grads(nodes_.size());
   std::optional<DistTensor<T>> input_grad;
-  auto add = [](std::optional<DistTensor<T>>& to, DistTensor<T>&& g) {
+  auto add = [this](std::optional<DistTensor<T>>& to, DistTensor<T>&& g) {
     if (to) {
-      add_into(to->local, g.local);
+      merge_kernel_->add(g.local, to->local);
     } else {
       to = std::move(g);
     }
@@ -195,7 +205,7 @@ void Model<T>::set_input_grad(bool needed) {
 template <typename T>
 void Model<T>::zero_grad() {
   for (auto& p : params())
-    p.param->grad.fill(T(0));
+    p.param->grad.zero();
 }
 
 template <typename T>
@@ -205,7 +215,7 @@ void Model<T>::build_buckets() {
   std::size_t count = 0;
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     for (Param<T>* p : nodes_[k].layer->params())
-      count += static_cast<std::size_t>(p->grad.numel());
+      count += p->grad.size();
     if (count * sizeof(T) >= kBucketBytes || k == 0) {
       b.first = k;
       b.flat.resize(count);
@@ -225,10 +235,13 @@ void Model<T>::start_bucket(std::size_t index) {
   // A reduction still in flight (a backward pass repeated without reduce_gradients) completes
   // before its buffer is packed again.
   runtime_.comm().wait(b.request);
+  // The MPI transport reduces host memory: device gradients are copied out (host staging).
   T* at = b.flat.data();
   for (std::size_t k = b.first; k < b.last; ++k)
-    for (Param<T>* p : nodes_[k].layer->params())
-      at = std::copy(p->grad.data(), p->grad.data() + p->grad.numel(), at);
+    for (Param<T>* p : nodes_[k].layer->params()) {
+      download(p->grad, at);
+      at += p->grad.size();
+    }
   b.request =
       runtime_.comm().start_allreduce(std::span<T>(b.flat), ReduceOp::sum, Group::world, b.what);
   b.started = true;
@@ -259,8 +272,8 @@ void Model<T>::reduce_gradients() {
     const T* at = b.flat.data();
     for (std::size_t k = b.first; k < b.last; ++k)
       for (Param<T>* p : nodes_[k].layer->params()) {
-        std::copy(at, at + p->grad.numel(), p->grad.data());
-        at += p->grad.numel();
+        upload(at, p->grad);
+        at += p->grad.size();
       }
   }
 }
@@ -312,9 +325,11 @@ void Model<T>::init_params(std::uint64_t seed) {
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     auto ps = nodes_[k].layer->params();
     if (ps.empty()) continue;
+    // Computed on the host, then copied to where the parameters live.
     if (spec_.layers[k].type == "batchnorm2d") {
-      ps[0]->value.fill(T(1));
-      if (ps.size() > 1) ps[1]->value.fill(T(0));
+      std::vector<T> ones(ps[0]->value.size(), T(1));
+      upload(ones.data(), ps[0]->value);
+      if (ps.size() > 1) ps[1]->value.zero();
       continue;
     }
     // fan_in as PyTorch's _calculate_fan_in_and_fan_out: dim 1 times the kernel area. For
@@ -324,9 +339,10 @@ void Model<T>::init_params(std::uint64_t seed) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(ws.c * ws.h * ws.w));
     for (Param<T>* p : ps) {
       const std::uint64_t stream = hash_string(nodes_[k].layer->name() + "/" + p->name);
-      std::span<T> v = p->value.span();
+      std::vector<T> v(p->value.size());
       for (std::size_t i = 0; i < v.size(); ++i)
         v[i] = static_cast<T>((2 * uniform01(seed, stream, i) - 1) * bound);
+      upload(v.data(), p->value);
     }
   }
 }
@@ -337,7 +353,7 @@ LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
                            const LossKernel<T>& kernel) {
   const Shape4& g = logits.dist.global;
   LossResult<T> r;
-  r.grad = DistTensor<T>(logits.dist);
+  r.grad = DistTensor<T>(logits.dist, Layout::nchw, logits.local.allocator());
   // Replicated logits (one vector per sample) are whole on every spatial rank: all compute the
   // gradient, only the first rank of each sample group counts the loss.
   const bool counts = !logits.dist.replicated || (comm.coords().i == 0 && comm.coords().j == 0);

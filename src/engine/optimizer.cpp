@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 #include <sstream>
+#include <utility>
 
 #include "tessera/error.hpp"
 
@@ -73,8 +74,11 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, Model<T>& model)
   }
   const bool has_first = o.kind == OptimizerKind::adam || o.momentum != 0;
   for (const NamedParam<T>& p : params_) {
-    if (has_first) first_.emplace_back(p.param->value.shape());
-    if (o.kind == OptimizerKind::adam) second_.emplace_back(p.param->value.shape());
+    // Zeros where the parameter lives (the update kernels read the three side by side).
+    const Tensor<T>& value = p.param->value;
+    if (has_first) first_.emplace_back(value.shape(), Layout::nchw, value.allocator());
+    if (o.kind == OptimizerKind::adam)
+      second_.emplace_back(value.shape(), Layout::nchw, value.allocator());
   }
 }
 
@@ -99,8 +103,9 @@ void Optimizer<T>::step(double lr) {
                           .first_step = steps_ == 0};
     for (std::size_t k = 0; k < params_.size(); ++k) {
       Param<T>& param = *params_[k].param;
-      kernel_->sgd(param.value.data(), param.grad.data(),
-                   first_.empty() ? nullptr : first_[k].data(), param.value.numel(), s);
+      const MemorySpace space = param.value.space();
+      kernel_->sgd(param.value.data_in(space), std::as_const(param.grad).data_in(space),
+                   first_.empty() ? nullptr : first_[k].data_in(space), param.value.numel(), s);
     }
   } else {
     const double t = static_cast<double>(steps_ + 1);
@@ -117,8 +122,9 @@ void Optimizer<T>::step(double lr) {
                            .decay = decay};
     for (std::size_t k = 0; k < params_.size(); ++k) {
       Param<T>& param = *params_[k].param;
-      kernel_->adam(param.value.data(), param.grad.data(), first_[k].data(), second_[k].data(),
-                    param.value.numel(), s);
+      const MemorySpace space = param.value.space();
+      kernel_->adam(param.value.data_in(space), std::as_const(param.grad).data_in(space),
+                    first_[k].data_in(space), second_[k].data_in(space), param.value.numel(), s);
     }
   }
   ++steps_;

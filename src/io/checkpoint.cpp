@@ -56,7 +56,7 @@ void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& op
     write_params(f, model, "/params", ParamField::value);
     write_buffers(f, model, "/buffers");
     for (const OptimizerSlot<T>& s : optimizer.slots()) {
-      const Tensor<T>& t = *s.tensor;
+      const Tensor<T> t = to_host(*s.tensor);
       f.write<T>("/optimizer/" + s.name, t.span(), {t.numel()});
     }
     write_int(f, "/state/step", state.step);
@@ -112,7 +112,7 @@ CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimi
     const std::vector<T> v = f.read<T>(name);
     TESSERA_CHECK(static_cast<std::int64_t>(v.size()) == slot.tensor->numel(),
                   "'" + path + "': optimizer state '" + name + "' has the wrong size");
-    std::copy(v.begin(), v.end(), slot.tensor->data());
+    upload(v.data(), *slot.tensor);
   }
   s.step = read_int(f, "/state/step");
   s.epoch = read_int(f, "/state/epoch");

@@ -7,11 +7,12 @@ namespace tessera {
 template <typename T>
 void Confusion::add(const DistTensor<T>& logits, std::span<const std::int32_t> labels) {
   if (logits.dist.replicated && (logits.dist.me.i != 0 || logits.dist.me.j != 0)) return;
-  const Shape4& s = logits.local.shape();
+  const Tensor<T> host = to_host(logits.local);
+  const Shape4& s = host.shape();
   const std::int64_t plane = s.h * s.w;
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t p = 0; p < plane; ++p) {
-      const T* x = logits.local.data() + n * s.c * plane + p;
+      const T* x = host.data() + n * s.c * plane + p;
       std::int64_t best = 0;
       for (std::int64_t c = 1; c < s.c; ++c)
         if (x[c * plane] > x[best * plane]) best = c;

@@ -76,7 +76,7 @@ void read_buffers(const h5::File& file, Model<T>& model) {
       TESSERA_CHECK(file.has(name), "'" + path + "' has buffers of layer '" + layer +
                                         "' but not '" + name + "' (shape " + dims_str(want) + ")");
       const std::vector<T> values = read_checked<T>(file, name, "buffer", want);
-      std::copy(values.begin(), values.end(), b.buffer->value.data());
+      upload(values.data(), b.buffer->value);
     }
   }
 }
@@ -116,7 +116,7 @@ void read_params(const h5::File& file, Model<T>& model) {
     TESSERA_CHECK(file.has(name),
                   "'" + path + "' has no parameter '" + name + "' (shape " + dims_str(want) + ")");
     const std::vector<T> values = read_checked<T>(file, name, "parameter", want);
-    std::copy(values.begin(), values.end(), p.param->value.data());
+    upload(values.data(), p.param->value);
   }
   for (const std::string& layer : file.children("/params")) {
     TESSERA_CHECK(file.is_group("/params/" + layer),
@@ -134,7 +134,7 @@ void read_params(const h5::File& file, Model<T>& model) {
 template <typename T>
 void write_params(h5::File& file, Model<T>& model, const std::string& group, ParamField what) {
   for (auto& p : model.params()) {
-    const Tensor<T>& t = what == ParamField::value ? p.param->value : p.param->grad;
+    const Tensor<T> t = to_host(what == ParamField::value ? p.param->value : p.param->grad);
     file.write<T>(group + "/" + p.key(), t.span(), torch_param_dims(model, p));
   }
 }
@@ -142,7 +142,7 @@ void write_params(h5::File& file, Model<T>& model, const std::string& group, Par
 template <typename T>
 void write_buffers(h5::File& file, Model<T>& model, const std::string& group) {
   for (auto& b : model.buffers()) {
-    const Tensor<T>& t = b.buffer->value;
+    const Tensor<T> t = to_host(b.buffer->value);
     file.write<T>(group + "/" + b.key(), t.span(), {t.numel()});
   }
 }

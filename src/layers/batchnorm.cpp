@@ -52,7 +52,10 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   // Kept for backward: a threaded copy into a buffer reused from step to step.
   if (x_.shape() != x.local.shape() || x_.layout() != layout_)
     x_ = Tensor<T>(x.local.shape(), layout_, uninitialized, this->allocator());
-  parallel_copy(x.local.data(), x.local.numel(), x_.data());
+  if (x_.storage().host_accessible())
+    parallel_copy(x.local.data(), x.local.numel(), x_.data());
+  else
+    x_ = x.local;  // the device's copy
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
   T* running_mean = running_mean_.value.data();
@@ -86,8 +89,9 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
     }
   }
   DistTensor<T> y(x.dist, layout_, uninitialized, this->allocator());
-  kernel_->forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span(),
-                   std::as_const(bias_.value).span(), y.local);
+  const MemorySpace space = this->allocator().space();
+  kernel_->forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span_in(space),
+                   std::as_const(bias_.value).span_in(space), y.local);
   return y;
 }
 
@@ -101,10 +105,14 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
       sum_dy_xhat(sums.data() + channels, channels);
   kernel_->backward_sums(x_, dy.local, layout_, stats, sum_dy, sum_dy_xhat);
   // The parameter gradients take this rank's share; Model::reduce_gradients adds the others.
+  // (C values each: on a device through host copies.)
+  HostValues<T> bias_grad(bias_.grad), weight_grad(weight_.grad);
   for (std::size_t c = 0; c < channels; ++c) {
-    bias_.grad.data()[c] += static_cast<T>(sum_dy[c]);
-    weight_.grad.data()[c] += static_cast<T>(sum_dy_xhat[c]);
+    bias_grad.span()[c] += static_cast<T>(sum_dy[c]);
+    weight_grad.span()[c] += static_cast<T>(sum_dy_xhat[c]);
   }
+  bias_grad.store();
+  weight_grad.store();
   // From here on `sums` holds what the input gradient subtracts: the batch means of dy and of
   // dy * xhat in training, nothing in evaluation.
   if (mode_ == Mode::train) {
@@ -116,9 +124,9 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
     std::fill(sums.begin(), sums.end(), 0.0);  // the running statistics do not depend on x
   }
   DistTensor<T> dx(dy.dist, layout_, uninitialized, this->allocator());
-  kernel_->backward_data(x_, dy.local, layout_, stats, std::as_const(weight_.value).span(),
-                         std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat),
-                         dx.local);
+  kernel_->backward_data(
+      x_, dy.local, layout_, stats, std::as_const(weight_.value).span_in(this->allocator().space()),
+      std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat), dx.local);
   return dx;
 }
 

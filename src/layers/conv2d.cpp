@@ -1,5 +1,7 @@
 #include "tessera/layers/conv2d.hpp"
 
+#include <utility>
+
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/layers/window.hpp"
@@ -178,7 +180,7 @@ template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   DistTensor<T> y(this->out_dist(), out_layout_, uninitialized,
                   this->allocator());  // the kernels overwrite it
-  const std::span<const T> bias(bias_.value.span());
+  const std::span<const T> bias(std::as_const(bias_.value).span_in(this->allocator().space()));
   if (regions_.empty()) {
     kernel_->forward(this->fill_window(x), weight_.value, bias, y.local);
     return y;
@@ -199,7 +201,8 @@ template <typename T>
 DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   if (!this->input_grad()) {
     // The first layer in training: no input gradient, no exchange, only the filter gradient.
-    kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad, bias_.grad.span());
+    kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad,
+                             bias_.grad.span_in(this->allocator().space()));
     return {};
   }
   // backward_data overwrites it.
@@ -207,7 +210,8 @@ DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) 
   kernel_->backward_data(dy.local, weight_.value, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange.
   return this->accumulate_window(window_grad, [&] {
-    kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad, bias_.grad.span());
+    kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad,
+                             bias_.grad.span_in(this->allocator().space()));
   });
 }
 

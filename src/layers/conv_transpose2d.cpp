@@ -5,9 +5,7 @@
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
-#include "tessera/kernels/reference_conv_transpose.hpp"
 #include "tessera/layers/window.hpp"
-#include "tessera/parallel.hpp"
 
 namespace tessera {
 namespace {
@@ -19,47 +17,6 @@ std::int64_t floor_div(std::int64_t a, std::int64_t b) {
 
 std::string pair_str(const Pair& p) {
   return "[" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + "]";
-}
-
-// y[n, c] += bias[c] over NCHW planes, threaded.
-template <typename T>
-void add_bias(Tensor<T>& y, std::span<const T> bias) {
-  const Shape4& s = y.shape();
-  const std::int64_t plane = s.h * s.w;
-  parallel_for(
-      s.n * s.c,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t k = first; k < last; ++k) {
-          const T b = bias[static_cast<std::size_t>(k % s.c)];
-          T* out = y.data() + k * plane;
-          for (std::int64_t i = 0; i < plane; ++i)
-            out[i] += b;
-        }
-      },
-      grain_for(plane));
-}
-
-// dbias[c] += the sum of dy[n, c] over NCHW planes: each plane summed in order on some thread,
-// the planes added in (n, c) order, as the reference does.
-template <typename T>
-void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) {
-  const Shape4& s = dy.shape();
-  const std::int64_t plane = s.h * s.w;
-  std::vector<T> sums(static_cast<std::size_t>(s.n * s.c));
-  parallel_for(
-      s.n * s.c,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t k = first; k < last; ++k) {
-          const T* grad = dy.data() + k * plane;
-          T sum = T(0);
-          for (std::int64_t i = 0; i < plane; ++i)
-            sum += grad[i];
-          sums[static_cast<std::size_t>(k)] = sum;
-        }
-      },
-      grain_for(plane));
-  for (std::int64_t k = 0; k < s.n * s.c; ++k)
-    dbias[static_cast<std::size_t>(k % s.c)] += sums[static_cast<std::size_t>(k)];
 }
 
 }  // namespace
@@ -155,6 +112,7 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
   const Shape4 window{in.n, in.c, win.h.size(), win.w.size()};
   const Shape4 out = this->out_dist().local_shape();
   kernel_.reset();
+  bias_kernel_ = backend.merge<T>();
   if (window.numel() == 0 || out.numel() == 0) return;
   // The window in nchw16c when a fast kernel takes it (no reorder of it in any pass).
   const Layout fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
@@ -172,28 +130,26 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
 template <typename T>
 DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   const Tensor<T>& window = this->fill_window(x);
+  const MemorySpace space = this->allocator().space();
   if (!kernel_) {
-    DistTensor<T> y(this->out_dist());
-    reference::conv_transpose2d_forward(window, weight_.value,
-                                        std::span<const T>(bias_.value.span()), y.local, geometry_);
+    // No input reaches this tile (or the tile is empty): the output is the bias alone.
+    DistTensor<T> y(this->out_dist(), Layout::nchw, this->allocator());
+    if (spec_.bias) bias_kernel_->add_bias(std::as_const(bias_.value).span_in(space), y.local);
     return y;
   }
   DistTensor<T> y(this->out_dist(), Layout::nchw, uninitialized, this->allocator());
   kernel_->backward_data(window, weight_.value, y.local);
-  if (spec_.bias) add_bias(y.local, std::span<const T>(bias_.value.span()));
+  if (spec_.bias) bias_kernel_->add_bias(std::as_const(bias_.value).span_in(space), y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  if (!kernel_) {
-    Tensor<T> window_grad = this->window_grad_zeros();
-    reference::conv_transpose2d_backward_data(dy.local, weight_.value, window_grad, geometry_);
-    return this->accumulate_window(window_grad, [&] {
-      reference::conv_transpose2d_backward_filter(this->kept_window(), dy.local, weight_.grad,
-                                                  bias_.grad.span(), geometry_);
-    });
-  }
+  const MemorySpace space = this->allocator().space();
+  auto bias_grad = [&] {
+    if (spec_.bias) bias_kernel_->add_bias_grad(dy.local, bias_.grad.span_in(space));
+  };
+  if (!kernel_) return this->accumulate_window(this->window_grad_zeros(), bias_grad);
   Tensor<T> window_grad = this->window_grad_uninitialized();
   kernel_->forward(dy.local, weight_.value, {}, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange. The conv's backward-filter
@@ -201,7 +157,7 @@ DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const Ru
   // backward-data read it, so the kernel may reuse its conversion of it from then.
   return this->accumulate_window(window_grad, [&] {
     kernel_->backward_filter(dy.local, this->kept_window(), weight_.grad, {});
-    if (spec_.bias) add_bias_grad(dy.local, bias_.grad.span());
+    bias_grad();
   });
 }
 

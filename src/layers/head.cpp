@@ -24,24 +24,29 @@ template <typename T>
 DistTensor<T> GlobalAvgPool<T>::forward(const DistTensor<T>& x, const RunState&) {
   TESSERA_CHECK(comm_ != nullptr && kernel_ != nullptr,
                 "layer '" + this->name() + "' (global_avgpool): forward before bind");
-  DistTensor<T> y(out_);
-  kernel_->sums(x.local, y.local.span());
-  allreduce_sum(*comm_, y.local.span(), Group::spatial,
+  DistTensor<T> y(out_, Layout::nchw, uninitialized, this->allocator());
+  kernel_->sums(x.local, y.local.span_in(this->allocator().space()));
+  // N x C values: reduced and scaled on the host (through a host copy on a device).
+  HostValues<T> sums(y.local);
+  allreduce_sum(*comm_, sums.span(), Group::spatial,
                 "spatial sums of layer '" + this->name() + "'");
   const T area = static_cast<T>(in_.global.h * in_.global.w);
-  for (T& v : y.local.span())
+  for (T& v : sums.span())
     v /= area;
+  sums.store();
   return y;
 }
 
 template <typename T>
 DistTensor<T> GlobalAvgPool<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  DistTensor<T> dx(in_);
   const T area = static_cast<T>(in_.global.h * in_.global.w);
-  std::vector<T> g(dy.local.span().begin(), dy.local.span().end());
-  for (T& v : g)
+  Tensor<T> g = dy.local;
+  HostValues<T> values(g);
+  for (T& v : values.span())
     v /= area;
-  kernel_->spread(g, dx.local);
+  values.store();
+  DistTensor<T> dx(in_, Layout::nchw, uninitialized, this->allocator());  // spread overwrites it
+  kernel_->spread(std::as_const(g).span_in(this->allocator().space()), dx.local);
   return dx;
 }
 
@@ -74,22 +79,26 @@ Distribution Linear<T>::setup(const Distribution& in) {
 template <typename T>
 DistTensor<T> Linear<T>::forward(const DistTensor<T>& x, const RunState&) {
   TESSERA_CHECK(kernel_ != nullptr, "layer '" + this->name() + "' (linear): forward before bind");
+  const MemorySpace space = this->allocator().space();
   x_ = x.local;
-  DistTensor<T> y(out_);
-  kernel_->forward(x.local.span(), std::as_const(weight_.value).span(),
-                   std::as_const(bias_.value).span(), y.local.span(), x.local.shape().n);
+  DistTensor<T> y(out_, Layout::nchw, this->allocator());
+  kernel_->forward(x.local.span_in(space), std::as_const(weight_.value).span_in(space),
+                   std::as_const(bias_.value).span_in(space), y.local.span_in(space),
+                   x.local.shape().n);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Linear<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  DistTensor<T> dx(in_);
+  const MemorySpace space = this->allocator().space();
+  DistTensor<T> dx(in_, Layout::nchw, this->allocator());
   const std::int64_t n = dy.local.shape().n;
-  kernel_->backward_data(dy.local.span(), std::as_const(weight_.value).span(), dx.local.span(), n);
+  kernel_->backward_data(dy.local.span_in(space), std::as_const(weight_.value).span_in(space),
+                         dx.local.span_in(space), n);
   // Every spatial rank holds the same samples: one of them counts them.
   if (in_.me.i == 0 && in_.me.j == 0)
-    kernel_->backward_weights(std::as_const(x_).span(), dy.local.span(), weight_.grad.span(),
-                              bias_.grad.span(), n);
+    kernel_->backward_weights(std::as_const(x_).span_in(space), dy.local.span_in(space),
+                              weight_.grad.span_in(space), bias_.grad.span_in(space), n);
   return dx;
 }
 

@@ -50,7 +50,7 @@ DistTensor<T> UpsampleNearest<T>::forward(const DistTensor<T>& x, const RunState
   TESSERA_CHECK(kernel_ != nullptr,
                 "layer '" + this->name() + "' (upsample_nearest): forward before bind");
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist());
+  DistTensor<T> y(this->out_dist(), Layout::nchw, this->allocator());
   kernel_->forward(window, y.local);
   return y;
 }

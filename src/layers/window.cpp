@@ -30,7 +30,7 @@ HaloExchange<T> window_exchange(const Distribution& in, const Distribution& out,
                                 const std::string& name, const Backend& backend) {
   const Shape4 l = in.local_shape();
   return HaloExchange<T>(window_plan(in, out, map, in.me.i, in.me.j), comm, tag, name, l.n * l.c,
-                         backend.halo_copy<T>());
+                         backend.halo_copy<T>(), &backend.allocator());
 }
 
 Shape4 window_shape(const Distribution& in, const HaloPlan& plan) {
@@ -107,7 +107,8 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
   // (and then recomputes what read it), so it holds old values, never indeterminate ones.
   const Layout layout = exchange_->window_layout();
-  if (window_.shape() != shape || window_.layout() != layout) window_ = Tensor<T>(shape, layout);
+  if (window_.shape() != shape || window_.layout() != layout)
+    window_ = Tensor<T>(shape, layout, this->allocator());
   in_layout_ = x.layout();
   return exchange_->start_fill(x.local, window_);
 }
@@ -120,7 +121,8 @@ const Tensor<T>& WindowLayer<T>::finish_window(HaloRequest<T>& request) {
 
 template <typename T>
 Tensor<T> WindowLayer<T>::window_grad_zeros() const {
-  return Tensor<T>(window_shape(in_, exchange_->plan()), exchange_->window_layout());
+  return Tensor<T>(window_shape(in_, exchange_->plan()), exchange_->window_layout(),
+                   this->allocator());
 }
 
 template <typename T>

@@ -277,6 +277,16 @@ TEST(CudaMerge, ChannelBlocksAndSumsMatchTheCpu) {
   cpu->add(x, a);
   dev->add(on_device(x), ad);
   expect_same_bits(ad, a, "add");
+  // Per-channel bias and its gradient (transposed convolutions): the CPU's summation order.
+  const Tensor<T> bias = test::random_tensor<T>({1, 3, 1, 1}, 7, 4);
+  const Tensor<T> biasd = on_device(bias);
+  cpu->add_bias(bias.span(), a);
+  dev->add_bias(device_span(biasd), ad);
+  expect_same_bits(ad, a, "add_bias");
+  Tensor<T> db = test::random_tensor<T>({1, 3, 1, 1}, 7, 5), dbd = on_device(db);
+  cpu->add_bias_grad(x, db.span());
+  dev->add_bias_grad(on_device(x), dbd.span_in(MemorySpace::device));
+  expect_same_bits(dbd, db, "add_bias_grad");
 }
 
 TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {

@@ -83,7 +83,15 @@ int main(int argc, char** argv) {
   const WaitSettings wait{options.wait.value_or(MpiComm::detect_wait_policy(MPI_COMM_WORLD)),
                           options.timeout};
   test::g_world.emplace(std::make_unique<MpiComm>(MPI_COMM_WORLD, test::g_grid, wait), options);
-  test::g_single.emplace(test::g_world->single());
+  // The single-rank reference computes on the host: a device backend (TESSERA_KERNELS=emulated,
+  // or cuda) is checked against the CPU's reference kernels.
+  if (test::g_world->allocator().space() == MemorySpace::host) {
+    test::g_single.emplace(test::g_world->single());
+  } else {
+    RuntimeOptions host = options;
+    host.kernels = KernelBackend::reference;
+    test::g_single.emplace(test::g_world->comm().make_single(), host);
+  }
 
   // Combining must run before the printer reports a test, so the printer is re-appended after it.
   auto& listeners = testing::UnitTest::GetInstance()->listeners();

@@ -24,9 +24,13 @@ const Comm& world();
 // start from world_runtime().options(). Collective over the world.
 Runtime make_test_runtime(const RuntimeOptions& options);
 
-// max |tile - whole's part| / max |whole|.
+// max |tile - whole's part| / max |whole|, in host copies (either may lie on a device).
 template <typename S, typename R>
-double tile_error(const DistTensor<S>& tile, const Tensor<R>& whole) {
+double tile_error(const DistTensor<S>& tile_on_any, const Tensor<R>& whole_on_any) {
+  DistTensor<S> tile;
+  tile.dist = tile_on_any.dist;
+  tile.local = to_host(tile_on_any.local);
+  const Tensor<R> whole = to_host(whole_on_any);
   const Range ns = tile.dist.samples(), hs = tile.dist.rows(), ws = tile.dist.cols();
   const Shape4& g = tile.dist.global;
   double diff = 0;

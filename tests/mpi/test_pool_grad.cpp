@@ -159,6 +159,10 @@ void expect_layer_matches_whole(UnaryLayer<T>& layer, Shape4 shape, Shape4 expec
                                << "x" << expected_out.w << " output";
   EXPECT_EQ(out.global.h, expected_out.h) << what;
   EXPECT_EQ(out.global.w, expected_out.w) << what;
+  // In the memory of the test's backend (a device's under TESSERA_KERNELS=emulated), as a model
+  // would place it.
+  Allocator& memory = test::world_runtime().allocator();
+  layer.use_allocator(memory);
   layer.bind(test::world_runtime());
 
   Tensor<T> x_all(shape);
@@ -184,8 +188,12 @@ void expect_layer_matches_whole(UnaryLayer<T>& layer, Shape4 shape, Shape4 expec
         for (std::int64_t w = ow.begin; w < ow.end; ++w)
           dy.local.at(n - ns.begin, c, h - oh.begin, w - ow.begin) = dy_all.at(n, c, h, w);
     }
-  const DistTensor<T> y = layer.forward(x, RunState{});
-  const DistTensor<T> dx = layer.backward_one(dy, RunState{});
+  x.local = copy_to(x.local, memory);
+  dy.local = copy_to(dy.local, memory);
+  DistTensor<T> y = layer.forward(x, RunState{});
+  DistTensor<T> dx = layer.backward_one(dy, RunState{});
+  y.local = to_host(y.local);
+  dx.local = to_host(dx.local);
 
   int wrong_y = 0, wrong_dx = 0;
   for (std::int64_t n = ns.begin; n < ns.end; ++n)

@@ -61,7 +61,10 @@ class Model {
 
   RunState& state() { return state_; }  // mode (train / eval), seed and step
 
-  // Collective over the world group (halos over the spatial one, batch norm over all).
+  // Collective over the world group (halos over the spatial one, batch norm over all). `x` may
+  // lie in host memory on any backend (it is copied to the backend's memory); the output, the
+  // gradients and the parameters lie in the backend's memory (Runtime::allocator): read them
+  // from the host through to_host (tensor.hpp).
   DistTensor<T> forward(const DistTensor<T>& x);
   // Returns dL/dinput. Parameter gradients are summed over all ranks of the grid (spatial and
   // sample) in buckets of consecutive layers, each started (Comm::start_allreduce) as soon as the
@@ -116,6 +119,7 @@ class Model {
   ModelSpec spec_;
   const Runtime& runtime_;
   std::unique_ptr<LossKernel<T>> loss_kernel_;
+  std::unique_ptr<MergeKernel<T>> merge_kernel_;  // sums the gradients of a shared output
   Distribution input_;
   std::vector<Node> nodes_;
   RunState state_;

@@ -17,10 +17,14 @@
 
 namespace tessera {
 
-enum class KernelBackend { reference, onednn, cuda };
+// emulated: the reference kernels computing in emulated device memory (allocator.hpp), which
+// the host cannot reach outside a kernel: the device path (parameters, halo staging, gradient
+// buckets, I/O through copies) checked on a machine without a GPU. For tests; slow.
+enum class KernelBackend { reference, onednn, cuda, emulated };
 
 const char* to_string(KernelBackend b);
-// "reference" | "onednn"; throws an Error otherwise, or for onednn in a build without it. Local.
+// "reference" | "onednn" | "emulated"; throws an Error otherwise, or for onednn in a build without
+// it. Local.
 KernelBackend parse_kernel_backend(const std::string& text);
 // onednn when this build has it, else reference. Local.
 KernelBackend default_kernel_backend();
@@ -172,6 +176,9 @@ class Backend {
 // usable device. Not yet a choice of parse_kernel_backend: the layers do not run on the device
 // yet (README, "GPU"). Local.
 const Backend* cuda_backend();
+
+// KernelBackend::emulated's backend. Local.
+const Backend& emulated_backend();
 
 // The backend of `kind`, alive for the whole process (backends hold no state). Local; throws an
 // Error for onednn in a build without it.

@@ -1,6 +1,9 @@
 // Planned kernels a Backend hands out for the layers that compute on one rank's data alone:
 // nearest upsampling of a window, and the classification head (spatial sums for global average
 // pooling, linear layers). The layers do the communication around them. Every method is local.
+// Memory: tensors, raw pointers and spans of T (parameters, their gradients, sums of T) lie in the
+// backend's memory (Backend::allocator: the device's for a GPU backend); labels, seeds and the
+// loss lie in host memory.
 #pragma once
 
 #include <cstdint>
@@ -70,8 +73,13 @@ class MergeKernel {
   virtual void put_channels(const Tensor<T>& x, Tensor<T>& y, std::int64_t offset) const = 0;
   // x[n, c, h, w] = y[n, offset + c, h, w] for x's channels.
   virtual void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const = 0;
-  // a += b, element by element (the same shape).
+  // a += b, element by element (the same shape and layout).
   virtual void add(const Tensor<T>& b, Tensor<T>& a) const = 0;
+  // y[n, c, h, w] += bias[c] (y NCHW).
+  virtual void add_bias(std::span<const T> bias, Tensor<T>& y) const = 0;
+  // dbias[c] += the sum of dy[n, c, :, :] (dy NCHW): each plane summed in order, the planes added
+  // in (n, c) order, as the reference conv does.
+  virtual void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const = 0;
 };
 
 using elementwise::dropout_scale;
@@ -89,6 +97,8 @@ inline TileIndex tile_index(const TileOrigin& at, const Shape4& tile) {
 // The shape checks every backend's merge and dropout kernels make before they touch memory:
 // Errors naming the shapes. Local.
 void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset);
+// A per-channel bias (or its gradient) of `size` values for an NCHW tensor of shape `t`.
+void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what);
 void check_dropout_tile(const Shape4& x, Layout layout, const TileOrigin& at, const Shape4& mask,
                         const Shape4& y);
 void check_dropout_backward(const Shape4& dy, const Shape4& mask, const Shape4& dx);

@@ -62,9 +62,9 @@ class ConvTranspose2d final : public WindowLayer<T> {
   // Any input layout: the exchange converts into the window's (nchw16c when the kernel reads
   // it). The output is NCHW.
   bool takes_blocked() const override { return true; }
-  // The conv kernel that runs the adjoint ("reference", "onednn ..."), or "reference loops" for a
-  // tile no input reaches; valid after bind(). Local.
-  std::string kernel_name() const { return kernel_ ? kernel_->name() : "reference loops"; }
+  // The conv kernel that runs the adjoint ("reference", "onednn ..."), or "none" for a tile no
+  // input reaches; valid after bind(). Local.
+  std::string kernel_name() const { return kernel_ ? kernel_->name() : "none"; }
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
@@ -76,8 +76,10 @@ class ConvTranspose2d final : public WindowLayer<T> {
   // The convolution this layer is the adjoint of, from the output tile to the window, with the
   // same weight: its backward-data is this layer's forward, its forward this layer's
   // backward-data, its backward-filter (roles swapped) this layer's. Null when the window or
-  // the tile is empty; the reference functions run then.
+  // the tile is empty: no input reaches an output then, and the output is the bias alone.
   std::unique_ptr<ConvKernel<T>> kernel_;
+  // The bias and its gradient (the adjoint conv has none of its own).
+  std::unique_ptr<MergeKernel<T>> bias_kernel_;
 };
 
 }  // namespace tessera
