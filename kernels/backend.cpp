@@ -93,13 +93,14 @@ const CudaOptions& cuda_options() {
 KernelBackend parse_kernel_backend(const std::string& text) {
   if (text == "reference") return KernelBackend::reference;
   if (text == "emulated") return KernelBackend::emulated;
+  if (text == "cuda") return KernelBackend::cuda;  // backend_of says when no GPU is usable
   if (text == "onednn") {
     TESSERA_CHECK(kHaveOneDnn,
                   "kernel backend 'onednn' asked for, but this build has no oneDNN "
                   "(libdnnl): use 'reference' or rebuild with -Donednn=enabled");
     return KernelBackend::onednn;
   }
-  throw Error("bad kernel backend '" + text + "': expected reference, onednn or emulated");
+  throw Error("bad kernel backend '" + text + "': expected reference, onednn, emulated or cuda");
 }
 
 KernelBackend default_kernel_backend() {

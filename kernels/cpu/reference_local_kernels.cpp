@@ -214,6 +214,19 @@ void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset) {
                     std::to_string(offset + x.c) + ") of " + y.str() + " do not fit " + x.str());
 }
 
+void check_cross_entropy(const Shape4& s, std::span<const std::int32_t> labels,
+                         const Shape4* dlogits) {
+  TESSERA_CHECK(static_cast<std::int64_t>(labels.size()) == s.n * s.h * s.w,
+                "pixel_cross_entropy: labels do not match the logits " + s.str());
+  TESSERA_CHECK(dlogits == nullptr || *dlogits == s, "pixel_cross_entropy: gradient " +
+                                                         (dlogits ? dlogits->str() : "") +
+                                                         " does not match the logits " + s.str());
+  for (const std::int32_t label : labels)
+    TESSERA_CHECK(label >= 0 && label < s.c, "label " + std::to_string(label) + " is outside [0, " +
+                                                 std::to_string(s.c) + "): the model has " +
+                                                 std::to_string(s.c) + " output channels");
+}
+
 void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what) {
   TESSERA_CHECK(static_cast<std::int64_t>(size) == t.c && layout == Layout::nchw,
                 std::string(what) + " of " + std::to_string(size) + " values for " + t.str() +

@@ -2,6 +2,7 @@
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/elementwise.hpp"
+#include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference.hpp"
 
 namespace tessera::reference {
@@ -36,34 +37,14 @@ double pixel_cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t
                            Tensor<T>* dlogits) {
   const Shape4& s = logits.shape();
   const std::int64_t plane = s.h * s.w;
-  TESSERA_CHECK(static_cast<std::int64_t>(labels.size()) == s.n * plane,
-                "pixel_cross_entropy: labels do not match the logits " + s.str());
-  TESSERA_CHECK(dlogits == nullptr || dlogits->shape() == s,
-                "pixel_cross_entropy: gradient " + (dlogits ? dlogits->shape().str() : "") +
-                    " does not match the logits " + s.str());
+  check_cross_entropy(s, labels, dlogits != nullptr ? &dlogits->shape() : nullptr);
   double total = 0;
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t p = 0; p < plane; ++p) {
       const std::int32_t label = labels[static_cast<std::size_t>(n * plane + p)];
-      TESSERA_CHECK(label >= 0 && label < s.c,
-                    "label " + std::to_string(label) + " is outside [0, " + std::to_string(s.c) +
-                        "): the model has " + std::to_string(s.c) + " output channels");
-      const T* x = logits.data() + n * s.c * plane + p;
-      double top = x[0];
-      for (std::int64_t c = 1; c < s.c; ++c)
-        top = std::max<double>(top, x[c * plane]);
-      double sum = 0;
-      for (std::int64_t c = 0; c < s.c; ++c)
-        sum += std::exp(double(x[c * plane]) - top);
-      const double log_sum = std::log(sum) + top;
-      total += log_sum - double(x[label * plane]);
-      if (dlogits != nullptr) {
-        T* d = dlogits->data() + n * s.c * plane + p;
-        for (std::int64_t c = 0; c < s.c; ++c) {
-          const double prob = std::exp(double(x[c * plane]) - log_sum);
-          d[c * plane] = static_cast<T>(scale * (prob - (c == label ? 1.0 : 0.0)));
-        }
-      }
+      const std::int64_t at = n * s.c * plane + p;
+      total += elementwise::cross_entropy(logits.data() + at, s.c, plane, label, scale,
+                                          dlogits != nullptr ? dlogits->data() + at : nullptr);
     }
   return total;
 }

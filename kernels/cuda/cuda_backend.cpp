@@ -46,7 +46,8 @@ class CudaBackend final : public Backend {
            std::to_string(cudnnGetVersion()) + " convolutions" +
            (o.deterministic ? ", deterministic algorithms" : "") +
            (o.allow_tf32 ? ", TF32 allowed" : ", no TF32") +
-           "; CUDA kernels for activations, dropout, merges, halo copies and updates";
+           "; CUDA kernels for activations, dropout, merges, halo copies, updates and the "
+           "cross-entropy";
   }
   Allocator& allocator() const override { return *device_allocator(); }
 
@@ -91,6 +92,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<HaloCopyKernel<double>> make_halo_copy(double) const override {
     return cuda::make_halo_copy<double>();
   }
+  std::unique_ptr<LossKernel<float>> make_loss(float) const override {
+    return cuda::make_loss<float>();
+  }
+  std::unique_ptr<LossKernel<double>> make_loss(double) const override {
+    return cuda::make_loss<double>();
+  }
 
   // Not on the GPU yet.
   std::unique_ptr<PoolKernel<float>> pool_float(PoolKind, const PoolShapes&,
@@ -120,12 +127,6 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const override {
     no_cuda_kernel("global average pooling");
-  }
-  std::unique_ptr<LossKernel<float>> make_loss(float) const override {
-    no_cuda_kernel("cross-entropy");
-  }
-  std::unique_ptr<LossKernel<double>> make_loss(double) const override {
-    no_cuda_kernel("cross-entropy");
   }
   std::unique_ptr<LinearKernel<float>> make_linear(std::int64_t, std::int64_t,
                                                    float) const override {

@@ -34,5 +34,7 @@ template <typename T>
 std::unique_ptr<MergeKernel<T>> make_merge();
 template <typename T>
 std::unique_ptr<HaloCopyKernel<T>> make_halo_copy();
+template <typename T>
+std::unique_ptr<LossKernel<T>> make_loss();
 
 }  // namespace tessera::cuda

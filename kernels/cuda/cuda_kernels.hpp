@@ -54,6 +54,13 @@ template <typename T>
 void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t channels,
                    std::int64_t plane, cudaStream_t stream);
 
+// losses[k] = elementwise::cross_entropy of pixel k (sample k / plane) of `samples` x
+// `channels` x `plane` NCHW logits with labels[k], and its gradient into dlogits unless null.
+template <typename T>
+void cross_entropy(const T* logits, const std::int32_t* labels, T scale, T* dlogits, double* losses,
+                   std::int64_t samples, std::int64_t channels, std::int64_t plane,
+                   cudaStream_t stream);
+
 // The optimizers' updates (elementwise::sgd, elementwise::adam); buf may be null.
 template <typename T>
 void sgd(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars<T>& s, cudaStream_t stream);

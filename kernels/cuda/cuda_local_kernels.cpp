@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda_backend.hpp"
 #include "cuda_context.hpp"
@@ -139,6 +140,40 @@ class CudaMerge final : public MergeKernel<T> {
   }
 };
 
+// Softmax cross-entropy: labels checked on the host and copied in, one loss per pixel computed on
+// the device and summed on the host in pixel order (as the CPU sums them).
+template <typename T>
+class CudaLoss final : public LossKernel<T> {
+ public:
+  std::string name() const override { return "cuda"; }
+  double cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
+                       Tensor<T>* dlogits) const override {
+    const Shape4& s = logits.shape();
+    check_cross_entropy(s, labels, dlogits != nullptr ? &dlogits->shape() : nullptr);
+    const std::size_t pixels = labels.size();
+    if (pixels == 0) return 0;
+    Allocator& memory = *device_allocator();
+    if (labels_.bytes() != pixels * sizeof(std::int32_t)) {
+      labels_ = Storage(memory, pixels * sizeof(std::int32_t));
+      losses_ = Storage(memory, pixels * sizeof(double));
+    }
+    memory.upload(labels_.data(), labels.data(), labels_.bytes());
+    cuda::cross_entropy(device(logits), static_cast<const std::int32_t*>(labels_.data()), scale,
+                        dlogits != nullptr ? device(*dlogits) : nullptr,
+                        static_cast<double*>(losses_.data()), s.n, s.c, s.h * s.w, stream());
+    std::vector<double> losses(pixels);
+    memory.download(losses.data(), losses_.data(), losses_.bytes());  // after the kernel
+    double total = 0;
+    for (const double v : losses)
+      total += v;
+    return total;
+  }
+
+ private:
+  // Reused from call to call (the same tile every step).
+  mutable Storage labels_, losses_;
+};
+
 // Halo boxes on NCHW tensors (the CPU's nchw16c is oneDNN's layout; cuDNN computes in NCHW).
 template <typename T>
 class CudaHaloCopy final : public HaloCopyKernel<T> {
@@ -229,13 +264,18 @@ template <typename T>
 std::unique_ptr<HaloCopyKernel<T>> make_halo_copy() {
   return std::make_unique<CudaHaloCopy<T>>();
 }
+template <typename T>
+std::unique_ptr<LossKernel<T>> make_loss() {
+  return std::make_unique<CudaLoss<T>>();
+}
 
 #define TESSERA_CUDA_LOCAL(T)                                                               \
   template std::unique_ptr<ActivationKernel<T>> make_activation<T>(ActivationKind, double); \
   template std::unique_ptr<DropoutKernel<T>> make_dropout<T>(double);                       \
   template std::unique_ptr<UpdateKernel<T>> make_update<T>();                               \
   template std::unique_ptr<MergeKernel<T>> make_merge<T>();                                 \
-  template std::unique_ptr<HaloCopyKernel<T>> make_halo_copy<T>();
+  template std::unique_ptr<HaloCopyKernel<T>> make_halo_copy<T>();                          \
+  template std::unique_ptr<LossKernel<T>> make_loss<T>();
 TESSERA_CUDA_LOCAL(float)
 TESSERA_CUDA_LOCAL(double)
 #undef TESSERA_CUDA_LOCAL

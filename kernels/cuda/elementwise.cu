@@ -100,6 +100,17 @@ void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t cha
   });
 }
 
+template <typename T>
+void cross_entropy(const T* logits, const std::int32_t* labels, T scale, T* dlogits, double* losses,
+                   std::int64_t samples, std::int64_t channels, std::int64_t plane,
+                   cudaStream_t stream) {
+  launch("cross_entropy", samples * plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t at = k / plane * channels * plane + k % plane;
+    losses[k] = elementwise::cross_entropy(logits + at, channels, plane, labels[k], scale,
+                                           dlogits != nullptr ? dlogits + at : nullptr);
+  });
+}
+
 #define TESSERA_CUDA_ELEMENTWISE(T)                                                                \
   template void leaky_relu_forward<T>(const T*, T*, std::uint8_t*, std::int64_t, T, cudaStream_t); \
   template void leaky_relu_backward<T>(const T*, const std::uint8_t*, T*, std::int64_t, T,         \
@@ -111,6 +122,8 @@ void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t cha
   template void multiply<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                   \
   template void add<T>(const T*, T*, std::int64_t, cudaStream_t);                                  \
   template void fill<T>(T*, std::int64_t, T, cudaStream_t);                                        \
+  template void cross_entropy<T>(const T*, const std::int32_t*, T, T*, double*, std::int64_t,      \
+                                 std::int64_t, std::int64_t, cudaStream_t);                        \
   template void add_bias<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, cudaStream_t); \
   template void add_bias_grad<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t,           \
                                  cudaStream_t);                                                    \

@@ -30,6 +30,7 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
       "sgemm", po::value(&o.sgemm)->default_value(o.sgemm),
       "also measure oneDNN's SGEMM rate per rank, the yardstick of the conv GFLOP/s")(
       "json", po::value(&o.json), "also write the results to this JSON file");
+  d.add(device_options());
   po::variables_map vm;
   if (!parse("bench",
              "Times training steps (forward, loss, backward, gradient reduction, SGD update) of a "

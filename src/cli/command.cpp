@@ -7,6 +7,9 @@
 #include "tessera/collectives.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
+#include "tessera/kernels/backend.hpp"
+#include "tessera/placement.hpp"
 
 namespace tessera::cli {
 
@@ -23,6 +26,61 @@ po::options_description common_options() {
       "the operation and the ranks that did not answer (default 600, or $TESSERA_TIMEOUT)");
   return o;
 }
+
+po::options_description device_options() {
+  po::options_description o("Device options");
+  o.add_options()(
+      "device", po::value<std::string>()->default_value("cpu"),
+      "where the kernels compute: cpu; cuda (one GPU per rank, chosen from its place among the "
+      "ranks of its node); auto (cuda when every rank has a usable GPU, else cpu)")(
+      "share-devices", po::bool_switch(),
+      "with cuda: let the ranks of a node share its GPUs when there are more ranks than GPUs "
+      "(round robin); without it that is an error")(
+      "allow-tf32", po::bool_switch(),
+      "with cuda: float32 convolutions may use TF32 tensor cores (10-bit mantissa products); off "
+      "by default, so float32 is checked against float32")(
+      "deterministic", po::bool_switch(),
+      "with cuda: only algorithms that give bitwise the same result every run");
+  return o;
+}
+
+namespace {
+
+// --device: cpu keeps the environment's kernels; cuda places each rank on a GPU, sets the CUDA
+// options and prints where every rank runs; auto is cuda when every rank has a usable GPU.
+// Collective over `world` (errors are agreed).
+void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions& runtime) {
+  std::string device = vm["device"].as<std::string>();
+  agree(world, [&] {
+    TESSERA_CHECK(device == "cpu" || device == "cuda" || device == "auto",
+                  "bad --device '" + device + "': expected cpu, cuda or auto");
+  });
+  if (device == "auto") {
+    const GpuInfo gpu = gpu_info();
+    const bool everywhere = allreduce_min(world, gpu.devices > 0 ? 1 : 0) == 1;
+    device = everywhere ? "cuda" : "cpu";
+    if (is_root(world) && !everywhere)
+      std::cout << "device: cpu (--device auto: "
+                << (gpu.devices > 0     ? std::string("a rank has no usable GPU")
+                    : gpu.error.empty() ? "no GPU here"
+                                        : gpu.error)
+                << ")\n";
+  }
+  if (device != "cuda") return;
+  const Placement placement = place_on_device(world, vm["share-devices"].as<bool>());
+  set_cuda_options(
+      {.deterministic = vm["deterministic"].as<bool>(), .allow_tf32 = vm["allow-tf32"].as<bool>()});
+  agree(world, [&] { (void)backend_of(KernelBackend::cuda); });  // names why it is unusable
+  runtime.kernels = KernelBackend::cuda;
+  const std::vector<std::string> lines = placement_report(world, placement);
+  if (is_root(world)) {
+    std::cout << "devices:\n";
+    for (const std::string& line : lines)
+      std::cout << "  " << line << "\n";
+  }
+}
+
+}  // namespace
 
 GridShape grid_or_default(const std::string& text, const Comm& world) {
   if (!text.empty()) return parse_grid(text);
@@ -83,6 +141,7 @@ bool parse(const std::string& command, const std::string& summary,
     if (vm.count("wait")) runtime.wait = parse_wait_policy(vm["wait"].as<std::string>());
     if (vm.count("timeout")) runtime.timeout = check_timeout(vm["timeout"].as<double>());
   });
+  if (vm.count("device")) apply_device(vm, world, runtime);
   return true;
 }
 

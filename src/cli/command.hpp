@@ -19,10 +19,16 @@ namespace po = boost::program_options;
 // --timeout.
 po::options_description common_options();
 
+// --device cpu|cuda|auto, --share-devices, --allow-tf32, --deterministic: for the commands that
+// compute (train, gradcheck, bench), which add them to their options.
+po::options_description device_options();
+
 // Parses `args` (the words after the subcommand) against `options` plus the common ones, reading
-// --config when given; --wait and --timeout go into `runtime`. Returns false when --help was
-// asked for (the help has been printed on rank 0). Collective over `world` (errors are agreed on
-// every rank).
+// --config when given; --wait and --timeout go into `runtime`; with device_options() among
+// `options`, --device cuda places each rank on its GPU (an agreed error when that fails, or in a
+// build without CUDA), sets the kernels to cuda and prints where every rank runs on rank 0. Returns
+// false when --help was asked for (the help has been printed on rank 0). Collective over `world`
+// (errors are agreed on every rank).
 bool parse(const std::string& command, const std::string& summary,
            const po::options_description& options, const std::vector<std::string>& args,
            po::variables_map& vm, const Comm& world, RuntimeOptions& runtime);

@@ -35,6 +35,7 @@ int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
       "height", po::value(&o.height)->default_value(o.height), "random batch: image height")(
       "width", po::value(&o.width)->default_value(o.width), "random batch: image width")(
       "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random batch and parameters");
+  d.add(device_options());
   po::variables_map vm;
   if (!parse(
           "gradcheck",

@@ -64,8 +64,8 @@ void print_version(const tessera::RuntimeOptions& runtime) {
     std::cout << "  CUDA runtime " << gpu.runtime_version / 1000 << "."
               << gpu.runtime_version % 1000 / 10 << ": " << gpu.devices << " device(s)"
               << (gpu.error.empty() ? "" : " (" + gpu.error + ")")
-              << "; CUDA kernels and cuDNN convolutions built, no command runs on a GPU yet "
-                 "(README \"GPU\")\n";
+              << "; cuDNN convolutions and CUDA kernels built (--device cuda); not yet run on a "
+                 "GPU, no CUDA pooling, batch-norm, upsampling or head kernels (README \"GPU\")\n";
   } else {
     std::cout << "  CUDA: not built\n";
   }

@@ -57,6 +57,7 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
       "built-in data: validation samples (0: no validation)")(
       "height", po::value(&o.height)->default_value(o.height), "built-in data: image height")(
       "width", po::value(&o.width)->default_value(o.width), "built-in data: image width");
+  d.add(device_options());
   po::variables_map vm;
   if (!parse("train",
              "Trains a model with its images tiled over the grid. Every option can also be set in "

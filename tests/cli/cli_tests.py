@@ -470,6 +470,27 @@ def unknown_option(env):
 
 
 @scenario
+def device_choice(env):
+    r = env.tessera(2, "gradcheck", "--help")
+    expect_ok(r, "--device", "--share-devices", "--allow-tf32", "--deterministic")
+    r = env.tessera(2, "gradcheck", "--device", "tpu")
+    expect_error(r, "--device", "tpu", "cpu, cuda or auto")
+    version = env.tessera(1, "--version")
+    expect_ok(version)
+    if "CUDA runtime" in version.output and " 0 device(s)" not in version.output:
+        print("SKIP: a GPU is usable here; the no-GPU refusals do not apply")
+        sys.exit(SKIP)
+    # Without a usable GPU: cuda is one agreed error on every rank, auto falls back to the CPU.
+    r = env.tessera(2, "gradcheck", "--device", "cuda")
+    expect_error(r, "--device cuda", "--device cpu" if "CUDA runtime" in version.output else "no CUDA")
+    r = env.tessera(2, "gradcheck", "--device", "auto")
+    expect_ok(r, "device: cpu (--device auto", "PASS")
+    # The CUDA options mean nothing on the CPU and change nothing there.
+    r = env.tessera(2, "gradcheck", "--device", "cpu", "--allow-tf32", "--deterministic")
+    expect_ok(r, "PASS")
+
+
+@scenario
 def help_and_version(env):
     r = env.tessera(2, "--help")
     expect_ok(r, "gradcheck")

@@ -5,9 +5,11 @@
 // few ulp). Skipped without a GPU (gpu_main.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/test_helpers.hpp"
@@ -287,6 +289,35 @@ TEST(CudaMerge, ChannelBlocksAndSumsMatchTheCpu) {
   cpu->add_bias_grad(x, db.span());
   dev->add_bias_grad(on_device(x), dbd.span_in(MemorySpace::device));
   expect_same_bits(dbd, db, "add_bias_grad");
+}
+
+template <typename T>
+void check_cross_entropy() {
+  const Shape4 s{2, 5, 3, 4};
+  const Tensor<T> logits = test::random_tensor<T>(s, 9, 1, -4, 4);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(s.n * s.h * s.w));
+  for (std::size_t k = 0; k < labels.size(); ++k)
+    labels[k] = static_cast<std::int32_t>((k * 7) % 5);
+  const T scale = T(0.125);
+  Tensor<T> d(s), dd(s, Layout::nchw, *device_allocator());
+  const double cpu = Backend().loss<T>()->cross_entropy(logits, labels, scale, &d);
+  const double dev = gpu().loss<T>()->cross_entropy(on_device(logits), labels, scale, &dd);
+  // The device's exp and log may differ from glibc's by an ulp; the order of the sum is the CPU's.
+  const double tol = sizeof(T) == 8 ? 1e-13 : 1e-6;
+  EXPECT_NEAR(dev, cpu, tol * std::abs(cpu));
+  EXPECT_LE(test::rel_error(on_host(dd).span(), std::as_const(d).span()), tol);
+  // A label outside the classes is refused on the host, before the device reads it.
+  labels[3] = 5;
+  try {
+    (void)gpu().loss<T>()->cross_entropy(on_device(logits), labels, scale, nullptr);
+    ADD_FAILURE() << "a label outside [0, 5) was accepted";
+  } catch (const Error& e) {
+    test::expect_mentions(e.what(), {"label 5", "[0, 5)"});
+  }
+}
+TEST(CudaLoss, CrossEntropyMatchesTheCpu) {
+  check_cross_entropy<double>();
+  check_cross_entropy<float>();
 }
 
 TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "mpi_test.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
 #include "tessera/io/hdf5.hpp"
 #include "tessera/mpi_comm.hpp"
 
@@ -79,6 +81,17 @@ int main(int argc, char** argv) {
   // The runtime the tests share, from the environment as main builds it (TESSERA_KERNELS=reference
   // runs the suite on the reference kernels).
   const RuntimeOptions options = runtime_options_from_environment();
+  // TESSERA_KERNELS=cuda (tests/meson.build's gpu_mpi_*): skipped, with the reason, without a GPU.
+  if (options.kernels == KernelBackend::cuda && cuda_backend() == nullptr) {
+    if (rank == 0) {
+      const GpuInfo gpu = gpu_info();
+      std::printf("SKIP: no usable GPU (%s)\n",
+                  gpu.built ? (gpu.error.empty() ? "no device" : gpu.error.c_str())
+                            : "this build has no CUDA");
+    }
+    MPI_Finalize();
+    return 77;
+  }
   set_kernel_threads(options.threads);
   const WaitSettings wait{options.wait.value_or(MpiComm::detect_wait_policy(MPI_COMM_WORLD)),
                           options.timeout};

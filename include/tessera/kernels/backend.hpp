@@ -23,8 +23,9 @@ namespace tessera {
 enum class KernelBackend { reference, onednn, cuda, emulated };
 
 const char* to_string(KernelBackend b);
-// "reference" | "onednn" | "emulated"; throws an Error otherwise, or for onednn in a build without
-// it. Local.
+// "reference" | "onednn" | "emulated" | "cuda" (every rank on the current GPU: the tests' way;
+// `--device cuda` places each rank on its own); throws an Error otherwise, or for onednn in a
+// build without it. Local.
 KernelBackend parse_kernel_backend(const std::string& text);
 // onednn when this build has it, else reference. Local.
 KernelBackend default_kernel_backend();
@@ -171,10 +172,10 @@ class Backend {
 };
 
 // The CUDA backend (kernels/cuda/): cuDNN convolutions and CUDA kernels for activations, dropout,
-// merges, halo copies and the optimizer updates, on the current device's memory; its other
-// factories throw an Error naming the missing kernel. Null in a build without CUDA or without a
-// usable device. Not yet a choice of parse_kernel_backend: the layers do not run on the device
-// yet (README, "GPU"). Local.
+// merges and biases, halo copies, the optimizer updates and the cross-entropy, on the current
+// device's memory; its other factories (pooling, batch norm, upsampling, the classification head)
+// throw an Error naming the missing kernel. Null in a build without CUDA or without a usable
+// device. Local.
 const Backend* cuda_backend();
 
 // KernelBackend::emulated's backend. Local.

@@ -112,5 +112,28 @@ TESSERA_HD inline void adam(T& p, T g, T& m, T& v, const AdamScalars<T>& s) {
   p = p + s.neg_step_size * m / denom;
 }
 
+// Softmax cross-entropy of one pixel: its `channels` logits lie `stride` apart from x, its label
+// is in [0, channels) (the caller checks). Returns -log softmax(x)[label], in double; with d
+// (laid out as x), d = scale * (softmax(x) - onehot(label)). The max is subtracted first, so no
+// exp overflows.
+template <typename T>
+TESSERA_HD inline double cross_entropy(const T* x, std::int64_t channels, std::int64_t stride,
+                                       std::int32_t label, T scale, T* d) {
+  using std::exp, std::log;
+  double top = x[0];
+  for (std::int64_t c = 1; c < channels; ++c)
+    top = top < double(x[c * stride]) ? double(x[c * stride]) : top;
+  double sum = 0;
+  for (std::int64_t c = 0; c < channels; ++c)
+    sum += exp(double(x[c * stride]) - top);
+  const double log_sum = log(sum) + top;
+  if (d != nullptr)
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const double prob = exp(double(x[c * stride]) - log_sum);
+      d[c * stride] = static_cast<T>(scale * (prob - (c == label ? 1.0 : 0.0)));
+    }
+  return log_sum - double(x[label * stride]);
+}
+
 }  // namespace elementwise
 }  // namespace tessera

@@ -97,6 +97,10 @@ inline TileIndex tile_index(const TileOrigin& at, const Shape4& tile) {
 // The shape checks every backend's merge and dropout kernels make before they touch memory:
 // Errors naming the shapes. Local.
 void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset);
+// Labels (one per pixel, each in [0, C)) and a gradient (the logits' shape) for cross-entropy
+// over logits of shape `logits`; `dlogits` may be null.
+void check_cross_entropy(const Shape4& logits, std::span<const std::int32_t> labels,
+                         const Shape4* dlogits);
 // A per-channel bias (or its gradient) of `size` values for an NCHW tensor of shape `t`.
 void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what);
 void check_dropout_tile(const Shape4& x, Layout layout, const TileOrigin& at, const Shape4& mask,
