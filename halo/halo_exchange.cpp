@@ -62,8 +62,7 @@ HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::str
       name_(std::move(name)),
       fill_what_("halo fill of " + name_),
       accumulate_what_("halo accumulate of " + name_),
-      memory_(memory != nullptr ? memory : &host_allocator()),
-      staged_(memory_->space() != MemorySpace::host) {
+      memory_(memory != nullptr ? memory : &host_allocator()) {
   TESSERA_CHECK(memory_->space() == copies_->space(),
                 "halo exchange of " + name_ + ": copies for " + to_string(copies_->space()) +
                     " memory given " + to_string(memory_->space()) + " memory");
@@ -80,7 +79,7 @@ void HaloExchange<T>::size_buffers(std::int64_t planes) {
     for (std::size_t k = 0; k < transfers.size(); ++k) {
       const std::int64_t count = planes * transfers[k].box.size();
       bufs[k].resize(static_cast<std::size_t>(count));
-      if (staged_)
+      if (staged())
         staging.emplace_back(Shape4{1, 1, 1, count}, Layout::nchw, uninitialized, *memory_);
     }
   };
@@ -141,7 +140,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   for (std::size_t k = 0; k < incoming.size(); ++k)
     recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
   for (std::size_t k = 0; k < outgoing.size(); ++k) {
-    if (staged_) {  // packed on the device, then copied out for the Comm
+    if (staged()) {  // packed on the device, then copied out for the Comm
       Tensor<T>& box = out_staging[k];
       copies_->pack(in, outgoing[k].box, box.data_in(box.space()));
       download(box, out_buffers[k].data());
@@ -197,7 +196,7 @@ void HaloExchange<T>::finish(HaloRequest<T>& request) {
   const Planes<T> out{target_, target_shape_, fill ? plan_.window : plan_.owned, target_layout_};
   // Received boxes are added in ascending peer order, so results do not depend on timing.
   for (std::size_t k = 0; k < incoming.size(); ++k) {
-    if (staged_) {  // copied into the device, then unpacked there
+    if (staged()) {  // copied into the device, then unpacked there
       Tensor<T>& box = staging[k];
       upload(buffers[k].data(), box);
       copies_->unpack(box.data_in(box.space()), incoming[k].box, out, how_);

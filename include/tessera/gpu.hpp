@@ -16,7 +16,7 @@ struct GpuInfo {
   bool built = false;       // compiled with the CUDA runtime
   int runtime_version = 0;  // e.g. 13000 for 13.0
   int devices = 0;
-  std::string error;  // why no device is usable, if none is
+  std::string error;  // why no device is usable, whenever none is ("this build has no CUDA", ...)
 };
 
 GpuInfo gpu_info();

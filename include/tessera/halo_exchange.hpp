@@ -128,7 +128,7 @@ class HaloExchange {
   // With device copies, the same buffers in device memory, where boxes are packed and unpacked;
   // empty otherwise.
   Allocator* memory_;
-  bool staged_ = false;
+  bool staged() const { return memory_->space() != MemorySpace::host; }
   std::vector<Tensor<T>> recv_staging_, send_staging_;
   // Of the exchange in flight: its direction and where finish() unpacks.
   Direction how_ = Direction::fill;

@@ -7,7 +7,7 @@
 namespace tessera {
 
 GpuInfo gpu_info() {
-  return {.built = false, .error = "built without CUDA"};
+  return {.built = false, .error = "this build has no CUDA"};
 }
 
 Allocator* device_allocator() {

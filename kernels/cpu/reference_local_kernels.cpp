@@ -162,7 +162,7 @@ class ReferenceLinear final : public LinearKernel<T> {
 template <typename T>
 class CpuDropout final : public DropoutKernel<T> {
  public:
-  explicit CpuDropout(double p) : p_(p), keep_(p < 1 ? static_cast<T>(1 / (1 - p)) : T(0)) {}
+  explicit CpuDropout(double p) : p_(p), keep_(elementwise::dropout_keep<T>(p)) {}
   std::string name() const override { return "threaded"; }
 
   void forward(const Tensor<T>& x, const TileOrigin& at, std::uint64_t seed, std::uint64_t stream,

@@ -68,7 +68,7 @@ class CudaActivation final : public ActivationKernel<T> {
 template <typename T>
 class CudaDropout final : public DropoutKernel<T> {
  public:
-  explicit CudaDropout(double p) : p_(p), keep_(p < 1 ? static_cast<T>(1 / (1 - p)) : T(0)) {}
+  explicit CudaDropout(double p) : p_(p), keep_(elementwise::dropout_keep<T>(p)) {}
   std::string name() const override { return "cuda"; }
 
   void forward(const Tensor<T>& x, const TileOrigin& at, std::uint64_t seed, std::uint64_t id,
@@ -156,15 +156,15 @@ class CudaLoss final : public LossKernel<T> {
     if (labels_.bytes() != pixels * sizeof(std::int32_t)) {
       labels_ = Storage(memory, pixels * sizeof(std::int32_t));
       losses_ = Storage(memory, pixels * sizeof(double));
+      host_losses_.resize(pixels);
     }
     memory.upload(labels_.data(), labels.data(), labels_.bytes());
     cuda::cross_entropy(device(logits), static_cast<const std::int32_t*>(labels_.data()), scale,
                         dlogits != nullptr ? device(*dlogits) : nullptr,
                         static_cast<double*>(losses_.data()), s.n, s.c, s.h * s.w, stream());
-    std::vector<double> losses(pixels);
-    memory.download(losses.data(), losses_.data(), losses_.bytes());  // after the kernel
+    memory.download(host_losses_.data(), losses_.data(), losses_.bytes());  // after the kernel
     double total = 0;
-    for (const double v : losses)
+    for (const double v : host_losses_)
       total += v;
     return total;
   }
@@ -172,6 +172,7 @@ class CudaLoss final : public LossKernel<T> {
  private:
   // Reused from call to call (the same tile every step).
   mutable Storage labels_, losses_;
+  mutable std::vector<double> host_losses_;
 };
 
 // Halo boxes on NCHW tensors (the CPU's nchw16c is oneDNN's layout; cuDNN computes in NCHW).

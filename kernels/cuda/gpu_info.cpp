@@ -14,6 +14,8 @@ GpuInfo gpu_info() {
   if (rc != cudaSuccess) {
     info.devices = 0;
     info.error = cudaGetErrorString(rc);
+  } else if (info.devices == 0) {
+    info.error = "no CUDA device";
   }
   return info;
 }

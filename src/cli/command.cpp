@@ -61,10 +61,7 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
     device = everywhere ? "cuda" : "cpu";
     if (is_root(world) && !everywhere)
       std::cout << "device: cpu (--device auto: "
-                << (gpu.devices > 0     ? std::string("a rank has no usable GPU")
-                    : gpu.error.empty() ? "no GPU here"
-                                        : gpu.error)
-                << ")\n";
+                << (gpu.devices > 0 ? std::string("a rank has no usable GPU") : gpu.error) << ")\n";
   }
   if (device != "cuda") return;
   const Placement placement = place_on_device(world, vm["share-devices"].as<bool>());

@@ -91,10 +91,11 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
     // Parameters and their gradients live where the kernels compute (layers make them in host
     // memory at setup); buffers (batch norm's running statistics) stay on the host, which alone
     // reads them.
-    for (Param<T>* p : nodes_[k].layer->params()) {
-      p->value = copy_to(p->value, memory);
-      p->grad = copy_to(p->grad, memory);
-    }
+    for (Param<T>* p : nodes_[k].layer->params())
+      if (&p->value.allocator() != &memory) {
+        p->value = copy_to(p->value, memory);
+        p->grad = copy_to(p->grad, memory);
+      }
     nodes_[k].layer->bind(runtime);
   }
   build_buckets();

@@ -83,12 +83,7 @@ int main(int argc, char** argv) {
   const RuntimeOptions options = runtime_options_from_environment();
   // TESSERA_KERNELS=cuda (tests/meson.build's gpu_mpi_*): skipped, with the reason, without a GPU.
   if (options.kernels == KernelBackend::cuda && cuda_backend() == nullptr) {
-    if (rank == 0) {
-      const GpuInfo gpu = gpu_info();
-      std::printf("SKIP: no usable GPU (%s)\n",
-                  gpu.built ? (gpu.error.empty() ? "no device" : gpu.error.c_str())
-                            : "this build has no CUDA");
-    }
+    if (rank == 0) std::printf("SKIP: no usable GPU (%s)\n", gpu_info().error.c_str());
     MPI_Finalize();
     return 77;
   }

@@ -70,6 +70,13 @@ TESSERA_HD inline T sigmoid_grad(T y, T dy) {
   return dy * y * (T(1) - y);
 }
 
+// What dropout with probability p scales a kept element by: 1 / (1 - p), or 0 when p = 1 (every
+// element dropped).
+template <typename T>
+inline T dropout_keep(double p) {
+  return p < 1 ? static_cast<T>(1 / (1 - p)) : T(0);
+}
+
 // Dropout's scale of element `index` of the global tensor: 0 (dropped, with probability p) or
 // `keep` = 1 / (1 - p), drawn from (seed, stream, index) alone, so every grid and every backend
 // drops the same elements.
