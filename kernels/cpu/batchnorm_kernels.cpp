@@ -9,6 +9,7 @@
 #include "batchnorm_checks.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/batchnorm_kernel.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera::fast {
@@ -158,7 +159,7 @@ void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& 
     T* q = y.data() + unit * u.length;
     lane_apply(u, [&](std::int64_t k, std::int64_t j) {
       const std::size_t l = std::size_t(j);
-      q[k] = static_cast<T>((double(p[k]) - m[l]) * scale[l] + shift[l]);
+      q[k] = elementwise::batchnorm_apply(p[k], m[l], scale[l], shift[l]);
     });
   });
 }
@@ -210,7 +211,7 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
     T* q = dx.data() + unit * u.length;
     lane_apply(u, [&](std::int64_t k, std::int64_t j) {
       const std::size_t l = std::size_t(j);
-      q[k] = static_cast<T>(scale[l] * (double(g[k]) - a[l] - (double(p[k]) - m[l]) * r[l] * b[l]));
+      q[k] = elementwise::batchnorm_grad(g[k], p[k], m[l], r[l], scale[l], a[l], b[l]);
     });
   });
 }

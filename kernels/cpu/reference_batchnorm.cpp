@@ -5,6 +5,7 @@
 
 #include "batchnorm_checks.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 
 namespace tessera::reference {
 namespace {
@@ -70,7 +71,7 @@ void batchnorm_forward(const Tensor<T>& x, const BatchNormStats& stats, std::spa
     const T* p = x.data() + at;
     T* q = y.data() + at;
     for (std::int64_t k = 0; k < plane; ++k)
-      q[k] = static_cast<T>((double(p[k]) - m) * scale + shift);
+      q[k] = elementwise::batchnorm_apply(p[k], m, scale, shift);
   });
 }
 
@@ -114,7 +115,7 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, const Batc
     const T* g = dy.data() + at;
     T* q = dx.data() + at;
     for (std::int64_t k = 0; k < plane; ++k)
-      q[k] = static_cast<T>(scale * (double(g[k]) - a - (double(p[k]) - m) * r * b));
+      q[k] = elementwise::batchnorm_grad(g[k], p[k], m, r, scale, a, b);
   });
 }
 

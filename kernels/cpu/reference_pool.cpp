@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <limits>
 #include <string>
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera::reference {
@@ -19,10 +18,20 @@ void check_shapes(const char* who, const Shape4& x, const Shape4& y, const PoolG
                                               y.str() + " differ in samples or channels");
 }
 
-// The image positions of output (oh, ow)'s window, in x's coordinates.
+// The image rows of output row oh's windows and the image columns of output column ow's, in x's
+// coordinates (kernels/window_arithmetic.hpp, shared with the CUDA kernels).
+elementwise::Span1 rows_of(const PoolGeometry& g, std::int64_t oh) {
+  return elementwise::pool_window(oh, g.stride_h, g.pad_top, g.kernel_h, g.image.h.begin,
+                                  g.image.h.end);
+}
+elementwise::Span1 cols_of(const PoolGeometry& g, std::int64_t ow) {
+  return elementwise::pool_window(ow, g.stride_w, g.pad_left, g.kernel_w, g.image.w.begin,
+                                  g.image.w.end);
+}
+// Output (oh, ow)'s window as a box.
 Box window_of(const PoolGeometry& g, std::int64_t oh, std::int64_t ow) {
-  const std::int64_t h0 = oh * g.stride_h - g.pad_top, w0 = ow * g.stride_w - g.pad_left;
-  return intersect(Box{{h0, h0 + g.kernel_h}, {w0, w0 + g.kernel_w}}, g.image);
+  const elementwise::Span1 r = rows_of(g, oh), c = cols_of(g, ow);
+  return {{r.begin, r.end}, {c.begin, c.end}};
 }
 
 // `image` restricted to x, so that a window never reads outside the tensor.
@@ -76,35 +85,30 @@ PoolGeometry pool_geometry(Shape4 x, std::int64_t kernel_h, std::int64_t kernel_
           .image = {{0, x.h}, {0, x.w}}};
 }
 
+PoolGeometry checked_pool_geometry(const char* who, const Shape4& x, const Shape4& y,
+                                   const PoolGeometry& g, bool every_window_pools) {
+  check_shapes(who, x, y, g);
+  const PoolGeometry c = clipped(g, x);
+  if (every_window_pools) check_windows(who, c, y);
+  return c;
+}
+
 template <typename T>
 void maxpool2d_forward(const Tensor<T>& x, Tensor<T>& y, std::span<std::int64_t> argmax,
                        const PoolGeometry& geometry) {
   const Shape4 &xs = x.shape(), &ys = y.shape();
-  check_shapes("maxpool2d_forward", xs, ys, geometry);
   TESSERA_CHECK(static_cast<std::int64_t>(argmax.size()) == ys.numel(),
                 "maxpool2d_forward: " + std::to_string(argmax.size()) +
                     " argmax slots for output " + ys.str());
-  const PoolGeometry g = clipped(geometry, xs);
-  check_windows("maxpool2d_forward", g, ys);
+  const PoolGeometry g = checked_pool_geometry("maxpool2d_forward", xs, ys, geometry, true);
   const std::int64_t out_plane = ys.h * ys.w;
   for_each_plane(ys, out_plane * g.kernel_h * g.kernel_w, [&](std::int64_t p) {
     const T* plane = x.data() + p * xs.h * xs.w;
     std::int64_t k = p * out_plane;
     for (std::int64_t oh = 0; oh < ys.h; ++oh)
       for (std::int64_t ow = 0; ow < ys.w; ++ow, ++k) {
-        const Box b = window_of(g, oh, ow);
-        // PyTorch's scan: start from -inf at the first image position; a strictly greater value
-        // or a NaN takes over, so the first maximum wins a tie.
-        T best = -std::numeric_limits<T>::infinity();
-        std::int64_t at = b.h.begin * xs.w + b.w.begin;
-        for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
-          for (std::int64_t w = b.w.begin; w < b.w.end; ++w) {
-            const T v = plane[h * xs.w + w];
-            if (v > best || std::isnan(v)) {
-              best = v;
-              at = h * xs.w + w;
-            }
-          }
+        std::int64_t at = 0;
+        const T best = elementwise::window_max(plane, xs.w, rows_of(g, oh), cols_of(g, ow), at);
         y.data()[k] = best;
         argmax[std::size_t(k)] = at;
       }
@@ -135,21 +139,15 @@ void maxpool2d_backward(const Tensor<T>& dy, std::span<const std::int64_t> argma
 template <typename T>
 void avgpool2d_forward(const Tensor<T>& x, Tensor<T>& y, const PoolGeometry& geometry) {
   const Shape4 &xs = x.shape(), &ys = y.shape();
-  check_shapes("avgpool2d_forward", xs, ys, geometry);
-  const PoolGeometry g = clipped(geometry, xs);
+  const PoolGeometry g = checked_pool_geometry("avgpool2d_forward", xs, ys, geometry, false);
   const T area = static_cast<T>(g.kernel_h * g.kernel_w);
   for_each_plane(ys, ys.h * ys.w * g.kernel_h * g.kernel_w, [&](std::int64_t p) {
     const T* in = x.data() + p * xs.h * xs.w;
     T* out = y.data() + p * ys.h * ys.w;
     for (std::int64_t oh = 0; oh < ys.h; ++oh)
       for (std::int64_t ow = 0; ow < ys.w; ++ow) {
-        const Box b = window_of(g, oh, ow);
-        T sum = 0;
-        for (std::int64_t h = b.h.begin; h < b.h.end; ++h)
-          for (std::int64_t w = b.w.begin; w < b.w.end; ++w)
-            sum += in[h * xs.w + w];
-        // Divide (not multiply by the reciprocal), as PyTorch does, for identical rounding.
-        out[oh * ys.w + ow] = sum / area;
+        out[oh * ys.w + ow] =
+            elementwise::window_mean(in, xs.w, rows_of(g, oh), cols_of(g, ow), area);
       }
   });
 }
@@ -157,8 +155,7 @@ void avgpool2d_forward(const Tensor<T>& x, Tensor<T>& y, const PoolGeometry& geo
 template <typename T>
 void avgpool2d_backward(const Tensor<T>& dy, Tensor<T>& dx, const PoolGeometry& geometry) {
   const Shape4 &xs = dx.shape(), &ys = dy.shape();
-  check_shapes("avgpool2d_backward", xs, ys, geometry);
-  const PoolGeometry g = clipped(geometry, xs);
+  const PoolGeometry g = checked_pool_geometry("avgpool2d_backward", xs, ys, geometry, false);
   const T area = static_cast<T>(g.kernel_h * g.kernel_w);
   for_each_plane(ys, ys.h * ys.w * g.kernel_h * g.kernel_w + xs.h * xs.w, [&](std::int64_t p) {
     T* in = dx.data() + p * xs.h * xs.w;

@@ -1,6 +1,6 @@
 // The CUDA backend (include/tessera/gpu.hpp: cuda_backend): cuDNN convolutions and Tessera's own
-// CUDA kernels, in device memory. What has no CUDA kernel yet is refused with an Error naming
-// it, never handed to a host kernel that cannot read device memory.
+// CUDA kernels for every other layer, in device memory. No factory falls back to a host kernel,
+// which could not read device memory.
 #include <cudnn.h>
 
 #include <memory>
@@ -14,11 +14,6 @@
 
 namespace tessera {
 namespace {
-
-[[noreturn]] void no_cuda_kernel(const std::string& what) {
-  throw Error("the CUDA backend has no " + what +
-              " kernel yet (README, \"GPU\"): run this model with --device cpu");
-}
 
 template <typename T>
 std::unique_ptr<ConvKernel<T>> cudnn_conv(const ConvShapes& shapes,
@@ -46,8 +41,8 @@ class CudaBackend final : public Backend {
            std::to_string(cudnnGetVersion()) + " convolutions" +
            (o.deterministic ? ", deterministic algorithms" : "") +
            (o.allow_tf32 ? ", TF32 allowed" : ", no TF32") +
-           "; CUDA kernels for activations, dropout, merges, halo copies, updates and the "
-           "cross-entropy";
+           "; CUDA kernels for pooling, batch norm, activations, dropout, upsampling, merges, "
+           "halo copies, the head, updates and the cross-entropy";
   }
   Allocator& allocator() const override { return *device_allocator(); }
 
@@ -99,42 +94,41 @@ class CudaBackend final : public Backend {
     return cuda::make_loss<double>();
   }
 
-  // Not on the GPU yet.
-  std::unique_ptr<PoolKernel<float>> pool_float(PoolKind, const PoolShapes&,
-                                                const reference::PoolGeometry&) const override {
-    no_cuda_kernel("pooling");
+  std::unique_ptr<PoolKernel<float>> pool_float(PoolKind kind, const PoolShapes& shapes,
+                                                const reference::PoolGeometry& g) const override {
+    return cuda::make_pool<float>(kind, shapes, g);
   }
-  std::unique_ptr<PoolKernel<double>> pool_double(PoolKind, const PoolShapes&,
-                                                  const reference::PoolGeometry&) const override {
-    no_cuda_kernel("pooling");
+  std::unique_ptr<PoolKernel<double>> pool_double(PoolKind kind, const PoolShapes& shapes,
+                                                  const reference::PoolGeometry& g) const override {
+    return cuda::make_pool<double>(kind, shapes, g);
   }
   std::unique_ptr<BatchNormKernel<float>> batch_norm_float() const override {
-    no_cuda_kernel("batch-norm");
+    return cuda::make_batch_norm<float>();
   }
   std::unique_ptr<BatchNormKernel<double>> batch_norm_double() const override {
-    no_cuda_kernel("batch-norm");
+    return cuda::make_batch_norm<double>();
   }
-  std::unique_ptr<UpsampleKernel<float>> make_upsample(const reference::UpsampleGeometry&,
+  std::unique_ptr<UpsampleKernel<float>> make_upsample(const reference::UpsampleGeometry& g,
                                                        float) const override {
-    no_cuda_kernel("upsampling");
+    return cuda::make_upsample<float>(g);
   }
-  std::unique_ptr<UpsampleKernel<double>> make_upsample(const reference::UpsampleGeometry&,
+  std::unique_ptr<UpsampleKernel<double>> make_upsample(const reference::UpsampleGeometry& g,
                                                         double) const override {
-    no_cuda_kernel("upsampling");
+    return cuda::make_upsample<double>(g);
   }
   std::unique_ptr<SpatialSumKernel<float>> make_spatial_sum(float) const override {
-    no_cuda_kernel("global average pooling");
+    return cuda::make_spatial_sum<float>();
   }
   std::unique_ptr<SpatialSumKernel<double>> make_spatial_sum(double) const override {
-    no_cuda_kernel("global average pooling");
+    return cuda::make_spatial_sum<double>();
   }
-  std::unique_ptr<LinearKernel<float>> make_linear(std::int64_t, std::int64_t,
+  std::unique_ptr<LinearKernel<float>> make_linear(std::int64_t in, std::int64_t out,
                                                    float) const override {
-    no_cuda_kernel("linear");
+    return cuda::make_linear<float>(in, out);
   }
-  std::unique_ptr<LinearKernel<double>> make_linear(std::int64_t, std::int64_t,
+  std::unique_ptr<LinearKernel<double>> make_linear(std::int64_t in, std::int64_t out,
                                                     double) const override {
-    no_cuda_kernel("linear");
+    return cuda::make_linear<double>(in, out);
   }
 };
 

@@ -11,6 +11,7 @@
 #include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/halo_copy.hpp"
 #include "tessera/kernels/local_kernels.hpp"
+#include "tessera/kernels/pool_kernel.hpp"
 
 namespace tessera::cuda {
 
@@ -36,5 +37,18 @@ template <typename T>
 std::unique_ptr<HaloCopyKernel<T>> make_halo_copy();
 template <typename T>
 std::unique_ptr<LossKernel<T>> make_loss();
+// Pooling (null for nchw16c), upsampling, the head's sums and linear layers, batch norm
+// (kernels/cuda/cuda_layer_kernels.cpp).
+template <typename T>
+std::unique_ptr<PoolKernel<T>> make_pool(PoolKind kind, const PoolShapes& shapes,
+                                         const reference::PoolGeometry& g);
+template <typename T>
+std::unique_ptr<UpsampleKernel<T>> make_upsample(const reference::UpsampleGeometry& g);
+template <typename T>
+std::unique_ptr<SpatialSumKernel<T>> make_spatial_sum();
+template <typename T>
+std::unique_ptr<LinearKernel<T>> make_linear(std::int64_t in, std::int64_t out);
+template <typename T>
+std::unique_ptr<BatchNormKernel<T>> make_batch_norm();
 
 }  // namespace tessera::cuda

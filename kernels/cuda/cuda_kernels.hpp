@@ -68,6 +68,82 @@ template <typename T>
 void adam(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars<T>& s,
           cudaStream_t stream);
 
+// The windows of a pooling over `planes` planes of x (x_h x x_w) into y (y_h x y_w): output
+// (oh, ow) pools the image positions (rows image_h, columns image_w, half-open, within x) of rows
+// oh * stride_h - pad_top + [0, kernel_h) and the columns likewise (reference::PoolGeometry).
+struct PoolWindows {
+  std::int64_t planes = 0, x_h = 0, x_w = 0, y_h = 0, y_w = 0;
+  std::int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0;
+  std::int64_t image_h[2] = {0, 0}, image_w[2] = {0, 0};
+};
+// y = the window maxima (ties and NaN as the reference), argmax = each one's h * x_w + w.
+template <typename T>
+void max_pool_forward(const T* x, T* y, std::int64_t* argmax, const PoolWindows& g,
+                      cudaStream_t stream);
+// dx (overwritten) = each input's sum of the dy of the outputs whose argmax it is.
+template <typename T>
+void max_pool_backward(const T* dy, const std::int64_t* argmax, T* dx, const PoolWindows& g,
+                       cudaStream_t stream);
+// y = the window sums divided by kernel_h * kernel_w (padding counts).
+template <typename T>
+void avg_pool_forward(const T* x, T* y, const PoolWindows& g, cudaStream_t stream);
+// dx (overwritten) = each image input's sum of dy / area over the windows holding it.
+template <typename T>
+void avg_pool_backward(const T* dy, T* dx, const PoolWindows& g, cudaStream_t stream);
+
+// Nearest upsampling of `planes` planes x (x_h x x_w) into y (y_h x y_w): output row r reads
+// x row (r + phase_h) / scale_h, columns likewise (reference::UpsampleGeometry).
+struct UpsampleWindows {
+  std::int64_t planes = 0, x_h = 0, x_w = 0, y_h = 0, y_w = 0;
+  std::int64_t scale_h = 1, scale_w = 1, phase_h = 0, phase_w = 0;
+};
+template <typename T>
+void upsample_forward(const T* x, T* y, const UpsampleWindows& g, cudaStream_t stream);
+// dx (overwritten) = each input's sum of the dy that read it, in row-major order.
+template <typename T>
+void upsample_backward(const T* dy, T* dx, const UpsampleWindows& g, cudaStream_t stream);
+
+// sums[p] = the sum of plane p (`plane` values, in order); dx[p * plane + i] = g[p].
+template <typename T>
+void spatial_sums(const T* x, T* sums, std::int64_t planes, std::int64_t plane,
+                  cudaStream_t stream);
+template <typename T>
+void spread(const T* g, T* dx, std::int64_t planes, std::int64_t plane, cudaStream_t stream);
+
+// The linear layer's three products (reference::linear_*), each output a sequential dot product;
+// bias and dbias may be null.
+template <typename T>
+void linear_forward(const T* x, const T* w, const T* bias, T* y, std::int64_t n, std::int64_t in,
+                    std::int64_t out, cudaStream_t stream);
+template <typename T>
+void linear_backward_data(const T* dy, const T* w, T* dx, std::int64_t n, std::int64_t in,
+                          std::int64_t out, cudaStream_t stream);
+template <typename T>
+void linear_backward_weights(const T* x, const T* dy, T* dw, T* dbias, std::int64_t n,
+                             std::int64_t in, std::int64_t out, cudaStream_t stream);
+
+// Batch norm on `planes` = N * channels NCHW planes of `plane` values; per-channel statistics
+// (double) and parameters (T) in device memory. sums[p] (double, per plane) = the sum of x, or
+// with `mean` the sum of (x - mean[c])^2.
+template <typename T>
+void batchnorm_sums(const T* x, const double* mean, double* sums, std::int64_t planes,
+                    std::int64_t channels, std::int64_t plane, cudaStream_t stream);
+// sums[2p] = the sum of dy, sums[2p + 1] = the sum of dy * xhat over plane p.
+template <typename T>
+void batchnorm_backward_sums(const T* x, const T* dy, const double* mean, const double* invstd,
+                             double* sums, std::int64_t planes, std::int64_t channels,
+                             std::int64_t plane, cudaStream_t stream);
+// y = elementwise::batchnorm_apply; dx = elementwise::batchnorm_grad.
+template <typename T>
+void batchnorm_forward(const T* x, const double* mean, const double* invstd, const T* weight,
+                       const T* bias, T* y, std::int64_t planes, std::int64_t channels,
+                       std::int64_t plane, cudaStream_t stream);
+template <typename T>
+void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const double* invstd,
+                             const T* weight, const double* mean_dy, const double* mean_dy_xhat,
+                             T* dx, std::int64_t planes, std::int64_t channels, std::int64_t plane,
+                             cudaStream_t stream);
+
 // A 3-D strided box: dst[i * ds0 + j * ds1 + k * ds2] = (or +=) src[i * ss0 + j * ss1 + k * ss2]
 // for i < e0, j < e1, k < e2 (strides in elements). Halo boxes (planes x rows x columns),
 // messages and channel blocks are all such boxes.

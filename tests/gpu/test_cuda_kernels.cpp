@@ -1,12 +1,14 @@
 // The CUDA backend's kernels one by one against the CPU (include/tessera/gpu.hpp: cuda_backend):
 // cuDNN convolutions against the reference loops (float64 to 1e-12, float32 to 1e-5, no TF32),
-// the pointwise kernels, merges, halo copies and optimizer updates bit for bit against the CPU
-// kernels (they share their per-element arithmetic, kernels/elementwise.hpp; sigmoid's exp to a
-// few ulp). Skipped without a GPU (gpu_main.cpp).
+// the pointwise kernels, merges, halo copies, optimizer updates, pooling, upsampling and the
+// classification head bit for bit against the CPU kernels (they share their arithmetic,
+// kernels/elementwise.hpp and kernels/window_arithmetic.hpp; sigmoid's exp to a few ulp), batch
+// norm's sums to double rounding. Skipped without a GPU (gpu_main.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -356,15 +358,216 @@ TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
   }
 }
 
-TEST(CudaBackend, RefusesWhatHasNoCudaKernelByName) {
-  try {
-    (void)gpu().batch_norm<float>();
-    ADD_FAILURE() << "the CUDA backend handed out a batch-norm kernel";
-  } catch (const Error& e) {
-    test::expect_mentions(e.what(), {"CUDA backend has no batch-norm kernel"});
-  }
+TEST(CudaBackend, ComputesInDeviceMemory) {
   EXPECT_EQ(&gpu().allocator(), device_allocator());
   EXPECT_TRUE(test::contains(gpu().description(), "cuDNN"));
+}
+
+template <typename T>
+Tensor<T> device_tensor(const Shape4& s) {
+  return Tensor<T>(s, Layout::nchw, uninitialized, *device_allocator());
+}
+
+// Max pooling with ties and NaN, and average pooling, over windows with padding, strides larger
+// and smaller than the kernel, and an image box smaller than x (a halo window): bit for bit
+// against the reference, forward and backward (the GPU gathers what the CPU scatters).
+template <typename T>
+void check_pooling() {
+  struct Case {
+    const char* name;
+    Shape4 x;
+    std::int64_t oh, ow;
+    reference::PoolGeometry g;
+  };
+  const std::vector<Case> cases = {
+      {"2x2 stride 2",
+       {2, 3, 8, 10},
+       4,
+       5,
+       {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2, .image = {{0, 8}, {0, 10}}}},
+      {"3x3 stride 1 pad 1",
+       {1, 2, 7, 6},
+       7,
+       6,
+       {.kernel_h = 3, .kernel_w = 3, .pad_top = 1, .pad_left = 1, .image = {{0, 7}, {0, 6}}}},
+      {"3x2 stride 2x3 pad 1x0",
+       {2, 2, 9, 11},
+       5,
+       4,
+       {.kernel_h = 3,
+        .kernel_w = 2,
+        .stride_h = 2,
+        .stride_w = 3,
+        .pad_top = 1,
+        .image = {{0, 9}, {0, 11}}}},
+      {"window with a halo outside the image",
+       {1, 3, 10, 9},
+       4,
+       4,
+       {.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .image = {{1, 10}, {0, 8}}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Shape4 ys{c.x.n, c.x.c, c.oh, c.ow};
+    Tensor<T> x = test::random_tensor<T>(c.x, 11, 1);
+    x.data()[3] = x.data()[4] = x.data()[c.x.w + 3];  // ties
+    x.data()[7] = std::numeric_limits<T>::quiet_NaN();
+    const Tensor<T> dy = test::random_tensor<T>(ys, 11, 2);
+    for (const PoolKind kind : {PoolKind::max, PoolKind::avg}) {
+      SCOPED_TRACE(kind == PoolKind::max ? "max" : "avg");
+      const PoolShapes shapes{.x = c.x, .y = ys};
+      auto cpu = Backend().pool<T>(kind, shapes, c.g);
+      auto dev = gpu().pool<T>(kind, shapes, c.g);
+      ASSERT_TRUE(dev);
+      EXPECT_EQ(dev->name(), "cuda");
+      Tensor<T> y(ys), dx(c.x), yd = device_tensor<T>(ys), dxd = device_tensor<T>(c.x);
+      cpu->forward(x, y);
+      cpu->backward(dy, dx);
+      dev->forward(on_device(x), yd);
+      dev->backward(on_device(dy), dxd);
+      const Tensor<T> got = on_host(yd);
+      for (std::size_t k = 0; k < got.size(); ++k)  // NaN == NaN here
+        ASSERT_TRUE(got.data()[k] == y.data()[k] ||
+                    (std::isnan(got.data()[k]) && std::isnan(y.data()[k])))
+            << "forward element " << k;
+      // dx outside the image is left open (pool_kernel.hpp): compare the image.
+      const Tensor<T> dxh = on_host(dxd);
+      for (std::int64_t p = 0; p < c.x.n * c.x.c; ++p)
+        for (std::int64_t h = c.g.image.h.begin; h < c.g.image.h.end; ++h)
+          for (std::int64_t w = c.g.image.w.begin; w < c.g.image.w.end; ++w) {
+            const std::int64_t k = (p * c.x.h + h) * c.x.w + w;
+            ASSERT_EQ(dxh.data()[k], dx.data()[k])
+                << "backward plane " << p << " at " << h << ", " << w;
+          }
+    }
+  }
+}
+TEST(CudaLayers, PoolingMatchesTheReferenceBitForBit) {
+  check_pooling<float>();
+  check_pooling<double>();
+}
+
+template <typename T>
+void check_upsample() {
+  const Shape4 xs{2, 3, 5, 6};
+  for (const reference::UpsampleGeometry g :
+       {reference::UpsampleGeometry{.scale_h = 2, .scale_w = 2},
+        reference::UpsampleGeometry{.scale_h = 3, .scale_w = 2, .phase_h = 2, .phase_w = 1}}) {
+    SCOPED_TRACE(g.scale_h);
+    const Shape4 ys{xs.n, xs.c, xs.h * g.scale_h - g.phase_h, xs.w * g.scale_w - g.phase_w};
+    const Tensor<T> x = test::random_tensor<T>(xs, 12, 1), dy = test::random_tensor<T>(ys, 12, 2);
+    auto cpu = Backend().upsample<T>(g);
+    auto dev = gpu().upsample<T>(g);
+    Tensor<T> y(ys), dx(xs), yd = device_tensor<T>(ys), dxd = device_tensor<T>(xs);
+    cpu->forward(x, y);
+    cpu->backward(dy, dx);
+    dev->forward(on_device(x), yd);
+    dev->backward(on_device(dy), dxd);
+    expect_same_bits(yd, y, "upsample forward");
+    expect_same_bits(dxd, dx, "upsample backward");
+  }
+}
+TEST(CudaLayers, UpsamplingMatchesTheReferenceBitForBit) {
+  check_upsample<float>();
+  check_upsample<double>();
+}
+
+template <typename T>
+void check_head() {
+  const Shape4 xs{3, 4, 5, 6};
+  const Tensor<T> x = test::random_tensor<T>(xs, 13, 1);
+  auto cpu_sum = Backend().spatial_sum<T>();
+  auto dev_sum = gpu().spatial_sum<T>();
+  const Shape4 per_plane{1, 1, 1, xs.n * xs.c};
+  Tensor<T> sums(per_plane), sumsd = device_tensor<T>(per_plane);
+  cpu_sum->sums(x, sums.span());
+  dev_sum->sums(on_device(x), sumsd.span_in(MemorySpace::device));
+  expect_same_bits(sumsd, sums, "spatial sums");
+  const Tensor<T> g = test::random_tensor<T>(per_plane, 13, 2);
+  const Tensor<T> gd = on_device(g);
+  Tensor<T> dx(xs), dxd = device_tensor<T>(xs);
+  cpu_sum->spread(g.span(), dx);
+  dev_sum->spread(device_span(gd), dxd);
+  expect_same_bits(dxd, dx, "spread");
+
+  const std::int64_t n = 3, in = 7, out = 5;
+  const Tensor<T> v = test::random_tensor<T>({1, 1, n, in}, 13, 3),
+                  w = test::random_tensor<T>({1, 1, out, in}, 13, 4),
+                  bias = test::random_tensor<T>({1, 1, 1, out}, 13, 5),
+                  dy = test::random_tensor<T>({1, 1, n, out}, 13, 6);
+  const Tensor<T> vd = on_device(v), wd = on_device(w), biasd = on_device(bias),
+                  dyd = on_device(dy);
+  auto cpu = Backend().linear<T>(in, out);
+  auto dev = gpu().linear<T>(in, out);
+  Tensor<T> y({1, 1, n, out}), yd = device_tensor<T>({1, 1, n, out});
+  cpu->forward(v.span(), w.span(), bias.span(), y.span(), n);
+  dev->forward(device_span(vd), device_span(wd), device_span(biasd),
+               yd.span_in(MemorySpace::device), n);
+  expect_same_bits(yd, y, "linear forward");
+  Tensor<T> dv({1, 1, n, in}), dvd = device_tensor<T>({1, 1, n, in});
+  cpu->backward_data(dy.span(), w.span(), dv.span(), n);
+  dev->backward_data(device_span(dyd), device_span(wd), dvd.span_in(MemorySpace::device), n);
+  expect_same_bits(dvd, dv, "linear backward_data");
+  Tensor<T> dw = test::random_tensor<T>({1, 1, out, in}, 13, 7), db = bias;
+  Tensor<T> dwd = on_device(dw), dbd = on_device(db);
+  cpu->backward_weights(v.span(), dy.span(), dw.span(), db.span(), n);
+  dev->backward_weights(device_span(vd), device_span(dyd), dwd.span_in(MemorySpace::device),
+                        dbd.span_in(MemorySpace::device), n);
+  expect_same_bits(dwd, dw, "linear weight gradient");
+  expect_same_bits(dbd, db, "linear bias gradient");
+}
+TEST(CudaLayers, HeadMatchesTheReferenceBitForBit) {
+  check_head<float>();
+  check_head<double>();
+}
+
+// Batch norm's local halves: per-channel sums (a tree per plane on the GPU, in double: within
+// double rounding of the CPU's), and the normalisation and input gradient from given statistics.
+template <typename T>
+void check_batch_norm() {
+  const Shape4 s{3, 4, 37, 29};  // planes longer than a block
+  const Tensor<T> x = test::random_tensor<T>(s, 14, 1, 2, 5), dy = test::random_tensor<T>(s, 14, 2);
+  const Tensor<T> weight = test::random_tensor<T>({1, 1, 1, s.c}, 14, 3),
+                  bias = test::random_tensor<T>({1, 1, 1, s.c}, 14, 4);
+  const Tensor<T> xd = on_device(x), dyd = on_device(dy), weightd = on_device(weight),
+                  biasd = on_device(bias);
+  auto cpu = Backend().batch_norm<T>();
+  auto dev = gpu().batch_norm<T>();
+  const auto C = static_cast<std::size_t>(s.c);
+  std::vector<double> sum(C), sumd(C), sq(C), sqd(C);
+  cpu->sum(x, Layout::nchw, sum);
+  dev->sum(xd, Layout::nchw, sumd);
+  EXPECT_LE(test::rel_error(sumd, sum), 1e-14) << "sum";
+  std::vector<double> mean(C), invstd(C);
+  for (std::size_t c = 0; c < C; ++c)
+    mean[c] = sum[c] / double(s.n * s.h * s.w);
+  cpu->centered_square_sum(x, Layout::nchw, mean, sq);
+  dev->centered_square_sum(xd, Layout::nchw, mean, sqd);
+  EXPECT_LE(test::rel_error(sqd, sq), 1e-13) << "centered square sum";
+  for (std::size_t c = 0; c < C; ++c)
+    invstd[c] = 1 / std::sqrt(sq[c] / double(s.n * s.h * s.w) + 1e-5);
+  const reference::BatchNormStats stats{mean, invstd};
+  Tensor<T> y(s), yd = device_tensor<T>(s);
+  cpu->forward(x, Layout::nchw, stats, weight.span(), bias.span(), y);
+  dev->forward(xd, Layout::nchw, stats, device_span(weightd), device_span(biasd), yd);
+  expect_same_bits(yd, y, "batch-norm forward");
+  std::vector<double> a(C), b(C), ad(C), bd(C);
+  cpu->backward_sums(x, dy, Layout::nchw, stats, a, b);
+  dev->backward_sums(xd, dyd, Layout::nchw, stats, ad, bd);
+  EXPECT_LE(test::rel_error(ad, a), 1e-13) << "sum of dy";
+  EXPECT_LE(test::rel_error(bd, b), 1e-13) << "sum of dy * xhat";
+  for (std::size_t c = 0; c < C; ++c) {
+    a[c] /= double(s.n * s.h * s.w);
+    b[c] /= double(s.n * s.h * s.w);
+  }
+  Tensor<T> dx(s), dxd = device_tensor<T>(s);
+  cpu->backward_data(x, dy, Layout::nchw, stats, weight.span(), a, b, dx);
+  dev->backward_data(xd, dyd, Layout::nchw, stats, device_span(weightd), a, b, dxd);
+  expect_same_bits(dxd, dx, "batch-norm input gradient");
+}
+TEST(CudaLayers, BatchNormMatchesTheCpu) {
+  check_batch_norm<float>();
+  check_batch_norm<double>();
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference_pool.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
@@ -500,6 +501,46 @@ TEST(ReferenceUpsample, BackwardWithPhaseCountsPartialBlocks) {
   for (std::int64_t i = 0; i < 3; ++i)
     for (std::int64_t j = 0; j < 3; ++j)
       EXPECT_EQ(dx.at(0, 0, i, j), per_axis[i] * per_axis[j]) << i << "," << j;
+}
+
+// The GPU gathers each input's gradient from the outputs whose windows hold it
+// (kernels/cuda/layers.cu): the ranges it loops over must be exactly those outputs, in order.
+TEST(WindowArithmetic, GatherRangesAreTheOutputsThatReadEachInput) {
+  for (std::int64_t kernel = 1; kernel <= 4; ++kernel)
+    for (std::int64_t stride = 1; stride <= 4; ++stride)
+      for (std::int64_t pad = 0; pad <= 2; ++pad)
+        for (std::int64_t count = 1; count <= 6; ++count)
+          for (std::int64_t i = -1; i < count * stride + kernel; ++i) {
+            std::int64_t first = -1, last = -1;
+            for (std::int64_t o = 0; o < count; ++o) {
+              const std::int64_t b = o * stride - pad;
+              if (i >= b && i < b + kernel) {
+                if (first < 0) first = o;
+                last = o + 1;
+              }
+            }
+            const elementwise::Span1 r = elementwise::covering(i, stride, pad, kernel, count);
+            if (first < 0) {
+              EXPECT_GE(r.begin, r.end) << kernel << " " << stride << " " << pad << " " << i;
+            } else {
+              EXPECT_EQ(r.begin, first) << kernel << " " << stride << " " << pad << " " << i;
+              EXPECT_EQ(r.end, last) << kernel << " " << stride << " " << pad << " " << i;
+            }
+          }
+  for (std::int64_t scale = 1; scale <= 4; ++scale)
+    for (std::int64_t phase = 0; phase < scale; ++phase)
+      for (std::int64_t count = 1; count <= 9; ++count)
+        for (std::int64_t i = 0; i * scale - phase < count; ++i) {
+          std::int64_t first = -1, last = -1;
+          for (std::int64_t q = 0; q < count; ++q)
+            if (elementwise::upsample_source(q, scale, phase) == i) {
+              if (first < 0) first = q;
+              last = q + 1;
+            }
+          const elementwise::Span1 r = elementwise::upsample_readers(i, scale, phase, count);
+          EXPECT_EQ(r.begin, first) << scale << " " << phase << " " << i;
+          EXPECT_EQ(r.end, last) << scale << " " << phase << " " << i;
+        }
 }
 
 }  // namespace

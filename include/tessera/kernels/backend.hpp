@@ -171,11 +171,11 @@ class Backend {
   virtual std::unique_ptr<BatchNormKernel<double>> batch_norm_double() const;
 };
 
-// The CUDA backend (kernels/cuda/): cuDNN convolutions and CUDA kernels for activations, dropout,
-// merges and biases, halo copies, the optimizer updates and the cross-entropy, on the current
-// device's memory; its other factories (pooling, batch norm, upsampling, the classification head)
-// throw an Error naming the missing kernel. Null in a build without CUDA or without a usable
-// device. Local.
+// The CUDA backend (kernels/cuda/): cuDNN convolutions and CUDA kernels for every other layer
+// (pooling, batch norm, activations, dropout, upsampling, merges and biases, the classification
+// head), halo copies, the optimizer updates and the cross-entropy, on the current device's memory
+// and in NCHW (it declines nchw16c). Null in a build without CUDA or without a usable device.
+// Local.
 const Backend* cuda_backend();
 
 // KernelBackend::emulated's backend. Local.

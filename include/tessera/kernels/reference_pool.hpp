@@ -28,6 +28,13 @@ PoolGeometry pool_geometry(Shape4 x, std::int64_t kernel_h, std::int64_t kernel_
                            std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
                            std::int64_t pad_left);
 
+// The checks every pooling kernel makes before it touches memory: positive kernel and stride, x and
+// y of the same samples and channels, and with `every_window_pools` (max pooling) an image
+// position in every output's window; Errors naming `who` and the shapes. Returns `g` with its
+// image clipped to x, so that no window reads outside the tensor.
+PoolGeometry checked_pool_geometry(const char* who, const Shape4& x, const Shape4& y,
+                                   const PoolGeometry& g, bool every_window_pools);
+
 // y[n, c, oh, ow] = the maximum over the image positions of the window; the output extent is
 // y's shape. Ties go to the first maximum in row-major order of the window, and a NaN wins over
 // every number (a later NaN over an earlier one), as PyTorch's CPU kernel. argmax (one per

@@ -17,6 +17,11 @@ struct UpsampleGeometry {
   std::int64_t phase_h = 0, phase_w = 0;
 };
 
+// The checks every upsampling kernel makes before it touches memory: positive scales, non-negative
+// phases, x and y of the same samples and channels, and x holding every row and column y reads;
+// Errors naming `who` and the shapes.
+void check_upsample(const char* who, const Shape4& x, const Shape4& y, const UpsampleGeometry& g);
+
 // y (its shape gives the output extent) from x; x must hold every row and column y reads.
 template <typename T>
 void upsample_nearest_forward(const Tensor<T>& x, Tensor<T>& y, const UpsampleGeometry& g);

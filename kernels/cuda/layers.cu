@@ -1,0 +1,307 @@
+// The CUDA kernels of the layers that read windows or reduce: pooling, nearest upsampling, the
+// classification head (spatial sums, linear layers) and batch normalisation. One thread per
+// output, each computing what the CPU reference computes for it with the same arithmetic
+// (include/tessera/kernels/window_arithmetic.hpp): gradients are gathered (an input sums the
+// outputs that read it, in the order the CPU scatters them), sums run in the CPU's order, so
+// the results are the CPU reference's bit for bit. Only batch norm's per-plane sums, in double,
+// are taken as a tree over a block (a fixed order, so deterministic): they differ from the CPU's
+// sequential sums by double rounding. Compiled without FMA contraction (meson.build).
+#include <cstdint>
+
+#include "launch.cuh"
+#include "tessera/kernels/window_arithmetic.hpp"
+
+namespace tessera::cuda {
+namespace {
+
+using elementwise::covering;
+using elementwise::Span1;
+
+// Output (oh, ow)'s window of image positions.
+__device__ inline Span1 rows_of(const PoolWindows& g, std::int64_t oh) {
+  return elementwise::pool_window(oh, g.stride_h, g.pad_top, g.kernel_h, g.image_h[0],
+                                  g.image_h[1]);
+}
+__device__ inline Span1 cols_of(const PoolWindows& g, std::int64_t ow) {
+  return elementwise::pool_window(ow, g.stride_w, g.pad_left, g.kernel_w, g.image_w[0],
+                                  g.image_w[1]);
+}
+__device__ inline bool inside(std::int64_t i, const std::int64_t (&range)[2]) {
+  return i >= range[0] && i < range[1];
+}
+
+// K per-plane sums of f(plane, i, acc) over i < plane_size, into sums[K * plane + j]: each thread
+// sums a stride of the plane, then the block adds its threads' partials as a fixed tree.
+template <int K, typename F>
+__global__ void plane_reduce(std::int64_t plane_size, F f, double* sums) {
+  __shared__ double partial[K][kThreads];
+  const std::int64_t plane = blockIdx.x;
+  double acc[K] = {};
+  for (std::int64_t i = threadIdx.x; i < plane_size; i += kThreads)
+    f(plane, i, acc);
+  for (int j = 0; j < K; ++j)
+    partial[j][threadIdx.x] = acc[j];
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half)
+      for (int j = 0; j < K; ++j)
+        partial[j][threadIdx.x] += partial[j][threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    for (int j = 0; j < K; ++j)
+      sums[K * plane + j] = partial[j][0];
+}
+
+template <int K, typename F>
+void launch_plane_reduce(const char* kernel, std::int64_t planes, std::int64_t plane_size, F f,
+                         double* sums, cudaStream_t stream) {
+  if (planes <= 0) return;
+  plane_reduce<K><<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(plane_size, f, sums);
+  check_launch(kernel);
+}
+
+}  // namespace
+
+template <typename T>
+void max_pool_forward(const T* x, T* y, std::int64_t* argmax, const PoolWindows& windows,
+                      cudaStream_t stream) {
+  const PoolWindows g = windows;
+  const std::int64_t out_plane = g.y_h * g.y_w;
+  launch("max_pool_forward", g.planes * out_plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t p = k / out_plane, oh = k % out_plane / g.y_w, ow = k % g.y_w;
+    std::int64_t at = 0;
+    y[k] =
+        elementwise::window_max(x + p * g.x_h * g.x_w, g.x_w, rows_of(g, oh), cols_of(g, ow), at);
+    argmax[k] = at;
+  });
+}
+
+template <typename T>
+void max_pool_backward(const T* dy, const std::int64_t* argmax, T* dx, const PoolWindows& windows,
+                       cudaStream_t stream) {
+  const PoolWindows g = windows;
+  const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
+  launch("max_pool_backward", g.planes * in_plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t p = k / in_plane, at = k % in_plane, h = at / g.x_w, w = at % g.x_w;
+    const Span1 rows = covering(h, g.stride_h, g.pad_top, g.kernel_h, g.y_h);
+    const Span1 cols = covering(w, g.stride_w, g.pad_left, g.kernel_w, g.y_w);
+    T sum = T(0);
+    for (std::int64_t oh = rows.begin; oh < rows.end; ++oh)
+      for (std::int64_t ow = cols.begin; ow < cols.end; ++ow) {
+        const std::int64_t o = p * out_plane + oh * g.y_w + ow;
+        if (argmax[o] == at) sum += dy[o];
+      }
+    dx[k] = sum;
+  });
+}
+
+template <typename T>
+void avg_pool_forward(const T* x, T* y, const PoolWindows& windows, cudaStream_t stream) {
+  const PoolWindows g = windows;
+  const std::int64_t out_plane = g.y_h * g.y_w;
+  const T area = static_cast<T>(g.kernel_h * g.kernel_w);
+  launch("avg_pool_forward", g.planes * out_plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t p = k / out_plane, oh = k % out_plane / g.y_w, ow = k % g.y_w;
+    y[k] = elementwise::window_mean(x + p * g.x_h * g.x_w, g.x_w, rows_of(g, oh), cols_of(g, ow),
+                                    area);
+  });
+}
+
+template <typename T>
+void avg_pool_backward(const T* dy, T* dx, const PoolWindows& windows, cudaStream_t stream) {
+  const PoolWindows g = windows;
+  const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
+  const T area = static_cast<T>(g.kernel_h * g.kernel_w);
+  launch("avg_pool_backward", g.planes * in_plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t p = k / in_plane, h = k % in_plane / g.x_w, w = k % g.x_w;
+    T sum = T(0);
+    if (inside(h, g.image_h) && inside(w, g.image_w)) {
+      const Span1 rows = covering(h, g.stride_h, g.pad_top, g.kernel_h, g.y_h);
+      const Span1 cols = covering(w, g.stride_w, g.pad_left, g.kernel_w, g.y_w);
+      for (std::int64_t oh = rows.begin; oh < rows.end; ++oh)
+        for (std::int64_t ow = cols.begin; ow < cols.end; ++ow)
+          sum += dy[p * out_plane + oh * g.y_w + ow] / area;
+    }
+    dx[k] = sum;
+  });
+}
+
+template <typename T>
+void upsample_forward(const T* x, T* y, const UpsampleWindows& windows, cudaStream_t stream) {
+  const UpsampleWindows g = windows;
+  const std::int64_t out_plane = g.y_h * g.y_w;
+  launch("upsample_forward", g.planes * out_plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t p = k / out_plane, r = k % out_plane / g.y_w, q = k % g.y_w;
+    y[k] = x[(p * g.x_h + elementwise::upsample_source(r, g.scale_h, g.phase_h)) * g.x_w +
+             elementwise::upsample_source(q, g.scale_w, g.phase_w)];
+  });
+}
+
+template <typename T>
+void upsample_backward(const T* dy, T* dx, const UpsampleWindows& windows, cudaStream_t stream) {
+  const UpsampleWindows g = windows;
+  const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
+  launch("upsample_backward", g.planes * in_plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t p = k / in_plane, h = k % in_plane / g.x_w, w = k % g.x_w;
+    const Span1 rows = elementwise::upsample_readers(h, g.scale_h, g.phase_h, g.y_h);
+    const Span1 cols = elementwise::upsample_readers(w, g.scale_w, g.phase_w, g.y_w);
+    T sum = T(0);
+    for (std::int64_t r = rows.begin; r < rows.end; ++r)
+      for (std::int64_t q = cols.begin; q < cols.end; ++q)
+        sum += dy[p * out_plane + r * g.y_w + q];
+    dx[k] = sum;
+  });
+}
+
+template <typename T>
+void spatial_sums(const T* x, T* sums, std::int64_t planes, std::int64_t plane,
+                  cudaStream_t stream) {
+  launch("spatial_sums", planes, stream, [=] __device__(std::int64_t p) {
+    T total = T(0);
+    for (std::int64_t k = 0; k < plane; ++k)
+      total += x[p * plane + k];
+    sums[p] = total;
+  });
+}
+
+template <typename T>
+void spread(const T* g, T* dx, std::int64_t planes, std::int64_t plane, cudaStream_t stream) {
+  launch("spread", planes * plane, stream,
+         [=] __device__(std::int64_t k) { dx[k] = g[k / plane]; });
+}
+
+template <typename T>
+void linear_forward(const T* x, const T* w, const T* bias, T* y, std::int64_t n, std::int64_t in,
+                    std::int64_t out, cudaStream_t stream) {
+  launch("linear_forward", n * out, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t s = k / out, o = k % out;
+    T acc = bias != nullptr ? bias[o] : T(0);
+    for (std::int64_t i = 0; i < in; ++i)
+      acc += x[s * in + i] * w[o * in + i];
+    y[k] = acc;
+  });
+}
+
+template <typename T>
+void linear_backward_data(const T* dy, const T* w, T* dx, std::int64_t n, std::int64_t in,
+                          std::int64_t out, cudaStream_t stream) {
+  launch("linear_backward_data", n * in, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t s = k / in, i = k % in;
+    T acc = T(0);
+    for (std::int64_t o = 0; o < out; ++o)
+      acc += dy[s * out + o] * w[o * in + i];
+    dx[k] = acc;
+  });
+}
+
+template <typename T>
+void linear_backward_weights(const T* x, const T* dy, T* dw, T* dbias, std::int64_t n,
+                             std::int64_t in, std::int64_t out, cudaStream_t stream) {
+  launch("linear_backward_weights", out * in, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t o = k / in, i = k % in;
+    T acc = T(0);
+    for (std::int64_t s = 0; s < n; ++s)
+      acc += dy[s * out + o] * x[s * in + i];
+    dw[k] += acc;
+  });
+  if (dbias == nullptr) return;
+  launch("linear_backward_bias", out, stream, [=] __device__(std::int64_t o) {
+    T acc = T(0);
+    for (std::int64_t s = 0; s < n; ++s)
+      acc += dy[s * out + o];
+    dbias[o] += acc;
+  });
+}
+
+template <typename T>
+void batchnorm_sums(const T* x, const double* mean, double* sums, std::int64_t planes,
+                    std::int64_t channels, std::int64_t plane, cudaStream_t stream) {
+  if (mean == nullptr) {
+    launch_plane_reduce<1>(
+        "batchnorm_sum", planes, plane,
+        [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[1]) {
+          acc[0] += double(x[p * plane + i]);
+        },
+        sums, stream);
+    return;
+  }
+  launch_plane_reduce<1>(
+      "batchnorm_centered_square_sum", planes, plane,
+      [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[1]) {
+        const double d = double(x[p * plane + i]) - mean[p % channels];
+        acc[0] += d * d;
+      },
+      sums, stream);
+}
+
+template <typename T>
+void batchnorm_backward_sums(const T* x, const T* dy, const double* mean, const double* invstd,
+                             double* sums, std::int64_t planes, std::int64_t channels,
+                             std::int64_t plane, cudaStream_t stream) {
+  launch_plane_reduce<2>(
+      "batchnorm_backward_sums", planes, plane,
+      [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[2]) {
+        const std::int64_t c = p % channels;
+        const double g = double(dy[p * plane + i]);
+        acc[0] += g;
+        acc[1] += g * (double(x[p * plane + i]) - mean[c]) * invstd[c];
+      },
+      sums, stream);
+}
+
+template <typename T>
+void batchnorm_forward(const T* x, const double* mean, const double* invstd, const T* weight,
+                       const T* bias, T* y, std::int64_t planes, std::int64_t channels,
+                       std::int64_t plane, cudaStream_t stream) {
+  launch("batchnorm_forward", planes * plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t c = k / plane % channels;
+    y[k] =
+        elementwise::batchnorm_apply(x[k], mean[c], invstd[c] * double(weight[c]), double(bias[c]));
+  });
+}
+
+template <typename T>
+void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const double* invstd,
+                             const T* weight, const double* mean_dy, const double* mean_dy_xhat,
+                             T* dx, std::int64_t planes, std::int64_t channels, std::int64_t plane,
+                             cudaStream_t stream) {
+  launch("batchnorm_backward_data", planes * plane, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t c = k / plane % channels;
+    dx[k] = elementwise::batchnorm_grad(dy[k], x[k], mean[c], invstd[c],
+                                        double(weight[c]) * invstd[c], mean_dy[c], mean_dy_xhat[c]);
+  });
+}
+
+#define TESSERA_CUDA_LAYERS(T)                                                                     \
+  template void max_pool_forward<T>(const T*, T*, std::int64_t*, const PoolWindows&,               \
+                                    cudaStream_t);                                                 \
+  template void max_pool_backward<T>(const T*, const std::int64_t*, T*, const PoolWindows&,        \
+                                     cudaStream_t);                                                \
+  template void avg_pool_forward<T>(const T*, T*, const PoolWindows&, cudaStream_t);               \
+  template void avg_pool_backward<T>(const T*, T*, const PoolWindows&, cudaStream_t);              \
+  template void upsample_forward<T>(const T*, T*, const UpsampleWindows&, cudaStream_t);           \
+  template void upsample_backward<T>(const T*, T*, const UpsampleWindows&, cudaStream_t);          \
+  template void spatial_sums<T>(const T*, T*, std::int64_t, std::int64_t, cudaStream_t);           \
+  template void spread<T>(const T*, T*, std::int64_t, std::int64_t, cudaStream_t);                 \
+  template void linear_forward<T>(const T*, const T*, const T*, T*, std::int64_t, std::int64_t,    \
+                                  std::int64_t, cudaStream_t);                                     \
+  template void linear_backward_data<T>(const T*, const T*, T*, std::int64_t, std::int64_t,        \
+                                        std::int64_t, cudaStream_t);                               \
+  template void linear_backward_weights<T>(const T*, const T*, T*, T*, std::int64_t, std::int64_t, \
+                                           std::int64_t, cudaStream_t);                            \
+  template void batchnorm_sums<T>(const T*, const double*, double*, std::int64_t, std::int64_t,    \
+                                  std::int64_t, cudaStream_t);                                     \
+  template void batchnorm_backward_sums<T>(const T*, const T*, const double*, const double*,       \
+                                           double*, std::int64_t, std::int64_t, std::int64_t,      \
+                                           cudaStream_t);                                          \
+  template void batchnorm_forward<T>(const T*, const double*, const double*, const T*, const T*,   \
+                                     T*, std::int64_t, std::int64_t, std::int64_t, cudaStream_t);  \
+  template void batchnorm_backward_data<T>(                                                        \
+      const T*, const T*, const double*, const double*, const T*, const double*, const double*,    \
+      T*, std::int64_t, std::int64_t, std::int64_t, cudaStream_t);
+TESSERA_CUDA_LAYERS(float)
+TESSERA_CUDA_LAYERS(double)
+#undef TESSERA_CUDA_LAYERS
+
+}  // namespace tessera::cuda
