@@ -49,6 +49,8 @@ HaloExchange<T>::~HaloExchange() {
   // Deliberately leaked (the job is ending): moving keeps the buffers where MPI writes.
   new std::vector<std::vector<T>>(std::move(recv_buffers_));
   new std::vector<std::vector<T>>(std::move(send_buffers_));
+  new std::vector<Tensor<T>>(std::move(recv_staging_));
+  new std::vector<Tensor<T>>(std::move(send_staging_));
 }
 
 template <typename T>
@@ -78,8 +80,9 @@ void HaloExchange<T>::size_buffers(std::int64_t planes) {
     staging.clear();
     for (std::size_t k = 0; k < transfers.size(); ++k) {
       const std::int64_t count = planes * transfers[k].box.size();
-      bufs[k].resize(static_cast<std::size_t>(count));
-      if (staged())
+      // A device transport moves the device buffers themselves: no host copies.
+      bufs[k].resize(direct() ? 0 : static_cast<std::size_t>(count));
+      if (on_device())
         staging.emplace_back(Shape4{1, 1, 1, count}, Layout::nchw, uninitialized, *memory_);
     }
   };
@@ -133,13 +136,26 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   size_buffers(source.shape().n * source.shape().c);
   auto& in_buffers = fill ? recv_buffers_ : send_buffers_;
   auto& out_buffers = fill ? send_buffers_ : recv_buffers_;
+  auto& in_staging = fill ? recv_staging_ : send_staging_;
   auto& out_staging = fill ? send_staging_ : recv_staging_;
   std::optional<Timed> timed(std::in_place, Activity::halo);
   std::vector<Message<T>> recv;
   std::vector<Message<const T>> send;
-  for (std::size_t k = 0; k < incoming.size(); ++k)
-    recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
+  for (std::size_t k = 0; k < incoming.size(); ++k) {
+    if (direct()) {  // received into device memory
+      Tensor<T>& box = in_staging[k];
+      recv.push_back({incoming[k].peer, box.data_in(box.space()), box.numel()});
+    } else {
+      recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
+    }
+  }
   for (std::size_t k = 0; k < outgoing.size(); ++k) {
+    if (direct()) {  // packed on the device and sent from there
+      Tensor<T>& box = out_staging[k];
+      copies_->pack(in, outgoing[k].box, box.data_in(box.space()));
+      send.push_back({outgoing[k].peer, box.data_in(box.space()), box.numel()});
+      continue;
+    }
     if (staged()) {  // packed on the device, then copied out for the Comm
       Tensor<T>& box = out_staging[k];
       copies_->pack(in, outgoing[k].box, box.data_in(box.space()));
@@ -196,9 +212,9 @@ void HaloExchange<T>::finish(HaloRequest<T>& request) {
   const Planes<T> out{target_, target_shape_, fill ? plan_.window : plan_.owned, target_layout_};
   // Received boxes are added in ascending peer order, so results do not depend on timing.
   for (std::size_t k = 0; k < incoming.size(); ++k) {
-    if (staged()) {  // copied into the device, then unpacked there
+    if (on_device()) {  // (staged: copied into the device first) unpacked there
       Tensor<T>& box = staging[k];
-      upload(buffers[k].data(), box);
+      if (staged()) upload(buffers[k].data(), box);
       copies_->unpack(box.data_in(box.space()), incoming[k].box, out, how_);
     } else {
       copies_->unpack(buffers[k].data(), incoming[k].box, out, how_);

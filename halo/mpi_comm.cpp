@@ -198,7 +198,7 @@ MPI_Comm MpiComm::mpi(Group g) const {
 }
 
 MPI_Comm mpi_comm(const Comm& comm, Group g) {
-  const auto* m = dynamic_cast<const MpiComm*>(&comm);
+  const auto* m = dynamic_cast<const MpiComm*>(&comm.host());
   TESSERA_CHECK(m != nullptr, "this operation needs MPI communicators, and the grid has none");
   return m->mpi(g);
 }

@@ -82,6 +82,9 @@ RuntimeOptions runtime_options_from_environment() {
   if (variable("TESSERA_HOST_MEMORY"))
     o.host_memory =
         parsed("TESSERA_HOST_MEMORY", [](const std::string& v) { return parse_host_memory(v); });
+  if (variable("TESSERA_TRANSPORT"))
+    o.transport =
+        parsed("TESSERA_TRANSPORT", [](const std::string& v) { return parse_transport(v); });
   o.threads = threads_from_environment();
   return o;
 }
@@ -93,7 +96,7 @@ Runtime::Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options)
 
 Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options) {
   const WaitSettings wait{options.wait.value_or(world.wait_settings().policy), options.timeout};
-  return Runtime(world.make_grid(grid, wait), options);
+  return Runtime(with_transport(world.host().make_grid(grid, wait), options.transport), options);
 }
 
 Runtime Runtime::single() const {

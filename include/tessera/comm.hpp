@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/allocator.hpp"
 #include "tessera/process_grid.hpp"
 
 namespace tessera {
@@ -124,6 +125,12 @@ class Comm {
   void set_step(std::int64_t step) { step_ = step; }
   std::int64_t step() const { return step_; }
 
+  // Whether start_exchange and the float/double start_allreduce take buffers in `space` (an MPI
+  // Comm: host memory only; a device transport, device_comm.hpp: device memory too). Local.
+  virtual bool reaches(MemorySpace space) const { return space == MemorySpace::host; }
+  // The Comm that moves host buffers: this one, or the one a device transport wraps. Local.
+  virtual const Comm& host() const { return *this; }
+
   // In-place reduction of `data` over `group`. Collective over `group`.
   virtual Request start_allreduce(std::span<float> data, ReduceOp op, Group group,
                                   std::string what) const = 0;
@@ -174,6 +181,11 @@ class Comm {
   // those that did not reply within `grace` seconds. Local.
   virtual void answer_watchdog() const = 0;
   virtual std::vector<int> silent_ranks(double grace) const = 0;
+  // The same of another Comm (a wrapper forwards to the Comm it wraps).
+  static void answer_watchdog_of(const Comm& c) { c.answer_watchdog(); }
+  static std::vector<int> silent_ranks_of(const Comm& c, double grace) {
+    return c.silent_ranks(grace);
+  }
 
  private:
   [[noreturn]] void time_out(Request& r, double waited) const;

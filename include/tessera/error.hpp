@@ -35,6 +35,13 @@ class Error : public std::runtime_error {
   bool fatal_ = false;
 };
 
+// A device allocation that failed (kernels/cuda/device_allocator.cpp): the model adds the layer
+// that asked (engine/model.cpp), so the message names the layer, the bytes asked and free.
+class OutOfDeviceMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 // Builds the message "what: detail" for a failed foreign call.
 [[noreturn]] void fail_mpi(int code, const char* call, std::source_location where);
 [[noreturn]] void fail_hdf5(const char* call, std::source_location where);

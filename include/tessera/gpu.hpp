@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "tessera/allocator.hpp"
@@ -17,6 +18,9 @@ struct GpuInfo {
   int runtime_version = 0;  // e.g. 13000 for 13.0
   int devices = 0;
   std::string error;  // why no device is usable, whenever none is ("this build has no CUDA", ...)
+  // Of device 0, when there is one: its name and memory (tessera plan --device cuda).
+  std::string name;
+  std::int64_t memory_bytes = 0;
 };
 
 GpuInfo gpu_info();

@@ -54,8 +54,9 @@ class HaloExchange {
   // channels) and reused by every exchange (a tensor of other planes reallocates them). The copies
   // are the Backend's (Backend::halo_copy); Tessera's CPU copies when none is given. `memory` is
   // the memory the copies work in (Backend::allocator; host memory when none is given): with
-  // device memory, boxes are packed and unpacked there and the messages travel through host
-  // copies of them (the MPI transport's host staging). Local.
+  // device memory, boxes are packed and unpacked there, and the messages travel as they are when
+  // the Comm reaches device memory (Comm::reaches: NCCL), else through host copies of them (the
+  // MPI transport's host staging). Local.
   HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::string name, std::int64_t planes = 0,
                std::unique_ptr<HaloCopyKernel<T>> copies = nullptr, Allocator* memory = nullptr);
   HaloExchange(HaloExchange&&) noexcept = default;
@@ -122,13 +123,16 @@ class HaloExchange {
   bool in_flight_ = false;
   bool abandoned_ = false;
   // One buffer per transfer of plan_.recv / plan_.send, for `planes_` planes: what the Comm
-  // sends and receives, in host memory.
+  // sends and receives, in host memory (empty when the Comm moves the device buffers).
   std::int64_t planes_ = -1;
   std::vector<std::vector<T>> recv_buffers_, send_buffers_;
   // With device copies, the same buffers in device memory, where boxes are packed and unpacked;
-  // empty otherwise.
+  // empty otherwise. A Comm that reaches device memory (NCCL) sends and receives these directly;
+  // an MPI Comm sends host copies of them (staged).
   Allocator* memory_;
-  bool staged() const { return memory_->space() != MemorySpace::host; }
+  bool on_device() const { return memory_->space() != MemorySpace::host; }
+  bool direct() const { return on_device() && comm_->reaches(memory_->space()); }
+  bool staged() const { return on_device() && !direct(); }
   std::vector<Tensor<T>> recv_staging_, send_staging_;
   // Of the exchange in flight: its direction and where finish() unpacks.
   Direction how_ = Direction::fill;

@@ -9,6 +9,7 @@
 
 #include "tessera/allocator.hpp"
 #include "tessera/comm.hpp"
+#include "tessera/device_comm.hpp"
 #include "tessera/kernels/backend.hpp"
 
 namespace tessera {
@@ -23,14 +24,17 @@ struct RuntimeOptions {
   // How the host serves large blocks (allocator.hpp); process-wide, like the heap: main applies it.
   HostMemory host_memory = HostMemory::pool;
   KernelThreads threads;
+  // How halos and gradient sums travel (device_comm.hpp): mpi stages device memory through the
+  // host; nccl and emulated take device buffers.
+  Transport transport = Transport::mpi;
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:
-//   TESSERA_KERNELS=reference|onednn|emulated, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
-//   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system; the kernel threads from
-//   OMP_NUM_THREADS, else the cores of this process's affinity mask divided by the ranks the
-//   launcher started on this node (MPI_LOCALNRANKS from MPICH's Hydra, OMPI_COMM_WORLD_LOCAL_SIZE
-//   from Open MPI).
+//   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
+//   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated;
+//   the kernel threads from OMP_NUM_THREADS, else the cores of this process's affinity mask divided
+//   by the ranks the launcher started on this node (MPI_LOCALNRANKS from MPICH's Hydra,
+//   OMPI_COMM_WORLD_LOCAL_SIZE from Open MPI).
 // Command-line options override them. Local; a bad value throws an Error naming the variable.
 RuntimeOptions runtime_options_from_environment();
 
@@ -57,8 +61,8 @@ class Runtime {
 };
 
 // A runtime on the grid `grid` over the ranks of `world`, waiting as options.wait says (else as
-// `world` does). Collective over the world group; throws an agreed Error when the grid does not
-// fit the job.
+// `world` does), its messages moved by options.transport. Collective over the world group; throws
+// an agreed Error when the grid does not fit the job or the transport cannot run here.
 Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options);
 
 }  // namespace tessera

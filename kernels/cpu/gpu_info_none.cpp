@@ -1,6 +1,7 @@
 // Built when CUDA is disabled or not found.
 #include "tessera/gpu.hpp"
 
+#include "tessera/device_comm.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
 
@@ -24,6 +25,10 @@ std::string device_name(int) {
 
 const Backend* cuda_backend() {
   return nullptr;
+}
+
+std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm>) {
+  throw Error("the NCCL transport asked for, but this build has no CUDA: run with --transport mpi");
 }
 
 }  // namespace tessera

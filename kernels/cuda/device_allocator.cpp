@@ -54,10 +54,12 @@ class CudaAllocator final : public Allocator {
       cudaMemGetInfo(&free, &total);
       int device = -1;
       cudaGetDevice(&device);
-      throw Error("out of device memory on GPU " + std::to_string(device) + ": asked " +
-                  std::to_string(bytes) + " bytes (" + mib(bytes) + "), " + mib(free) +
-                  " free of " + mib(total) +
-                  "; a larger spatial grid gives each rank a smaller tile (tessera plan)");
+      throw OutOfDeviceMemory(
+          "out of device memory on GPU " + std::to_string(device) + ": asked " +
+          std::to_string(bytes) + " bytes (" + mib(bytes) + "), " + mib(free) + " free of " +
+          mib(total) +
+          "; a larger spatial grid gives each rank a smaller tile: `tessera plan --device cuda` "
+          "with this run's --model, --image, --batch and --grid names one that fits");
     }
     TESSERA_CHECK_CUDA(rc);
     return p;  // aligned to at least 256 bytes

@@ -16,6 +16,9 @@ GpuInfo gpu_info() {
     info.error = cudaGetErrorString(rc);
   } else if (info.devices == 0) {
     info.error = "no CUDA device";
+  } else if (cudaDeviceProp prop{}; cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    info.name = prop.name;
+    info.memory_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
   }
   return info;
 }

@@ -2,8 +2,8 @@
 """Time one training step of the same model, image and cores in PyTorch and in Tessera, in one run.
 
 Usage: scripts/bench/compare_pytorch.py [--model conv-bench] [--image 3x2048x2048] [--cores N]
-                                        [--steps 3] [--repeat 3] [--tessera build/tessera]
-                                        [--no-scaling] [--json OUT]
+                                        [--device cpu|cuda] [--steps 3] [--repeat 3]
+                                        [--tessera build/tessera] [--no-scaling] [--json OUT]
 
 The model is one of Tessera's built-ins, written out here in PyTorch as well:
   conv-bench (default): four 3x3 convolutions to 32 channels with ReLU (padding 1) and a 1x1 head
@@ -21,6 +21,12 @@ idle machine:
      (grid 1x1x2, the image split in two tiles), for spatial strong scaling; --repeat pairs of
      runs, one after the other, and the median pair (by ratio) is reported with the range, since
      a 2-core machine shared with other work drifts by 10% from run to run.
+
+With --device cuda both run on the first GPU: PyTorch with cuDNN's autotuner on
+(torch.backends.cudnn.benchmark) and TF32 off, as Tessera's default (--allow-tf32 is the opt-in
+of both), timed with torch.cuda.synchronize(); Tessera as `tessera bench --device cuda`, and the
+scaling pair as 1 rank and 2 ranks sharing that GPU (--share-devices, the MPI transport), whose
+exposed fraction says how much of the halo traffic the overlap hides. No SGEMM yardstick there.
 
 It prints each step time, the ratio PyTorch / Tessera, the convolutions' GFLOP/s against SGEMM,
 the 1 -> 2 rank speedup and how much of the 2-rank step is communication not hidden behind
@@ -88,24 +94,33 @@ def unet_small(torch, c):
     return UNetSmall()
 
 
-def pytorch_step(model_name, image, cores, steps, seed=1):
+def pytorch_step(model_name, image, cores, steps, device="cpu", allow_tf32=False, seed=1):
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(cores)
     torch.manual_seed(seed)
     c, h, w = image
-    model = (unet_small if model_name == "unet-small" else conv_bench)(torch, c)
-    x = torch.rand(1, c, h, w)
-    y = torch.randint(0, 2, (1, h, w))
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("compare_pytorch: --device cuda, but PyTorch sees no GPU")
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    model = (unet_small if model_name == "unet-small" else conv_bench)(torch, c).to(device)
+    x = torch.rand(1, c, h, w, device=device)
+    y = torch.randint(0, 2, (1, h, w), device=device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times = []
     for s in range(steps + 1):
+        sync()
         began = time.perf_counter()
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        sync()
         if s > 0:
             times.append(time.perf_counter() - began)
         print(f"  pytorch step {s}{' (warm-up)' if s == 0 else ''}: "
@@ -113,13 +128,18 @@ def pytorch_step(model_name, image, cores, steps, seed=1):
     return sum(times) / len(times), torch.__version__, sum(p.numel() for p in model.parameters())
 
 
-def tessera_bench(exe, model, ranks, threads, image, steps, sgemm):
+def tessera_bench(exe, model, ranks, threads, image, steps, sgemm, device="cpu", allow_tf32=False):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         cmd = ["mpiexec", "-n", str(ranks), exe, "bench", "--model", model, "--grid", f"1x1x{ranks}",
                "--image", "x".join(map(str, image)), "--steps", str(steps), "--warmup", "1",
-               "--sgemm", "1" if sgemm else "0", "--json", out]
+               "--sgemm", "1" if sgemm else "0"]
+        if device == "cuda":
+            # One GPU here: two ranks share it (the MPI transport; NCCL refuses a shared GPU).
+            cmd += ["--device", "cuda"] + (["--share-devices"] if ranks > 1 else [])
+            cmd += ["--allow-tf32"] if allow_tf32 else []
+        cmd += ["--json", out]
         print(f"  $ OMP_NUM_THREADS={threads} {' '.join(cmd[:-2])}", flush=True)
         run = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -143,16 +163,23 @@ def main():
     p.add_argument("--no-scaling", action="store_true", help="skip the 1 -> 2 rank runs")
     p.add_argument("--repeat", type=int, default=3, help="pairs of scaling runs (median reported)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where both compute (default cpu; cuda: the first GPU)")
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="with cuda: TF32 convolutions in both (off by default in both)")
     a = p.parse_args()
+    gpu = a.device == "cuda"
     image = parse_image(a.image)
     if not os.access(a.tessera, os.X_OK):
         raise SystemExit(f"compare_pytorch: no tessera binary at {a.tessera} (build first: "
                          "scripts/setup.sh)")
 
     print(f"compare_pytorch: {a.model}, image {a.image}, {a.cores} cores, "
-          f"{a.steps} timed steps each", flush=True)
-    torch_s, torch_version, torch_params = pytorch_step(a.model, image, a.cores, a.steps)
-    t = tessera_bench(a.tessera, a.model, 1, a.cores, image, a.steps, sgemm=True)
+          f"{a.steps} timed steps each, device {a.device}", flush=True)
+    torch_s, torch_version, torch_params = pytorch_step(a.model, image, a.cores, a.steps, a.device,
+                                                        a.allow_tf32)
+    t = tessera_bench(a.tessera, a.model, 1, a.cores, image, a.steps, sgemm=not gpu,
+                      device=a.device, allow_tf32=a.allow_tf32)
     r = {"model": a.model, "pytorch_parameters": torch_params,
          "tessera_parameters": t["parameters"], "image": a.image, "cores": a.cores, "pytorch_version": torch_version,
          "pytorch_step_seconds": torch_s, "tessera_step_seconds": t["step_seconds"],
@@ -162,13 +189,17 @@ def main():
          "tessera_gflops": t["conv_gflop_per_step"] / t["step_seconds"],
          "tessera_conv32_gflops": t["conv32_gflops"],
          "sgemm_gflops": t["sgemm_gflops_per_rank"],
-         "conv32_fraction_of_sgemm": t["conv32_gflops"] / t["sgemm_gflops_per_rank"],
+         "conv32_fraction_of_sgemm": (t["conv32_gflops"] / t["sgemm_gflops_per_rank"]
+                                      if t["sgemm_gflops_per_rank"] > 0 else None),
+         "device": a.device,
          "split": t["split"]}
     if not a.no_scaling:
         pairs = []
         for _ in range(max(a.repeat, 1)):
-            one = tessera_bench(a.tessera, a.model, 1, 1, image, a.steps, sgemm=False)
-            two = tessera_bench(a.tessera, a.model, 2, 1, image, a.steps, sgemm=False)
+            one = tessera_bench(a.tessera, a.model, 1, 1, image, a.steps, sgemm=False,
+                                device=a.device, allow_tf32=a.allow_tf32)
+            two = tessera_bench(a.tessera, a.model, 2, 1, image, a.steps, sgemm=False,
+                                device=a.device, allow_tf32=a.allow_tf32)
             pairs.append((one["step_seconds"] / two["step_seconds"], one, two))
         pairs.sort(key=lambda p: p[0])
         ratio, one, two = pairs[len(pairs) // 2]
@@ -181,21 +212,25 @@ def main():
 
     print()
     print(f"{'':34}{'step s':>10}{'GFLOP/s':>10}")
-    print(f"{'PyTorch ' + torch_version + f' ({a.cores} threads)':34}{torch_s:10.3f}"
+    where = "GPU" if gpu else f"{a.cores} threads"
+    print(f"{'PyTorch ' + torch_version + f' ({where})':34}{torch_s:10.3f}"
           f"{r['pytorch_gflops']:10.1f}")
-    print(f"{f'Tessera (1 rank x {a.cores} threads)':34}{t['step_seconds']:10.3f}"
+    print(f"{f'Tessera (1 rank, {where})':34}{t['step_seconds']:10.3f}"
           f"{r['tessera_gflops']:10.1f}")
-    target = " target >= 2.5x;" if a.model == "conv-bench" else ""
+    target = " target >= 2.5x;" if a.model == "conv-bench" and not gpu else (
+        " target >= 1.0x;" if gpu else "")
     print(f"Tessera is {r['speedup_vs_pytorch']:.2f}x faster than PyTorch "
           f"({target} {r['conv_gflop_per_step']:.0f} GFLOP of convolutions per step)")
-    print(f"convolutions with >= 32 channels: {r['tessera_conv32_gflops']:.1f} GFLOP/s of compute "
-          f"time = {100 * r['conv32_fraction_of_sgemm']:.0f}% of oneDNN SGEMM "
-          f"{r['sgemm_gflops']:.1f} GFLOP/s on the same {a.cores} threads (target >= 50%)")
+    if r["conv32_fraction_of_sgemm"] is not None:
+        print(f"convolutions with >= 32 channels: {r['tessera_conv32_gflops']:.1f} GFLOP/s of "
+              f"compute time = {100 * r['conv32_fraction_of_sgemm']:.0f}% of oneDNN SGEMM "
+              f"{r['sgemm_gflops']:.1f} GFLOP/s on the same {a.cores} threads (target >= 50%)")
     s = t["split"]
     print("Tessera step split: " + ", ".join(f"{k} {v:.3f} s" for k, v in s.items()))
     if not a.no_scaling:
         lo, hi = r["scaling_1_to_2_range"]
-        print(f"spatial strong scaling, 1 thread per rank (median of {max(a.repeat, 1)} pairs): "
+        per_rank = "sharing one GPU" if gpu else "1 thread per rank"
+        print(f"spatial strong scaling, {per_rank} (median of {max(a.repeat, 1)} pairs): "
               f"1 rank {r['one_rank_step_seconds']:.3f} s, 2 ranks {r['two_rank_step_seconds']:.3f} s: "
               f"{r['scaling_1_to_2']:.2f}x, range {lo:.2f}-{hi:.2f}x (target >= 1.8x); exposed "
               f"halo + allreduce {100 * r['two_rank_exposed_fraction']:.1f}% of the 2-rank step "

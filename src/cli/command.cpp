@@ -40,7 +40,11 @@ po::options_description device_options() {
       "with cuda: float32 convolutions may use TF32 tensor cores (10-bit mantissa products); off "
       "by default, so float32 is checked against float32")(
       "deterministic", po::bool_switch(),
-      "with cuda: only algorithms that give bitwise the same result every run");
+      "with cuda: only algorithms that give bitwise the same result every run")(
+      "transport", po::value<std::string>()->default_value("auto"),
+      "how halos and gradient sums travel between GPUs: nccl (device buffers, one GPU per "
+      "rank); mpi (staged through host memory; works everywhere, also with --share-devices); "
+      "auto (nccl with cuda, several ranks and no shared GPU, else mpi)");
   return o;
 }
 
@@ -63,14 +67,34 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
       std::cout << "device: cpu (--device auto: "
                 << (gpu.devices > 0 ? std::string("a rank has no usable GPU") : gpu.error) << ")\n";
   }
+  const std::string transport = vm["transport"].as<std::string>();
+  agree(world, [&] {
+    TESSERA_CHECK(transport == "auto" || transport == "mpi" || transport == "nccl",
+                  "bad --transport '" + transport + "': expected auto, mpi or nccl");
+    TESSERA_CHECK(transport != "nccl" || device == "cuda",
+                  "--transport nccl moves GPU memory: it needs --device cuda (or auto on ranks "
+                  "that all have a GPU)");
+  });
+  if (transport == "mpi") runtime.transport = Transport::mpi;
   if (device != "cuda") return;
   const Placement placement = place_on_device(world, vm["share-devices"].as<bool>());
   set_cuda_options(
       {.deterministic = vm["deterministic"].as<bool>(), .allow_tf32 = vm["allow-tf32"].as<bool>()});
   agree(world, [&] { (void)backend_of(KernelBackend::cuda); });  // names why it is unusable
   runtime.kernels = KernelBackend::cuda;
+  // NCCL refuses two ranks on one GPU: a node with more ranks than GPUs shares them.
+  const int gpus = gpu_info().devices;
+  const bool shared = allreduce_max(world, placement.node.local_size > gpus ? 1 : 0) == 1;
+  agree(world, [&] {
+    TESSERA_CHECK(transport != "nccl" || !shared,
+                  "--transport nccl: NCCL refuses two ranks on one GPU, and a node runs more "
+                  "ranks than it has GPUs (--share-devices): use --transport mpi");
+  });
+  if (transport == "nccl" || (transport == "auto" && !shared && world.size(Group::world) > 1))
+    runtime.transport = Transport::nccl;
   const std::vector<std::string> lines = placement_report(world, placement);
   if (is_root(world)) {
+    std::cout << "transport: " << to_string(runtime.transport) << "\n";
     std::cout << "devices:\n";
     for (const std::string& line : lines)
       std::cout << "  " << line << "\n";
@@ -138,7 +162,9 @@ bool parse(const std::string& command, const std::string& summary,
     if (vm.count("wait")) runtime.wait = parse_wait_policy(vm["wait"].as<std::string>());
     if (vm.count("timeout")) runtime.timeout = check_timeout(vm["timeout"].as<double>());
   });
-  if (vm.count("device")) apply_device(vm, world, runtime);
+  // The commands that compute (device_options(): --transport has a default); plan's --device
+  // only says what to estimate.
+  if (vm.count("device") && vm.count("transport")) apply_device(vm, world, runtime);
   return true;
 }
 

@@ -1,4 +1,5 @@
 #include <iostream>
+#include <optional>
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
@@ -6,12 +7,15 @@
 #include "tessera/drivers/plan.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
+#include "tessera/gpu.hpp"
 
 namespace tessera::cli {
 
 int plan_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime) {
   std::string model = "convstack-small", grid, image, dtype = "float32";
   std::int64_t batch = 1;
+  std::string device = "cpu";
+  double device_gib = 0;
   po::options_description d("Plan options");
   d.add_options()("model", po::value(&model)->default_value(model), model_option_help().c_str())(
       "grid", po::value(&grid),
@@ -19,7 +23,12 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
       "image", po::value(&image), "image size CxHxW (required); C is the model's input channels")(
       "batch", po::value(&batch)->default_value(batch),
       "samples per step, split over the N groups (at least N)")(
-      "dtype", po::value(&dtype)->default_value(dtype), "float32 or float64: sizes in bytes");
+      "dtype", po::value(&dtype)->default_value(dtype), "float32 or float64: sizes in bytes")(
+      "device", po::value(&device)->default_value(device),
+      "cpu, or cuda: also estimate each rank's GPU memory, say whether it fits and, if not, "
+      "which grid would")(
+      "device-memory", po::value(&device_gib),
+      "with --device cuda: GiB of memory per GPU (default: this machine's first GPU)");
   po::variables_map vm;
   if (!parse("plan",
              "Plans a model on a grid without moving any data: per layer, the tiles, the halo "
@@ -40,6 +49,20 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
                       std::to_string(o.grid.n) +
                       " data-parallel groups: every group needs at least one sample");
     o.input.n = batch;
+    TESSERA_CHECK(device == "cpu" || device == "cuda",
+                  "bad --device '" + device + "': expected cpu or cuda");
+    TESSERA_CHECK(!vm.count("device-memory") || (device == "cuda" && device_gib > 0),
+                  "--device-memory takes a number of GiB > 0, with --device cuda");
+    if (device == "cuda") {
+      o.device = true;
+      if (device_gib > 0) {
+        o.device_memory = static_cast<std::int64_t>(device_gib * 1024 * 1024 * 1024);
+        o.device_name = "--device-memory";
+      } else if (const GpuInfo gpu = gpu_info(); gpu.devices > 0) {
+        o.device_memory = gpu.memory_bytes;
+        o.device_name = gpu.name;
+      }
+    }
     const ModelSpec spec = load_model(model);
     try {
       plan = make_plan(spec, o);
@@ -49,7 +72,16 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
       throw Error(std::string(e.what()) + "; for the whole model, try --grid " + better->str());
     }
   });
-  if (is_root(world)) print_plan(plan, std::cout);
+  if (is_root(world)) {
+    print_plan(plan, std::cout);
+    const PlanOptions& o = plan.options;
+    if (o.device && o.device_memory > 0 &&
+        plan.memory.device_total() + kDeviceReserve > o.device_memory) {
+      const std::optional<GridShape> fits = grid_that_fits(load_model(model), o, o.device_memory);
+      std::cout << (fits ? "  a grid that fits: --grid " + fits->str() + "\n"
+                         : "  no grid up to 64x64 fits this batch: lower --batch\n");
+    }
+  }
   return 0;
 }
 

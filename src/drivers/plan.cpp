@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "tessera/engine/graph.hpp"
@@ -108,8 +109,10 @@ void widen(Spread& s, std::int64_t v, bool first) {
 struct RankTotals {
   std::int64_t activations = 0;
   std::int64_t windows = 0;
-  std::int64_t gradients = 0;  // the largest single layer's
-  std::int64_t halo = 0;       // forward + backward
+  std::int64_t gradients = 0;   // the largest single layer's
+  std::int64_t halo = 0;        // forward + backward
+  std::int64_t staging = 0;     // halo boxes kept in device memory (elements)
+  std::int64_t kept_bytes = 0;  // bytes the CUDA kernels keep for backward
 };
 
 MemoryEstimate to_bytes(const RankTotals& t, std::int64_t samples, std::int64_t params,
@@ -117,7 +120,17 @@ MemoryEstimate to_bytes(const RankTotals& t, std::int64_t samples, std::int64_t 
   return {.activations = t.activations * samples * bytes,
           .windows = t.windows * samples * bytes,
           .gradients = t.gradients * samples * bytes,
-          .params = 2 * params * bytes};
+          .params = 2 * params * bytes,
+          .device_buffers = t.staging * samples * bytes + t.kept_bytes * samples};
+}
+
+// Bytes per output element the CUDA kernel of layer type `type` keeps for backward
+// (kernels/cuda/cuda_local_kernels.cpp, cuda_layer_kernels.cpp).
+std::int64_t kept_per_output(const std::string& type, std::int64_t dtype_bytes) {
+  if (type == "relu" || type == "leaky_relu") return 1;  // x > 0
+  if (type == "maxpool2d") return 8;                     // the argmax
+  if (type == "sigmoid") return dtype_bytes;             // its output
+  return 0;
 }
 
 Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
@@ -176,6 +189,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
           const std::int64_t moved = h.moved * from.global.c;
           halo_max = std::max(halo_max, moved);
           r.halo += 2 * moved;  // fill, then accumulate
+          r.staging += moved;   // one device buffer per box sent or received
           // Only the part inside the image is exchanged: clip the window to it. A window wholly
           // in the padding clips to an empty range, its sides then sum to minus the owned tile.
           auto clip = [](Range w, std::int64_t extent) {
@@ -191,6 +205,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
         }
         r.activations += out;
         r.windows += window;
+        r.kept_bytes += out * kept_per_output(lp.type, bytes);
         r.gradients = std::max(r.gradients, out + window + in);
       }
     lp.forward_bytes = lp.backward_bytes = halo_max * samples * bytes;
@@ -203,7 +218,9 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
       const RankTotals& r = ranks[i * g.w + j];
       step_max = std::max(step_max, r.halo);
       const MemoryEstimate m = to_bytes(r, samples, plan.params, bytes);
-      if ((i == 0 && j == 0) || m.total() > plan.memory.total()) {
+      const std::int64_t total = o.device ? m.device_total() : m.total();
+      const std::int64_t best = o.device ? plan.memory.device_total() : plan.memory.total();
+      if ((i == 0 && j == 0) || total > best) {
         plan.memory = m;
         plan.busiest = {0, i, j};
       }
@@ -269,9 +286,9 @@ void print_table(const std::vector<std::vector<std::string>>& rows, std::ostream
 
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options) {
   Plan plan = analyse(spec, options);
-  plan.single =
-      analyse(spec, {.grid = GridShape{1, 1, 1}, .input = options.input, .dtype = options.dtype})
-          .memory;
+  PlanOptions single = options;
+  single.grid = GridShape{1, 1, 1};
+  plan.single = analyse(spec, single).memory;
   return plan;
 }
 
@@ -306,6 +323,30 @@ std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& 
     }
   }
   return GridShape{options.grid.n, best_h, best_w};
+}
+
+std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
+                                        std::int64_t device_bytes) {
+  // Parameters and their gradients are on every rank: no grid makes them smaller.
+  if (analyse(spec, options).memory.params + kDeviceReserve > device_bytes) return std::nullopt;
+  const int max_h = static_cast<int>(std::min<std::int64_t>(64, options.input.h));
+  const int max_w = static_cast<int>(std::min<std::int64_t>(64, options.input.w));
+  for (int ranks = 1; ranks <= max_h * max_w; ++ranks) {
+    std::optional<GridShape> found;
+    for (int h = 1; h <= std::min(ranks, max_h); ++h) {
+      if (ranks % h != 0 || ranks / h > max_w) continue;
+      const int w = ranks / h;
+      PlanOptions o = options;
+      o.grid = {options.grid.n, h, w};
+      o.device = true;
+      if (!plans(spec, o)) continue;
+      if (analyse(spec, o).memory.device_total() + kDeviceReserve > device_bytes) continue;
+      // The squarest: the smallest difference of h and w.
+      if (!found || std::abs(h - w) < std::abs(found->h - found->w)) found = o.grid;
+    }
+    if (found) return found;
+  }
+  return std::nullopt;
 }
 
 void print_plan(const Plan& p, std::ostream& out) {
@@ -344,6 +385,18 @@ void print_plan(const Plan& p, std::ostream& out) {
       << "x the per-rank peak\n";
   out << "  memory model: input + outputs + windows (kept for backward) + one layer's grads + "
          "params x2\n";
+  if (!o.device) return;
+  out << "\n  on the GPU (--device cuda, estimate): " << human(m.device_total()) << " per rank\n"
+      << "    the above + halo buffers and what the CUDA kernels keep for backward "
+      << human(m.device_buffers) << "\n    besides: the CUDA context and cuDNN's workspace, allow "
+      << human(kDeviceReserve) << "\n";
+  if (o.device_memory <= 0) {
+    out << "  give --device-memory GIB (or run where a GPU is usable) to check that it fits\n";
+    return;
+  }
+  const bool fits = m.device_total() + kDeviceReserve <= o.device_memory;
+  out << "  " << o.device_name << ": " << human(o.device_memory)
+      << " per GPU: " << (fits ? "fits" : "does NOT fit") << "\n";
 }
 
 }  // namespace tessera

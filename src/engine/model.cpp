@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tessera/collectives.hpp"
@@ -147,7 +148,11 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
     }
     {
       PassTimer timer(timings_[k].forward);
-      outputs[k] = nodes_[k].layer->forward(ins, state_);
+      try {
+        outputs[k] = nodes_[k].layer->forward(ins, state_);
+      } catch (const OutOfDeviceMemory& e) {
+        throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (forward): " + e.what());
+      }
     }
     for (int i : nodes_[k].inputs)
       if (i >= 0 && --pending[i] == 0 && static_cast<std::size_t>(i) + 1 != nodes_.size())
@@ -173,7 +178,12 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
     // A node whose output reaches no loss has no gradient: its parameters get none either.
     if (grads[k]) {
       PassTimer timer(timings_[k].backward);
-      std::vector<DistTensor<T>> g = nodes_[k].layer->backward(*grads[k], state_);
+      std::vector<DistTensor<T>> g;
+      try {
+        g = nodes_[k].layer->backward(*grads[k], state_);
+      } catch (const OutOfDeviceMemory& e) {
+        throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (backward): " + e.what());
+      }
       grads[k].reset();
       for (std::size_t j = 0; j < g.size(); ++j) {
         const int i = nodes_[k].inputs[j];
@@ -219,7 +229,11 @@ void Model<T>::build_buckets() {
       count += p->grad.size();
     if (count * sizeof(T) >= kBucketBytes || k == 0) {
       b.first = k;
-      b.flat.resize(count);
+      if (buckets_on_device())
+        b.device_flat = Tensor<T>(Shape4{1, 1, 1, std::int64_t(count)}, Layout::nchw, uninitialized,
+                                  runtime_.allocator());
+      else
+        b.flat.resize(count);
       b.what = "allreduce of gradient bucket " + std::to_string(buckets_.size()) + " (layers '" +
                nodes_[b.first].layer->name() + "' to '" + nodes_[b.last - 1].layer->name() + "')";
       if (count > 0) buckets_.push_back(std::move(b));
@@ -236,6 +250,19 @@ void Model<T>::start_bucket(std::size_t index) {
   // A reduction still in flight (a backward pass repeated without reduce_gradients) completes
   // before its buffer is packed again.
   runtime_.comm().wait(b.request);
+  if (buckets_on_device()) {  // device-to-device copies; the Comm (NCCL) reduces device memory
+    Allocator& memory = runtime_.allocator();
+    const std::span<T> flat = b.device_flat.span_in(memory.space());
+    T* at = flat.data();
+    for (std::size_t k = b.first; k < b.last; ++k)
+      for (Param<T>* p : nodes_[k].layer->params()) {
+        memory.copy(at, std::as_const(p->grad).data_in(memory.space()), p->grad.size() * sizeof(T));
+        at += p->grad.size();
+      }
+    b.request = runtime_.comm().start_allreduce(flat, ReduceOp::sum, Group::world, b.what);
+    b.started = true;
+    return;
+  }
   // The MPI transport reduces host memory: device gradients are copied out (host staging).
   T* at = b.flat.data();
   for (std::size_t k = b.first; k < b.last; ++k)
@@ -268,8 +295,18 @@ void Model<T>::reduce_gradients() {
     for (Bucket& b : buckets_)
       runtime_.comm().wait(b.request);
   }
+  Allocator& memory = runtime_.allocator();
   for (Bucket& b : buckets_) {
     b.started = false;
+    if (buckets_on_device()) {
+      const T* at = std::as_const(b.device_flat).data_in(memory.space());
+      for (std::size_t k = b.first; k < b.last; ++k)
+        for (Param<T>* p : nodes_[k].layer->params()) {
+          memory.copy(p->grad.data_in(memory.space()), at, p->grad.size() * sizeof(T));
+          at += p->grad.size();
+        }
+      continue;
+    }
     const T* at = b.flat.data();
     for (std::size_t k = b.first; k < b.last; ++k)
       for (Param<T>* p : nodes_[k].layer->params()) {
@@ -277,6 +314,12 @@ void Model<T>::reduce_gradients() {
         at += p->grad.size();
       }
   }
+}
+
+template <typename T>
+bool Model<T>::buckets_on_device() const {
+  const MemorySpace space = runtime_.allocator().space();
+  return space != MemorySpace::host && runtime_.comm().reaches(space);
 }
 
 template <typename T>

@@ -472,9 +472,16 @@ def unknown_option(env):
 @scenario
 def device_choice(env):
     r = env.tessera(2, "gradcheck", "--help")
-    expect_ok(r, "--device", "--share-devices", "--allow-tf32", "--deterministic")
+    expect_ok(r, "--device", "--share-devices", "--allow-tf32", "--deterministic", "--transport")
     r = env.tessera(2, "gradcheck", "--device", "tpu")
     expect_error(r, "--device", "tpu", "cpu, cuda or auto")
+    r = env.tessera(2, "gradcheck", "--transport", "carrier-pigeon")
+    expect_error(r, "--transport", "carrier-pigeon", "auto, mpi or nccl")
+    # NCCL moves GPU memory: asked for on the CPU it is one agreed error, whatever the machine.
+    r = env.tessera(2, "gradcheck", "--device", "cpu", "--transport", "nccl")
+    expect_error(r, "--transport nccl", "--device cuda")
+    r = env.tessera(2, "gradcheck", "--device", "cpu", "--transport", "mpi")
+    expect_ok(r, "PASS")
     version = env.tessera(1, "--version")
     expect_ok(version)
     if "CUDA runtime" in version.output and " 0 device(s)" not in version.output:
@@ -768,7 +775,15 @@ def plan_basic(env):
     expect_ok(r)
     if r.output.count("tessera plan:") != 1:
         fail("expected the plan printed once (by rank 0)", r)
-    expect_ok(plan_cmd(env, "--help"), "--grid", "--image", "--batch", "--dtype")
+    expect_ok(plan_cmd(env, "--help"), "--grid", "--image", "--batch", "--dtype", "--device")
+    # --device cuda: the GPU estimate, whether it fits, and a grid that does.
+    r = plan_cmd(env, *args, "--device", "cuda", "--device-memory", "1.05")
+    expect_ok(r, "on the GPU (--device cuda, estimate)", "--device-memory: 1.05 GiB per GPU",
+              "does NOT fit", "a grid that fits: --grid 1x")
+    r = plan_cmd(env, *args, "--device", "cuda", "--device-memory", "80")
+    expect_ok(r, "--device-memory: 80.0 GiB per GPU: fits")
+    expect_error(plan_cmd(env, *args, "--device-memory", "80"), "--device-memory", "--device cuda")
+    expect_error(plan_cmd(env, *args, "--device", "tpu"), "--device", "cpu or cuda")
 
 
 @scenario

@@ -90,7 +90,10 @@ int main(int argc, char** argv) {
   set_kernel_threads(options.threads);
   const WaitSettings wait{options.wait.value_or(MpiComm::detect_wait_policy(MPI_COMM_WORLD)),
                           options.timeout};
-  test::g_world.emplace(std::make_unique<MpiComm>(MPI_COMM_WORLD, test::g_grid, wait), options);
+  test::g_world.emplace(
+      with_transport(std::make_unique<MpiComm>(MPI_COMM_WORLD, test::g_grid, wait),
+                     options.transport),
+      options);
   // The single-rank reference computes on the host: a device backend (TESSERA_KERNELS=emulated,
   // or cuda) is checked against the CPU's reference kernels.
   if (test::g_world->allocator().space() == MemorySpace::host) {
@@ -112,7 +115,8 @@ int main(int argc, char** argv) {
     listeners.Append(printer);
     std::cout << "grid " << test::g_grid.str() << " on " << size
               << " ranks, waiting: " << to_string(wait.policy)
-              << ", kernels: " << to_string(options.kernels) << std::endl;
+              << ", kernels: " << to_string(options.kernels)
+              << ", transport: " << to_string(options.transport) << std::endl;
   }
   int rc = RUN_ALL_TESTS();
   rc = allreduce_max(test::world(), rc);

@@ -196,6 +196,41 @@ TEST(Plan, ShardingShrinksThePerRankEstimate) {
   EXPECT_EQ(p.memory.params, p.single.params);         // replicated
 }
 
+// --device cuda: the CUDA kernels' masks and indices (a ReLU's byte per element, a max pool's
+// 8-byte index per output) and the halo buffers come on top of the host estimate.
+TEST(Plan, DeviceEstimateAddsMasksIndicesAndHaloBuffers) {
+  const ModelSpec m = parse_model(R"({"name": "d", "input_channels": 1, "layers": [
+      {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1},
+      {"name": "r", "type": "relu"},
+      {"name": "p", "type": "maxpool2d", "kernel": 2}]})");
+  PlanOptions o = options({1, 1, 1}, {1, 1, 8, 8}, "float32");
+  const Plan host = make_plan(m, o);
+  EXPECT_EQ(host.memory.device_buffers, 2 * 64 * 1 + 2 * 16 * 8);  // one grid: no halo buffers
+  o.device = true;
+  const Plan one = make_plan(m, o);
+  EXPECT_EQ(one.memory.device_total(), one.memory.total() + 2 * 64 + 2 * 16 * 8);
+  o.grid = {1, 2, 1};
+  const Plan two = make_plan(m, o);
+  // Each rank sends and receives one row of the 1-channel input for the conv.
+  EXPECT_EQ(two.memory.device_buffers, 2 * 32 + 2 * 8 * 8 + (8 + 8) * 4);
+}
+
+TEST(Plan, GridThatFitsIsTheSmallestThatFits) {
+  const ModelSpec m = load_model("unet-small");
+  PlanOptions o = options({1, 1, 1}, {1, 3, 512, 512}, "float32");
+  o.device = true;
+  const std::int64_t one = make_plan(m, o).memory.device_total();
+  EXPECT_EQ(grid_that_fits(m, o, one + kDeviceReserve), (GridShape{1, 1, 1}));
+  // Half the memory: more ranks, each of which fits, and no smaller grid fits.
+  const std::optional<GridShape> g = grid_that_fits(m, o, one / 2 + kDeviceReserve);
+  ASSERT_TRUE(g);
+  PlanOptions at = o;
+  at.grid = *g;
+  EXPECT_LE(make_plan(m, at).memory.device_total() + kDeviceReserve, one / 2 + kDeviceReserve);
+  EXPECT_GT(g->h * g->w, 1);
+  EXPECT_FALSE(grid_that_fits(m, o, kDeviceReserve));  // nothing is left for the parameters
+}
+
 TEST(Plan, PlansA1024RankGrid) {
   const ModelSpec m = load_model("convstack-small");
   const Plan p = make_plan(m, options({1, 32, 32}, {1, 3, 4096, 4096}, "float32"));

@@ -19,6 +19,11 @@ struct PlanOptions {
   GridShape grid;
   Shape4 input;                   // the global batch, N x C x H x W
   std::string dtype = "float32";  // float32 | float64: the size of every byte count
+  // --device cuda: the GPU's memory per rank estimated too; device_memory (bytes, 0: unknown) is
+  // what one GPU holds, to say whether the grid fits and which grid would.
+  bool device = false;
+  std::int64_t device_memory = 0;
+  std::string device_name = "";  // "NVIDIA H100 80GB HBM3", or "--device-memory"
 };
 
 // The smallest and largest value of a quantity over the ranks of the grid.
@@ -53,8 +58,19 @@ struct MemoryEstimate {
   std::int64_t windows = 0;
   std::int64_t gradients = 0;
   std::int64_t params = 0;  // values and gradients
+  // On a GPU (--device cuda) besides: the halo exchanges' device buffers (packed boxes, kept per
+  // layer) and what the CUDA kernels keep for backward (a ReLU's byte per element, a max pool's
+  // 8-byte index per output, a sigmoid's output). Not counted: the CUDA context and cuDNN's
+  // workspace (kDeviceReserve).
+  std::int64_t device_buffers = 0;
   std::int64_t total() const { return activations + windows + gradients + params; }
+  std::int64_t device_total() const { return total() + device_buffers; }
 };
+
+// What a GPU needs beyond device_total() in this estimate: the CUDA context and cuDNN's
+// convolution workspace (kernels/cuda/cudnn_conv.cpp caps it at 2 GiB and a quarter of the free
+// memory). grid_that_fits leaves it free.
+inline constexpr std::int64_t kDeviceReserve = std::int64_t(1) << 30;
 
 struct Plan {
   std::string model;
@@ -81,6 +97,12 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& options);
 // no spatial grid helps (the model does not fit the image even on one rank, or the batch is too
 // small).
 std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& options);
+
+// The grid with options.grid's n and the fewest spatial ranks (then the squarest) whose busiest
+// rank's device_total() plus kDeviceReserve fits in `device_bytes`, searching up to 64 x 64;
+// nothing when none does.
+std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
+                                        std::int64_t device_bytes);
 
 // The plan as a table of at most 100 columns.
 void print_plan(const Plan& plan, std::ostream& out);

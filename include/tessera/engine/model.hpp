@@ -108,13 +108,18 @@ class Model {
   struct Bucket {
     std::size_t first = 0, last = 0;
     std::string what;  // the watchdog's name for its reduction, built once
+    // The gradients laid end to end for the Comm: in host memory (flat), or, when the gradients
+    // lie on a device the Comm reaches (NCCL), in device memory (device_flat), with no host copy.
     std::vector<T> flat;
+    Tensor<T> device_flat;
     Request request;
     bool started = false;
   };
   void build_buckets();
   void start_bucket(std::size_t index);
   void poll_buckets();
+  // Whether the buckets travel in device memory (device_flat).
+  bool buckets_on_device() const;
 
   ModelSpec spec_;
   const Runtime& runtime_;
