@@ -11,6 +11,7 @@
 #include <cstddef>
 
 #include "tessera/allocator.hpp"
+#include "tessera/tensor.hpp"
 
 namespace tessera::cuda {
 
@@ -36,5 +37,20 @@ class Context {
   cudnnHandle_t cudnn_ = nullptr;
   Storage workspace_;
 };
+
+// The process's stream (Context::get().stream()).
+inline cudaStream_t stream() {
+  return Context::get().stream();
+}
+
+// A device tensor's memory, for a kernel launch (the host accessors refuse it).
+template <typename T>
+const T* device(const Tensor<T>& t) {
+  return t.data_in(MemorySpace::device);
+}
+template <typename T>
+T* device(Tensor<T>& t) {
+  return t.data_in(MemorySpace::device);
+}
 
 }  // namespace tessera::cuda

@@ -19,19 +19,6 @@
 namespace tessera::cuda {
 namespace {
 
-template <typename T>
-const T* device(const Tensor<T>& t) {
-  return t.data_in(MemorySpace::device);
-}
-template <typename T>
-T* device(Tensor<T>& t) {
-  return t.data_in(MemorySpace::device);
-}
-
-cudaStream_t stream() {
-  return Context::get().stream();
-}
-
 void check_nchw(const char* kernel, Layout layout) {
   TESSERA_CHECK(layout == Layout::nchw, std::string(kernel) + " on the GPU: tensors must be NCHW");
 }

@@ -14,19 +14,6 @@ namespace tessera::cuda {
 namespace {
 
 template <typename T>
-const T* device(const Tensor<T>& t) {
-  return t.data_in(MemorySpace::device);
-}
-template <typename T>
-T* device(Tensor<T>& t) {
-  return t.data_in(MemorySpace::device);
-}
-
-cudaStream_t stream() {
-  return Context::get().stream();
-}
-
-template <typename T>
 class CudaActivation final : public ActivationKernel<T> {
  public:
   CudaActivation(ActivationKind kind, double slope)
