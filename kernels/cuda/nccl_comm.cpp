@@ -27,7 +27,11 @@ namespace {
 struct NcclGroups {
   ncclComm_t world = nullptr, spatial = nullptr, sample = nullptr;
   cudaStream_t stream = nullptr;
+  // Recorded on the compute stream before each operation, which the stream above waits for
+  // (cudaStreamWaitEvent takes the event as recorded then, so one event serves every operation).
+  cudaEvent_t ready = nullptr;
   ~NcclGroups() {
+    if (ready != nullptr) (void)cudaEventDestroy(ready);
     for (ncclComm_t c : {sample, spatial, world})
       if (c != nullptr) (void)ncclCommDestroy(c);
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
@@ -105,6 +109,7 @@ class NcclComm final : public DeviceComm {
     TESSERA_CHECK_NCCL(ncclCommSplit(groups->world, h.rank(Group::spatial), h.rank(Group::sample),
                                      &groups->sample, nullptr));
     TESSERA_CHECK_CUDA(cudaStreamCreateWithFlags(&groups->stream, cudaStreamNonBlocking));
+    TESSERA_CHECK_CUDA(cudaEventCreateWithFlags(&groups->ready, cudaEventDisableTiming));
     groups_ = std::move(groups);
   }
 
@@ -152,12 +157,8 @@ class NcclComm final : public DeviceComm {
  private:
   // The communication stream waits for the work enqueued on the compute stream so far.
   void after_compute() const {
-    cudaEvent_t ready = nullptr;
-    TESSERA_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    TESSERA_CHECK_CUDA(cudaEventRecord(ready, cuda::Context::get().stream()));
-    const cudaError_t e = cudaStreamWaitEvent(groups_->stream, ready, 0);
-    (void)cudaEventDestroy(ready);  // released once it has passed
-    TESSERA_CHECK_CUDA(e);
+    TESSERA_CHECK_CUDA(cudaEventRecord(groups_->ready, cuda::Context::get().stream()));
+    TESSERA_CHECK_CUDA(cudaStreamWaitEvent(groups_->stream, groups_->ready, 0));
   }
   Request finished(ncclComm_t comm, std::string what) const {
     cudaEvent_t done = nullptr;

@@ -39,6 +39,7 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
              d, args, vm, world, runtime))
     return 0;
   Plan plan;
+  ModelSpec spec;
   agree(world, [&] {
     TESSERA_CHECK(!grid.empty(), "--grid NxHxW is required (see tessera plan --help)");
     TESSERA_CHECK(!image.empty(), "--image CxHxW is required (see tessera plan --help)");
@@ -63,7 +64,7 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
         o.device_name = gpu.name;
       }
     }
-    const ModelSpec spec = load_model(model);
+    spec = load_model(model);
     try {
       plan = make_plan(spec, o);
     } catch (const Error& e) {
@@ -77,7 +78,7 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
     const PlanOptions& o = plan.options;
     if (o.device && o.device_memory > 0 &&
         plan.memory.device_total() + kDeviceReserve > o.device_memory) {
-      const std::optional<GridShape> fits = grid_that_fits(load_model(model), o, o.device_memory);
+      const std::optional<GridShape> fits = grid_that_fits(spec, o, o.device_memory);
       std::cout << (fits ? "  a grid that fits: --grid " + fits->str() + "\n"
                          : "  no grid up to 64x64 fits this batch: lower --batch\n");
     }

@@ -228,6 +228,12 @@ TEST(Plan, GridThatFitsIsTheSmallestThatFits) {
   at.grid = *g;
   EXPECT_LE(make_plan(m, at).memory.device_total() + kDeviceReserve, one / 2 + kDeviceReserve);
   EXPECT_GT(g->h * g->w, 1);
+  // No grid of fewer spatial ranks fits.
+  for (int h = 1; h <= g->h * g->w; ++h)
+    for (int w = 1; h * w < g->h * g->w; ++w) {
+      at.grid = {1, h, w};
+      EXPECT_GT(make_plan(m, at).memory.device_total(), one / 2) << h << "x" << w;
+    }
   EXPECT_FALSE(grid_that_fits(m, o, kDeviceReserve));  // nothing is left for the parameters
 }
 
