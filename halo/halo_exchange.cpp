@@ -47,8 +47,8 @@ template <typename T>
 HaloExchange<T>::~HaloExchange() {
   if (!abandoned_) return;
   // Deliberately leaked (the job is ending): moving keeps the buffers where MPI writes.
-  new std::vector<std::vector<T>>(std::move(recv_buffers_));
-  new std::vector<std::vector<T>>(std::move(send_buffers_));
+  new std::vector<Tensor<T>>(std::move(recv_buffers_));
+  new std::vector<Tensor<T>>(std::move(send_buffers_));
   new std::vector<Tensor<T>>(std::move(recv_staging_));
   new std::vector<Tensor<T>>(std::move(send_staging_));
 }
@@ -74,14 +74,15 @@ HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::str
 template <typename T>
 void HaloExchange<T>::size_buffers(std::int64_t planes) {
   if (planes == planes_) return;
-  auto size = [&](const std::vector<HaloTransfer>& transfers, std::vector<std::vector<T>>& bufs,
+  auto size = [&](const std::vector<HaloTransfer>& transfers, std::vector<Tensor<T>>& bufs,
                   std::vector<Tensor<T>>& staging) {
-    bufs.resize(transfers.size());
+    bufs.clear();
     staging.clear();
     for (std::size_t k = 0; k < transfers.size(); ++k) {
       const std::int64_t count = planes * transfers[k].box.size();
       // A device transport moves the device buffers themselves: no host copies.
-      bufs[k].resize(direct() ? 0 : static_cast<std::size_t>(count));
+      bufs.emplace_back(Shape4{1, 1, 1, direct() ? 0 : count}, Layout::nchw, uninitialized,
+                        memory_->staging());
       if (on_device())
         staging.emplace_back(Shape4{1, 1, 1, count}, Layout::nchw, uninitialized, *memory_);
     }
@@ -146,7 +147,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
       Tensor<T>& box = in_staging[k];
       recv.push_back({incoming[k].peer, box.data_in(box.space()), box.numel()});
     } else {
-      recv.push_back({incoming[k].peer, in_buffers[k].data(), std::ssize(in_buffers[k])});
+      recv.push_back({incoming[k].peer, in_buffers[k].data(), in_buffers[k].numel()});
     }
   }
   for (std::size_t k = 0; k < outgoing.size(); ++k) {
@@ -163,7 +164,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
     } else {
       copies_->pack(in, outgoing[k].box, out_buffers[k].data());
     }
-    send.push_back({outgoing[k].peer, out_buffers[k].data(), std::ssize(out_buffers[k])});
+    send.push_back({outgoing[k].peer, out_buffers[k].data(), out_buffers[k].numel()});
   }
   HaloRequest<T> request;
   try {

@@ -304,6 +304,9 @@ void Allocator::download(void* host_dst, const void* src, std::size_t bytes) con
 void Allocator::zero(void* dst, std::size_t bytes) const {
   if (bytes > 0) std::memset(dst, 0, bytes);
 }
+Allocator& Allocator::staging() const {
+  return host_allocator();
+}
 
 namespace {
 

@@ -40,6 +40,11 @@ class Allocator {
   // accessors ask): host memory yes; device memory no, except emulated device memory while one
   // of its kernels runs.
   virtual bool host_accessible() const { return space() == MemorySpace::host; }
+  // The host memory for buffers this allocator's upload and download copy from and into
+  // often (the halo exchange's and the gradient buckets' host staging under the MPI transport):
+  // page-locked memory for a GPU, which its copy engines reach directly (no bounce through a
+  // driver buffer); host_allocator() unless overridden.
+  virtual Allocator& staging() const;
 };
 
 // Device memory emulated in host memory, for checking on a machine without a GPU that Tessera

@@ -123,9 +123,10 @@ class HaloExchange {
   bool in_flight_ = false;
   bool abandoned_ = false;
   // One buffer per transfer of plan_.recv / plan_.send, for `planes_` planes: what the Comm
-  // sends and receives, in host memory (empty when the Comm moves the device buffers).
+  // sends and receives, in host memory (empty when the Comm moves the device buffers); staged
+  // device boxes in the device allocator's staging memory (page-locked for a GPU).
   std::int64_t planes_ = -1;
-  std::vector<std::vector<T>> recv_buffers_, send_buffers_;
+  std::vector<Tensor<T>> recv_buffers_, send_buffers_;
   // With device copies, the same buffers in device memory, where boxes are packed and unpacked;
   // empty otherwise. A Comm that reaches device memory (NCCL) sends and receives these directly;
   // an MPI Comm sends host copies of them (staged).

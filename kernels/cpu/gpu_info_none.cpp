@@ -8,7 +8,9 @@
 namespace tessera {
 
 GpuInfo gpu_info() {
-  return {.built = false, .error = "this build has no CUDA"};
+  GpuInfo info;
+  info.error = "this build has no CUDA";
+  return info;
 }
 
 Allocator* device_allocator() {

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -22,6 +23,31 @@ std::string mib(std::size_t bytes) {
 // wait for the whole device on every freed tensor.
 // The device the allocator (and with it the context's stream) was made on; -1 before.
 std::atomic<int> g_bound_device{-1};
+
+// Page-locked host memory (cudaMallocHost): what the MPI transport stages halos and gradient
+// buckets through. The copy engines read and write it directly, where pageable memory is copied
+// through a driver buffer in chunks.
+class PinnedHostAllocator final : public Allocator {
+ public:
+  MemorySpace space() const override { return MemorySpace::host; }
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t rc = cudaMallocHost(&p, bytes);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error("page-locked host memory: asked " + std::to_string(bytes) + " bytes (" +
+                  mib(bytes) + "): " + cudaGetErrorString(rc));
+    }
+    return p;  // page-aligned
+  }
+  void deallocate(void* p, std::size_t) noexcept override {
+    if (p != nullptr) cudaFreeHost(p);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+};
 
 class CudaAllocator final : public Allocator {
  public:
@@ -86,6 +112,10 @@ class CudaAllocator final : public Allocator {
   void zero(void* dst, std::size_t bytes) const override {
     if (bytes > 0)
       TESSERA_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, cuda::Context::get().stream()));
+  }
+  Allocator& staging() const override {
+    static PinnedHostAllocator* const pinned = new PinnedHostAllocator;
+    return *pinned;
   }
 
  private:

@@ -64,8 +64,8 @@ void print_version(const tessera::RuntimeOptions& runtime) {
     std::cout << "  CUDA runtime " << gpu.runtime_version / 1000 << "."
               << gpu.runtime_version % 1000 / 10 << ": " << gpu.devices << " device(s)"
               << (gpu.error.empty() ? "" : " (" + gpu.error + ")")
-              << "; cuDNN convolutions and CUDA kernels built (--device cuda); not yet run on a "
-                 "GPU, no CUDA pooling, batch-norm, upsampling or head kernels (README \"GPU\")\n";
+              << "; cuDNN convolutions and a CUDA kernel for every layer built (--device cuda); "
+                 "not yet run on a GPU (README \"GPU\")\n";
   } else {
     std::cout << "  CUDA: not built\n";
   }

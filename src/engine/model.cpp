@@ -120,7 +120,7 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
 template <typename T>
 Model<T>::~Model() {
   for (Bucket& b : buckets_)
-    if (b.request.pending()) new std::vector<T>(std::move(b.flat));  // deliberately leaked
+    if (b.request.pending()) new Tensor<T>(std::move(b.flat));  // deliberately leaked
 }
 
 template <typename T>
@@ -232,8 +232,9 @@ void Model<T>::build_buckets() {
       if (buckets_on_device())
         b.device_flat = Tensor<T>(Shape4{1, 1, 1, std::int64_t(count)}, Layout::nchw, uninitialized,
                                   runtime_.allocator());
-      else
-        b.flat.resize(count);
+      else  // host memory; staging memory (page-locked for a GPU) when the gradients lie on one
+        b.flat = Tensor<T>(Shape4{1, 1, 1, std::int64_t(count)}, Layout::nchw, uninitialized,
+                           runtime_.allocator().staging());
       b.what = "allreduce of gradient bucket " + std::to_string(buckets_.size()) + " (layers '" +
                nodes_[b.first].layer->name() + "' to '" + nodes_[b.last - 1].layer->name() + "')";
       if (count > 0) buckets_.push_back(std::move(b));
@@ -270,8 +271,7 @@ void Model<T>::start_bucket(std::size_t index) {
       download(p->grad, at);
       at += p->grad.size();
     }
-  b.request =
-      runtime_.comm().start_allreduce(std::span<T>(b.flat), ReduceOp::sum, Group::world, b.what);
+  b.request = runtime_.comm().start_allreduce(b.flat.span(), ReduceOp::sum, Group::world, b.what);
   b.started = true;
 }
 

@@ -1,11 +1,18 @@
 // Device memory (include/tessera/gpu.hpp) on a real GPU: tensors in device memory keep their
 // shape, layout and bytes through copies to and from the host, host accessors refuse them, and an
-// allocation that cannot fit names the bytes asked and free. Skipped without a GPU (gpu_main.cpp).
+// allocation that cannot fit names the bytes asked and free; staging memory is page-locked. Skipped
+// without a GPU (gpu_main.cpp).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
+#include "tessera_config.h"
+#if TESSERA_HAVE_CUDA  // the tests are built, and skipped, without CUDA too
+#include <cuda_runtime_api.h>
+#endif
 
 namespace tessera {
 namespace {
@@ -39,6 +46,27 @@ TEST(DeviceMemory, AnAllocationTooLargeNamesTheBytes) {
   // The device still works afterwards.
   const Tensor<double> t = copy_to(Tensor<double>({1, 1, 4, 4}, 2.0), *device_allocator());
   EXPECT_EQ(copy_to(t, host_allocator()).data()[15], 2.0);
+}
+
+// The MPI transport stages halos and gradient buckets in the device allocator's staging memory:
+// host memory the GPU's copy engines reach directly (page-locked), through which tensors upload
+// and download unchanged.
+TEST(DeviceMemory, StagingMemoryIsPageLockedHostMemory) {
+  Allocator& staging = device_allocator()->staging();
+  EXPECT_EQ(staging.space(), MemorySpace::host);
+  const Tensor<double> host = test::random_tensor<double>({1, 3, 9, 11}, 6, 1);
+  Tensor<double> staged(host.shape(), Layout::nchw, uninitialized, staging);
+#if TESSERA_HAVE_CUDA
+  cudaPointerAttributes attributes{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, staged.data()), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeHost) << "pageable memory, not page-locked";
+#endif
+  std::copy(host.span().begin(), host.span().end(), staged.span().begin());
+  Tensor<double> on_device(host.shape(), Layout::nchw, uninitialized, *device_allocator());
+  upload(staged.data(), on_device);
+  Tensor<double> back(host.shape(), Layout::nchw, uninitialized, staging);
+  download(on_device, back.data());
+  EXPECT_TRUE(std::equal(host.span().begin(), host.span().end(), back.span().begin()));
 }
 
 }  // namespace

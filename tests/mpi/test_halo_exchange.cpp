@@ -8,6 +8,7 @@
 #include "tessera/dist_tensor.hpp"
 #include "tessera/error.hpp"
 #include "tessera/halo_exchange.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera/partition.hpp"
 #include "tessera/random.hpp"
 
@@ -26,7 +27,9 @@ struct ExchangeSetup {
   Distribution in;
   std::optional<HaloExchange<T>> exchange;
 
-  explicit ExchangeSetup(const Geometry& g) {
+  // `copies` and `memory` as HaloExchange takes them (the CPU's when left out).
+  explicit ExchangeSetup(const Geometry& g, std::unique_ptr<HaloCopyKernel<T>> copies = nullptr,
+                         Allocator* memory = nullptr) {
     in = {g.shape, grid.shape(), grid.coords()};
     const Shape4 out_shape{g.shape.n, 1, window_output_extent(g.shape.h, g.ah),
                            window_output_extent(g.shape.w, g.aw)};
@@ -39,7 +42,7 @@ struct ExchangeSetup {
             {input_window(out.tile_of(i, j).h, g.ah), input_window(out.tile_of(i, j).w, g.aw)});
       }
     exchange.emplace(make_halo_plan(owned, windows, grid.spatial_rank(in.me.i, in.me.j)), grid, 1,
-                     "layer 'test'");
+                     "layer 'test'", 0, std::move(copies), memory);
   }
   Shape4 window_shape() const {
     const Shape4 l = in.local_shape();
@@ -256,6 +259,69 @@ TEST(HaloExchange, SplitPhaseRefusesASecondExchangeInFlight) {
   s.exchange->finish(request);
   EXPECT_THROW(s.exchange->finish(request), Error);  // already finished
   s.exchange->fill(x, window);                       // usable again
+}
+
+// Host memory that counts the bytes taken from it.
+class CountingHostMemory final : public Allocator {
+ public:
+  MemorySpace space() const override { return MemorySpace::host; }
+  void* allocate(std::size_t bytes) override {
+    allocated += static_cast<std::int64_t>(bytes);
+    return host_allocator().allocate(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    host_allocator().deallocate(p, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    host_allocator().copy(dst, src, bytes);
+  }
+  std::int64_t allocated = 0;
+};
+
+// Emulated device memory whose staging memory is counted, as a GPU's is page-locked.
+class DeviceWithStaging final : public Allocator {
+ public:
+  MemorySpace space() const override { return device().space(); }
+  void* allocate(std::size_t bytes) override { return device().allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override { device().deallocate(p, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    device().copy(dst, src, bytes);
+  }
+  bool host_accessible() const override { return device().host_accessible(); }
+  Allocator& staging() const override { return staging_memory; }
+  mutable CountingHostMemory staging_memory;
+
+ private:
+  static Allocator& device() { return emulated_device_allocator(); }
+};
+
+// Device halos that the MPI transport sends through host copies take those copies from the device
+// allocator's staging memory; a transport that reaches the device memory (the emulated one) takes
+// none. Either way the window is what the host exchange assembles.
+TEST(HaloExchange, StagesDeviceBoxesInTheDeviceAllocatorsStagingMemory) {
+  const WindowAxis a{.kernel = 3, .pad_begin = 1, .pad_end = 1};
+  const Geometry g{{3, 2, 17, 15}, a, a};
+  DeviceWithStaging device;
+  ExchangeSetup<> on_host(g);
+  ExchangeSetup<> on_device(g, emulated_backend().halo_copy<double>(), &device);
+  const Tensor<double> tile = on_host.random_tile_and_window(7).first;
+  Tensor<double> want(on_host.window_shape());
+  on_host.exchange->fill(tile, want);
+  const Tensor<double> device_tile = copy_to(tile, device);
+  Tensor<double> device_window(on_device.window_shape(), Layout::nchw, uninitialized, device);
+  on_device.exchange->fill(device_tile, device_window);
+  const Tensor<double> got = copy_to(device_window, host_allocator());
+  EXPECT_TRUE(std::equal(want.span().begin(), want.span().end(), got.span().begin()));
+
+  const HaloPlan& plan = on_device.exchange->plan();
+  std::int64_t host_copies = 0;
+  for (const auto* transfers : {&plan.recv, &plan.send})
+    for (const HaloTransfer& t : *transfers)
+      host_copies += tile.shape().n * tile.shape().c * t.box.size() *
+                     static_cast<std::int64_t>(sizeof(double));
+  const bool staged = !test::world().reaches(MemorySpace::device);
+  EXPECT_EQ(device.staging_memory.allocated, staged ? host_copies : 0)
+      << (staged ? "staged" : "direct") << " transport";
 }
 
 }  // namespace

@@ -26,10 +26,10 @@
 #include "tessera/random.hpp"
 #include "tessera_config.h"
 
-#if TESSERA_HAVE_ONEDNN
 #include "../common/test_helpers.hpp"
-#include "tessera/kernels/onednn_conv.hpp"
 #include "unit_test.hpp"
+#if TESSERA_HAVE_ONEDNN
+#include "tessera/kernels/onednn_conv.hpp"
 #endif
 
 namespace tessera {

@@ -20,9 +20,9 @@
 #include "tessera/random.hpp"
 #include "tessera_config.h"
 
+#include "unit_test.hpp"
 #if TESSERA_HAVE_ONEDNN
 #include "tessera/kernels/onednn_pool.hpp"
-#include "unit_test.hpp"
 #endif
 
 namespace tessera {
@@ -31,6 +31,26 @@ namespace {
 using reference::PoolGeometry;
 
 constexpr std::uint64_t kSeed = 20261122;
+
+TEST(PoolKernel, Float64AndReferenceBackendUseTheReference) {
+  const PoolGeometry g = reference::pool_geometry({1, 2, 6, 6}, 2, 2, 2, 2, 0, 0);
+  for (KernelBackend b : test::built_backends()) {
+    const Backend& backend = backend_of(b);
+    EXPECT_EQ(
+        backend.pool<double>(PoolKind::max, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
+        "reference");
+    // The reference takes no nchw16c.
+    EXPECT_EQ(
+        backend.pool<double>(
+            PoolKind::max, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}, .layout = Layout::nchw16c}, g),
+        nullptr);
+  }
+  const Backend& reference = backend_of(KernelBackend::reference);
+  EXPECT_EQ(reference.pool<float>(PoolKind::avg, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
+            "reference");
+}
+
+#if TESSERA_HAVE_ONEDNN
 
 struct PoolCase {
   PoolKind kind;
@@ -161,26 +181,6 @@ int mismatches(const Tensor<float>& got, const Tensor<float>& want, double toler
   }
   return wrong;
 }
-
-TEST(PoolKernel, Float64AndReferenceBackendUseTheReference) {
-  const PoolGeometry g = reference::pool_geometry({1, 2, 6, 6}, 2, 2, 2, 2, 0, 0);
-  for (KernelBackend b : test::built_backends()) {
-    const Backend& backend = backend_of(b);
-    EXPECT_EQ(
-        backend.pool<double>(PoolKind::max, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
-        "reference");
-    // The reference takes no nchw16c.
-    EXPECT_EQ(
-        backend.pool<double>(
-            PoolKind::max, {.x = {1, 16, 6, 6}, .y = {1, 16, 3, 3}, .layout = Layout::nchw16c}, g),
-        nullptr);
-  }
-  const Backend& reference = backend_of(KernelBackend::reference);
-  EXPECT_EQ(reference.pool<float>(PoolKind::avg, {.x = {1, 2, 6, 6}, .y = {1, 2, 3, 3}}, g)->name(),
-            "reference");
-}
-
-#if TESSERA_HAVE_ONEDNN
 
 TEST(OneDnnPool, MatchesTheReferenceTiesAndPaddingIncluded) {
   int blocked = 0, planned_blocked = 0;

@@ -110,7 +110,7 @@ class Model {
     std::string what;  // the watchdog's name for its reduction, built once
     // The gradients laid end to end for the Comm: in host memory (flat), or, when the gradients
     // lie on a device the Comm reaches (NCCL), in device memory (device_flat), with no host copy.
-    std::vector<T> flat;
+    Tensor<T> flat;
     Tensor<T> device_flat;
     Request request;
     bool started = false;
