@@ -20,6 +20,15 @@ struct NodeRank {
 // Collective over the world group of `comm`.
 NodeRank node_rank(const Comm& comm);
 
+// The grid of a job run without --grid: 1x1xP when its P ranks share one node. When they fill
+// `nodes` nodes evenly and in blocks (each node's ranks consecutive, as srun and mpiexec place them
+// by default), one data-parallel group per node whose ranks tile the image (nodes x 1 x P/nodes):
+// halos then stay within a node and only the gradient sums cross the network. 1x1xP otherwise.
+// Local; pure.
+GridShape default_grid(int ranks, int nodes, bool even_blocks);
+// The same for the job of `comm`, from where its ranks run. Collective over the world group.
+GridShape default_grid(const Comm& comm);
+
 // The device of node-local rank `local_rank` of `local_size` on a node with `devices` GPUs: its own
 // (device local_rank) when there are enough; with `share`, local_rank % devices. Throws an Error
 // naming the counts when the node has no GPU, or fewer GPUs than ranks without `share`. Local;

@@ -5,6 +5,7 @@
 #include "tessera/drivers/bench.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
+#include "tessera/placement.hpp"
 
 namespace tessera::cli {
 
@@ -14,11 +15,9 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
   std::int64_t batch = 1;
   po::options_description d("Bench options");
   d.add_options()("model", po::value(&o.model)->default_value(o.model),
-                  model_option_help().c_str())(
-      "grid", po::value(&grid),
-      "process grid NxHxW: N data-parallel groups of HxW spatial ranks; default: 1x1xP for P "
-      "ranks")("image", po::value(&image)->default_value(image),
-               "image size CxHxW; C is the model's input channels")(
+                  model_option_help().c_str())("grid", po::value(&grid), kGridHelp)(
+      "image", po::value(&image)->default_value(image),
+      "image size CxHxW; C is the model's input channels")(
       "batch", po::value(&batch)->default_value(batch),
       "samples per step, split over the N groups")(
       "dtype", po::value(&o.dtype)->default_value(o.dtype), "float32 or float64")(
@@ -41,8 +40,9 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
              "TESSERA_OVERLAP=0 turns off the interior/border overlap.",
              d, args, vm, world, runtime))
     return 0;
+  const GridShape fallback = default_grid(world);
   agree(world, [&] {
-    o.grid = grid_or_default(grid, world);
+    o.grid = grid_or_default(grid, fallback);
     o.image = parse_image(image);
     o.image.n = batch;
     TESSERA_CHECK(batch >= 1, "--batch must be at least 1, got " + std::to_string(batch));

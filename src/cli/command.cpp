@@ -103,9 +103,8 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
 
 }  // namespace
 
-GridShape grid_or_default(const std::string& text, const Comm& world) {
-  if (!text.empty()) return parse_grid(text);
-  return GridShape{1, 1, world.size(Group::world)};
+GridShape grid_or_default(const std::string& text, const GridShape& fallback) {
+  return text.empty() ? fallback : parse_grid(text);
 }
 
 Shape4 parse_image(const std::string& text) {

@@ -37,9 +37,13 @@ inline bool is_root(const Comm& world) {
   return world.rank() == 0;
 }
 
-// The grid given as NxHxW, or 1x1xP for the P ranks of `world` when `text` is empty. Local; a
-// bad string throws (call it inside agree()).
-GridShape grid_or_default(const std::string& text, const Comm& world);
+// The grid given as NxHxW, or `fallback` (default_grid of the job, placement.hpp) when `text` is
+// empty. Local; a bad string throws (call it inside agree()).
+GridShape grid_or_default(const std::string& text, const GridShape& fallback);
+// --grid's help: what the default is.
+inline constexpr const char* kGridHelp =
+    "process grid NxHxW: N data-parallel groups of HxW spatial ranks; default: 1x1xP for P ranks "
+    "on one node, and on K nodes with P/K ranks each Kx1x(P/K) (halos within a node)";
 
 // "CxHxW": channels, height and width, three positive integers; returned with n = 0. Local; a bad
 // string throws (call it inside agree()).

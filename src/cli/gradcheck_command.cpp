@@ -5,6 +5,7 @@
 #include "tessera/drivers/gradcheck.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
+#include "tessera/placement.hpp"
 
 namespace tessera::cli {
 
@@ -14,11 +15,8 @@ int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
   std::string grid;
   po::options_description d("Gradcheck options");
   d.add_options()("model", po::value(&o.model)->default_value(o.model),
-                  model_option_help().c_str())(
-      "grid", po::value(&grid),
-      "process grid NxHxW: N data-parallel groups of HxW spatial ranks; "
-      "default: 1x1xP for P ranks")("dtype", po::value(&o.dtype)->default_value(o.dtype),
-                                    "float32 or float64")(
+                  model_option_help().c_str())("grid", po::value(&grid), kGridHelp)(
+      "dtype", po::value(&o.dtype)->default_value(o.dtype), "float32 or float64")(
       "mode", po::value(&o.mode)->default_value(o.mode),
       "train (batch statistics, dropout) or eval (running statistics, no dropout)")(
       "init", po::value(&o.init),
@@ -44,7 +42,8 @@ int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
           "gradient.\nExits 1 when a relative error exceeds the tolerance.",
           d, args, vm, world, runtime))
     return 0;
-  agree(world, [&] { o.grid = grid_or_default(grid, world); });
+  const GridShape fallback = default_grid(world);
+  agree(world, [&] { o.grid = grid_or_default(grid, fallback); });
   return run_gradcheck(o, world, runtime, std::cout);
 }
 

@@ -7,6 +7,7 @@
 #include "tessera/drivers/train.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
+#include "tessera/placement.hpp"
 
 namespace tessera::cli {
 
@@ -22,8 +23,7 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
       "synthetic set of shapes and their masks")("val-data", po::value(&o.val_data),
                                                  "validation set (HDF5, same layout)")(
       "val-fraction", po::value(&o.val_fraction)->default_value(0),
-      "or validate on this last fraction of --data")(
-      "grid", po::value(&grid), "process grid NxHxW; default: 1x1xP for P ranks")(
+      "or validate on this last fraction of --data")("grid", po::value(&grid), kGridHelp)(
       "epochs", po::value(&o.epochs)->default_value(0, "1"), "epochs to train")(
       "steps", po::value(&o.steps)->default_value(0),
       "steps to train; overrides --epochs (0: --epochs decides)")(
@@ -64,8 +64,9 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
              "an INI file\ngiven with --config (key = value; the command line wins).",
              d, args, vm, world, runtime))
     return 0;
+  const GridShape fallback = default_grid(world);
   agree(world, [&] {
-    o.grid = grid_or_default(grid, world);
+    o.grid = grid_or_default(grid, fallback);
     o.optimizer.kind = parse_optimizer(optimizer);
     o.schedule.kind = parse_schedule(schedule);
     TESSERA_CHECK(progress == "auto" || progress == "line" || progress == "plain",

@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <csignal>
+
 #include <cmath>
 #include <span>
 #include <vector>
@@ -22,6 +24,40 @@ void check_finite_loss(const Comm& comm, double loss, std::int64_t step,
     TESSERA_CHECK(std::isfinite(loss), "the loss became " + std::to_string(loss) + " at step " +
                                            std::to_string(step) + " (" + advice + ")");
   });
+}
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+}
+
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // system calls (MPI's polls, file writes) go on
+  for (int s : {SIGUSR1, SIGTERM})
+    TESSERA_CHECK(sigaction(s, &action, nullptr) == 0,
+                  "cannot install the handler of " + signal_name(s));
+}
+
+int stop_signal() {
+  return g_stop_signal;
+}
+
+int agreed_stop_signal(const Comm& comm) {
+  return allreduce_max(comm, stop_signal());
+}
+
+std::string signal_name(int signal) {
+  if (signal == SIGUSR1) return "SIGUSR1";
+  if (signal == SIGTERM) return "SIGTERM";
+  return "signal " + std::to_string(signal);
 }
 
 double peak_memory_mib() {

@@ -153,6 +153,9 @@ class Trainer {
   void log(std::int64_t done, double lr);
   void report_validation(std::int64_t done, double lr);
   void finish();
+  // After step `done`, when a rank received `signal`: a checkpoint (unless one was just written)
+  // and the message; returns kExitStoppedResumable, or 1 without --checkpoint-dir. Collective.
+  int stop(std::int64_t done, int signal);
   void open_data();
   void read_batch(const Split& split, std::span<const std::int64_t> global_batch, DistTensor<T>& x,
                   std::vector<std::int32_t>& labels);
@@ -198,7 +201,8 @@ class Trainer {
   std::optional<MetricsFile> metrics_;
   DistTensor<T> x_;  // the batch of a step: this rank's tile
   std::vector<std::int32_t> labels_;
-  std::int64_t start_ = 0;  // the first step of this run
+  std::int64_t start_ = 0;        // the first step of this run
+  std::int64_t saved_step_ = -1;  // of the last checkpoint this run wrote
   // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
   // images per second count training only); steps since window_began_.
   clock_type::time_point began_, window_began_;
@@ -319,6 +323,7 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
         write_checkpoint(checkpoint_path(o_.checkpoint_dir, step), *model_, *optimizer_, state);
       },
       "checkpoint agreement");
+  saved_step_ = step;
 }
 
 template <typename T>
@@ -617,6 +622,27 @@ void Trainer<T>::finish() {
 }
 
 template <typename T>
+int Trainer<T>::stop(std::int64_t done, int signal) {
+  const bool keep = !o_.checkpoint_dir.empty();
+  if (keep && saved_step_ != done) save(done, done / steps_per_epoch_);
+  if (root()) {
+    if (line_open_) out_ << "\n";
+    line_open_ = false;
+    out_ << "stopped by " << signal_name(signal) << " after step " << done << " of " << total_steps_
+         << ": ";
+    if (keep)
+      out_ << "checkpoint " << checkpoint_path(o_.checkpoint_dir, done)
+           << " written; the same command with --resume continues from it (exit status "
+           << kExitStoppedResumable << ")\n";
+    else
+      out_ << "no --checkpoint-dir was given, so the " << done - start_
+           << " steps of this run are lost\n";
+    out_ << std::flush;
+  }
+  return keep ? kExitStoppedResumable : 1;
+}
+
+template <typename T>
 int Trainer<T>::run() {
   check_options();
   build();
@@ -628,6 +654,9 @@ int Trainer<T>::run() {
   for (std::int64_t done = start_; !should_stop(done);) {
     const double lr = step(done);
     after_step(++done, lr);
+    // Every rank stops after the same step when any of them was signalled (agreed per step).
+    if (should_stop(done)) break;
+    if (const int signal = agreed_stop_signal(world_)) return stop(done, signal);
   }
   finish();
   return 0;
@@ -638,6 +667,7 @@ int Trainer<T>::run() {
 int run_train(const TrainOptions& options, const Comm& world, const RuntimeOptions& runtime,
               std::ostream& out) {
   agree(world, [&] { check_dtype(options.dtype); });
+  install_stop_signals();
   return with_dtype(options.dtype, [&](auto zero) {
     return Trainer<decltype(zero)>(options, world, runtime, out).run();
   });

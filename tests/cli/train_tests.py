@@ -5,6 +5,7 @@ Shares the driver of cli_tests.py (every rank's exit code, one error line, no ha
 """
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -466,6 +467,61 @@ def train_watchdog_stopped_rank(env):
     left = [p for p in pids if alive(p)]
     if left:
         fail(f"expected no rank left running, found process(es) {left}", r)
+
+
+@scenario
+def train_signal_checkpoints_and_resumes(env):
+    """SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, preemption) to one
+    rank: every rank stops after the same step, a checkpoint of that step is written, the job exits
+    with 75, and the same command with --resume ends with the losses of a run straight through.
+    Without --checkpoint-dir the stop says that nothing was kept and exits 1."""
+    steps = 400
+    common = [*SMALL, "--grid", "1x1x2", "--steps", steps, "--log-every", "1",
+              "--progress", "plain"]
+    r = env.tessera(2, "train", *common, "--metrics", env.path("straight.csv"))
+    expect_ok(r, f"step {steps}/{steps}")
+    straight = losses(env.path("straight.csv"))
+    for sig, rank in ((signal.SIGUSR1, 1), (signal.SIGTERM, 0)):
+        name = signal.Signals(sig).name
+        ckpt = env.path(f"ckpt-{name}")
+        metrics = env.path(f"{name}.csv")
+        job = Job(env, 2, "train", *common, "--checkpoint-dir", ckpt, "--metrics", metrics)
+        try:
+            job.wait_for("step 5/", 120)
+            os.kill(job.rank_pid(rank), sig)
+            rc, _ = job.finish(120)
+        finally:
+            job.kill()
+        out = job.output()
+        match = re.search(rf"stopped by {name} after step (\d+) of {steps}: checkpoint (\S+) "
+                          r"written; the same command with --resume continues from it "
+                          r"\(exit status 75\)", out)
+        if rc != 75 or match is None:
+            fail(f"expected exit 75 and the stop message after {name} (exit {rc})",
+                 job.result())
+        stopped = int(match.group(1))
+        if stopped >= steps or not (ckpt / f"checkpoint-{stopped}.h5").exists():
+            fail(f"expected checkpoint-{stopped}.h5 in {ckpt} before the run's end", job.result())
+        r = env.tessera(2, "train", *common, "--checkpoint-dir", ckpt, "--resume",
+                        "--metrics", metrics)
+        expect_ok(r, f"checkpoint-{stopped}.h5 (step {stopped})", f"step {steps}/{steps}")
+        resumed = losses(metrics)
+        if sorted(resumed) != list(range(1, steps + 1)):
+            fail(f"expected the stopped and resumed runs to log steps 1..{steps} once each", r)
+        for step in range(1, steps + 1):
+            if resumed[step] != straight[step]:
+                fail(f"{name}: step {step}: loss {resumed[step]!r} differs from the straight "
+                     f"run's {straight[step]!r}", r)
+    job = Job(env, 2, "train", *common)
+    try:
+        job.wait_for("step 5/", 120)
+        os.kill(job.rank_pid(1), signal.SIGTERM)
+        rc, _ = job.finish(120)
+    finally:
+        job.kill()
+    if rc != 1 or "no --checkpoint-dir was given, so the" not in job.output():
+        fail(f"expected exit 1 and 'nothing kept' without --checkpoint-dir (exit {rc})",
+             job.result())
 
 
 @scenario

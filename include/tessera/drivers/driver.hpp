@@ -1,5 +1,6 @@
 // Pieces every driver (train, bench, gradcheck, plan) shares, written once: the dtype switch,
-// the check that ends a run whose loss stopped being finite, and the peak memory per rank.
+// the check that ends a run whose loss stopped being finite, stop signals, and the peak memory
+// per rank.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,22 @@ decltype(auto) with_dtype(const std::string& dtype, F&& f) {
 // Every rank holds the same global loss: all throw an agreed Error together when it is not
 // finite, naming the step and `advice` ("try a smaller --lr"). Collective over the world group.
 void check_finite_loss(const Comm& comm, double loss, std::int64_t step, const std::string& advice);
+
+// Stop requests. SIGUSR1 (what a batch script forwards when Slurm warns of the time limit,
+// `#SBATCH --signal=B:USR1@120`) and SIGTERM (scancel, preemption) only set a flag here; a
+// long-running command looks at it between steps (agreed_stop_signal) and stops cleanly there,
+// with a checkpoint. install_stop_signals is idempotent. Local.
+void install_stop_signals();
+// The stop signal this process received (SIGUSR1 or SIGTERM), 0 if none. Local.
+int stop_signal();
+// A stop signal received by any rank (the largest signal number), 0 if none: every rank stops at
+// the same step. Collective over the world group.
+int agreed_stop_signal(const Comm& comm);
+// "SIGUSR1", "SIGTERM", or "signal N". Local.
+std::string signal_name(int signal);
+// The exit status of a run stopped by a signal after writing a checkpoint it can resume from
+// (EX_TEMPFAIL of sysexits.h): scripts/slurm/train.sbatch requeues the job on it.
+inline constexpr int kExitStoppedResumable = 75;
 
 // Peak resident memory of this process so far, in MiB (what a user sizes nodes by). Local.
 double peak_memory_mib();
