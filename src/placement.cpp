@@ -37,21 +37,15 @@ GridShape default_grid(int ranks, int nodes, bool even_blocks) {
 }
 
 GridShape default_grid(const Comm& comm) {
-  const MPI_Comm world = mpi_comm(comm, Group::world);
-  const int rank = comm.rank(Group::world);
-  MPI_Comm node = MPI_COMM_NULL;
-  TESSERA_CHECK_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  // The node's ranks are consecutive when its first is this rank's distance below it everywhere.
-  int first = rank - local_rank, lowest = 0;
-  const int rc = MPI_Allreduce(&first, &lowest, 1, MPI_INT, MPI_MIN, node);
-  MPI_Comm_free(&node);
-  TESSERA_CHECK_MPI(rc);
-  const int nodes = static_cast<int>(allreduce_sum(comm, static_cast<long long>(local_rank == 0)));
-  const bool even_blocks = allreduce_min(comm, first == lowest) == 1 &&
-                           allreduce_min(comm, local_size) == allreduce_max(comm, local_size);
+  const NodeRank me = node_rank(comm);
+  // With L ranks on every node, they lie in consecutive blocks exactly when each rank's place on
+  // its node is its world rank modulo L (the ranks below it fill the earlier blocks).
+  const bool mine = me.local_rank == comm.rank(Group::world) % me.local_size;
+  const int nodes =
+      static_cast<int>(allreduce_sum(comm, static_cast<long long>(me.local_rank == 0)));
+  const bool even_blocks =
+      allreduce_min(comm, me.local_size) == allreduce_max(comm, me.local_size) &&
+      allreduce_min(comm, mine) == 1;
   return default_grid(comm.size(Group::world), nodes, even_blocks);
 }
 

@@ -150,6 +150,10 @@ class Trainer {
   // Whether training ends after step `done`. Every rank computes it from the same counts, so the
   // ranks agree; a rank-local reason to stop (a signal) must be combined over the ranks here.
   bool should_stop(std::int64_t done) const { return done >= total_steps_; }
+  // Whether --checkpoint-every asks for a checkpoint after step `done`.
+  bool checkpoint_due(std::int64_t done) const {
+    return o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0;
+  }
   void log(std::int64_t done, double lr);
   void report_validation(std::int64_t done, double lr);
   void finish();
@@ -201,8 +205,7 @@ class Trainer {
   std::optional<MetricsFile> metrics_;
   DistTensor<T> x_;  // the batch of a step: this rank's tile
   std::vector<std::int32_t> labels_;
-  std::int64_t start_ = 0;        // the first step of this run
-  std::int64_t saved_step_ = -1;  // of the last checkpoint this run wrote
+  std::int64_t start_ = 0;  // the first step of this run
   // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
   // images per second count training only); steps since window_began_.
   clock_type::time_point began_, window_began_;
@@ -323,7 +326,6 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
         write_checkpoint(checkpoint_path(o_.checkpoint_dir, step), *model_, *optimizer_, state);
       },
       "checkpoint agreement");
-  saved_step_ = step;
 }
 
 template <typename T>
@@ -604,8 +606,7 @@ void Trainer<T>::after_step(std::int64_t done, double lr) {
   // Images per second count training only: the time of validation and checkpoints is left out.
   const auto pause_began = clock_type::now();
   if (epoch_end && !val_.index.empty()) report_validation(done, lr);
-  if (!o_.checkpoint_dir.empty() &&
-      ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == total_steps_))
+  if (!o_.checkpoint_dir.empty() && (checkpoint_due(done) || done == total_steps_))
     save(done, done / steps_per_epoch_);
   window_began_ += clock_type::now() - pause_began;
 }
@@ -624,7 +625,7 @@ void Trainer<T>::finish() {
 template <typename T>
 int Trainer<T>::stop(std::int64_t done, int signal) {
   const bool keep = !o_.checkpoint_dir.empty();
-  if (keep && saved_step_ != done) save(done, done / steps_per_epoch_);
+  if (keep && !checkpoint_due(done)) save(done, done / steps_per_epoch_);  // else after_step did
   if (root()) {
     if (line_open_) out_ << "\n";
     line_open_ = false;
