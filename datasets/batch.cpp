@@ -34,6 +34,8 @@ BatchFileInfo inspect_batch_file(const h5::File& file) {
                                               std::to_string(im.dims[0]));
   for (auto d : im.dims)
     TESSERA_CHECK(d > 0, "'" + path + "': /images is empty");
+  file.check_written("/images", "sample");
+  file.check_written("/labels", "sample");
   // One class per image reads as an N x 1 x 1 map, the shape of a classifier's output.
   const std::array<std::int64_t, 3> labels =
       lb.dims.size() == 1 ? std::array<std::int64_t, 3>{lb.dims[0], 1, 1}

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ pkg-config meson ninja-build mpich libmpich-dev libhdf5-mpich-dev
+packages=(g++ pkg-config meson ninja-build mpich libmpich-dev libhdf5-mpich-dev zlib1g-dev
           libboost-program-options-dev libgtest-dev libgmock-dev libdnnl-dev nlohmann-json3-dev
           python3 python3-numpy python3-h5py python3-torch python3-matplotlib
           slurm-wlm munge)

@@ -18,8 +18,8 @@ struct BatchFileInfo {
 };
 
 // Checks that `file` holds /images (float32, float64 or uint8, rank 4) and /labels (integer,
-// rank 3 for per-pixel classes or rank 1 for one class per image, same N); throws an Error
-// naming the file and the dataset otherwise.
+// rank 3 for per-pixel classes or rank 1 for one class per image, same N), every sample written
+// (h5::File::check_written); throws an Error naming the file and the dataset otherwise.
 BatchFileInfo inspect_batch_file(const h5::File& file);
 
 // This rank's tile of /images for distribution `d` (its samples, every channel, its rows and

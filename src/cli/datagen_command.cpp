@@ -100,12 +100,23 @@ void write_dataset(SyntheticDataset& data, const Request& r, h5::File& file, std
   const std::int64_t n = info.samples, c = info.channels, h = info.height, w = info.width;
   const auto [ch, cw] = r.chunk;
   const bool per_pixel = info.labels == LabelKind::per_pixel;
+  // Fletcher-32 on every chunk: HDF5 checks it on every read, so damage is an error, not data.
   if (r.uint8)
-    file.create_chunked<std::uint8_t>("/images", {n, c, h, w}, {1, c, ch, cw});
+    file.create_chunked<std::uint8_t>("/images", {n, c, h, w}, {1, c, ch, cw}, true);
   else
-    file.create_chunked<float>("/images", {n, c, h, w}, {1, c, ch, cw});
-  if (per_pixel) file.create_chunked<std::int32_t>("/labels", {n, h, w}, {1, ch, cw});
+    file.create_chunked<float>("/images", {n, c, h, w}, {1, c, ch, cw}, true);
+  if (per_pixel) file.create_chunked<std::int32_t>("/labels", {n, h, w}, {1, ch, cw}, true);
   std::vector<std::int32_t> image_labels;  // per image: N values, written at the end
+  // Per-sample CRC-32s of the image and the labels as stored (README.md "Files"): what
+  // `tessera train --verify-data` compares. A band holds rows of every channel, so each channel
+  // keeps its own CRC, joined in channel order at the end of the sample.
+  std::vector<std::int64_t> image_crc, label_crc;
+  std::vector<std::uint32_t> channel_crc(static_cast<std::size_t>(c));
+  std::uint32_t labels_crc = 0;
+  const auto crc_of = [](const auto* data, std::size_t count, std::uint32_t previous) {
+    return h5::checksum({reinterpret_cast<const unsigned char*>(data), count * sizeof *data},
+                        previous);
+  };
 
   Tensor<float> band;
   std::vector<std::int32_t> labels;
@@ -118,26 +129,47 @@ void write_dataset(SyntheticDataset& data, const Request& r, h5::File& file, std
       const std::int64_t sample[] = {s};
       data.read(sample, box, box, band, labels);
       const std::array<std::int64_t, 4> offset{s, 0, h0, 0}, count{1, c, box.h.size(), w};
+      const auto plane = static_cast<std::size_t>(box.h.size() * w);
+      if (h0 == 0) {
+        std::fill(channel_crc.begin(), channel_crc.end(), 0);
+        labels_crc = 0;
+      }
       if (r.uint8) {
         bytes.resize(band.span().size());
         std::transform(band.span().begin(), band.span().end(), bytes.begin(), [](float x) {
           return static_cast<std::uint8_t>(std::lround(255.0 * std::clamp(x, 0.0f, 1.0f)));
         });
         file.write_box<std::uint8_t>("/images", bytes, offset, count);
+        for (std::size_t k = 0; k < channel_crc.size(); ++k)
+          channel_crc[k] = crc_of(bytes.data() + k * plane, plane, channel_crc[k]);
       } else {
         file.write_box<float>("/images", band.span(), offset, count);
+        for (std::size_t k = 0; k < channel_crc.size(); ++k)
+          channel_crc[k] = crc_of(band.span().data() + k * plane, plane, channel_crc[k]);
       }
       if (per_pixel) {
         const std::array<std::int64_t, 3> at{s, h0, 0}, extent{1, box.h.size(), w};
         file.write_box<std::int32_t>("/labels", labels, at, extent);
+        labels_crc = crc_of(labels.data(), labels.size(), labels_crc);
       } else if (h0 == 0) {
         image_labels.push_back(labels.front());
+        labels_crc = crc_of(labels.data(), 1, 0);
+      }
+      if (box.h.end == h) {
+        std::uint32_t whole = channel_crc[0];
+        const std::int64_t channel_bytes = h * w * (r.uint8 ? 1 : 4);
+        for (std::size_t k = 1; k < channel_crc.size(); ++k)
+          whole = h5::checksum_combine(whole, channel_crc[k], channel_bytes);
+        image_crc.push_back(whole);
+        label_crc.push_back(labels_crc);
       }
       done += box.size() * (c * (r.uint8 ? 1 : 4) + (per_pixel ? 4 : 0));
       progress.update(s + (box.h.end == h ? 1 : 0), n, done);
     }
   }
   if (!per_pixel) file.write<std::int32_t>("/labels", image_labels, {n});
+  file.write<std::int64_t>("/image_crc32", image_crc, {n});
+  file.write<std::int64_t>("/label_crc32", label_crc, {n});
   const SyntheticOptions& o = data.options();
   file.set_attribute("generator", kSyntheticGenerator);
   file.set_attribute("task", to_string(o.task));
@@ -235,7 +267,8 @@ int datagen_command(const std::vector<std::string>& args, const Comm& world,
                       bytes_text(static_cast<double>(needed)) + " but '" + dir.string() + "' has " +
                       bytes_text(static_cast<double>(space.available)) + " free");
     const auto start = Clock::now();
-    h5::write_atomically(r.output, [&](h5::File& f) { write_dataset(*data, r, f, std::cout); });
+    h5::write_atomically(
+        r.output, [&](h5::File& f) { write_dataset(*data, r, f, std::cout); }, h5::Staging::disk);
     elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   });
   if (root) {

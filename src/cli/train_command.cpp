@@ -45,8 +45,17 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
       "checkpoint-dir", po::value(&o.checkpoint_dir), "write checkpoints here")(
       "checkpoint-every", po::value(&o.checkpoint_every)->default_value(0),
       "steps between checkpoints (0: only at the end)")(
+      "keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3),
+      "keep this many newest checkpoints, removing older ones (0: keep all)")(
       "resume", po::bool_switch(&o.resume),
-      "continue from the latest checkpoint in --checkpoint-dir (start afresh if there is none)")(
+      "continue from the newest checkpoint in --checkpoint-dir that verifies (start afresh if "
+      "there is none)")(
+      "allow-changes", po::bool_switch(&o.allow_changes),
+      "with --resume: go on although options that change what the run computes (--lr, image "
+      "size, --steps...) differ from the checkpoint's")(
+      "verify-data", po::bool_switch(&o.verify_data),
+      "before training, read every sample of --data and --val-data whole: pixels finite, "
+      "labels within the model's classes, and per-sample checksums where the file has them")(
       "metrics", po::value(&o.metrics),
       "write metrics per log interval and epoch (.csv, or JSON lines for .jsonl / .json)")(
       "log-every", po::value(&o.log_every)->default_value(o.log_every), "steps between log lines")(

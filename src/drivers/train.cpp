@@ -7,9 +7,11 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -22,6 +24,7 @@
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/metrics.hpp"
 #include "tessera/partition.hpp"
+#include "tessera/profile.hpp"
 #include "tessera/synthetic.hpp"
 
 namespace tessera {
@@ -48,11 +51,28 @@ struct Split {
 };
 
 // One line of metrics, to the console and the metrics file.
+// Stragglers and memory over one log window (train lines only): each rank's share of the window's
+// wall time spent waiting for peers (halo messages not yet there, reductions: profile.hpp), and
+// each rank's peak resident memory in the window.
+struct Monitor {
+  int slowest_rank = 0;       // the rank that waited least: the others wait for it
+  double wait_share = 0;      // the mean over ranks, in [0, 1]
+  double max_wait_share = 0;  // the rank that waited most
+  double peak_mib_max = 0, peak_mib_min = 0;
+  int peak_rank = 0;  // the rank with peak_mib_max
+};
+
+// One line of metrics, to the console and the metrics file.
 struct Record {
   std::int64_t step = 0, epoch = 0;
   std::string split;  // "train" | "val"
   double loss = 0, accuracy = 0, mean_iou = 0, lr = 0, images_per_s = 0;
+  std::optional<Monitor> monitor = std::nullopt;
 };
+
+constexpr const char* kMetricsHeader =
+    "step,epoch,split,loss,accuracy,mean_iou,lr,images_per_s,slowest_rank,wait_share,"
+    "max_wait_share,peak_mib_max,peak_mib_rank,peak_mib_min\n";
 
 // The step a metrics line was written at, or -1 for a header or a damaged line.
 std::int64_t metrics_line_step(const std::string& line, bool json) {
@@ -61,7 +81,8 @@ std::int64_t metrics_line_step(const std::string& line, bool json) {
     at = line.find("\"step\": ");
     if (at == std::string::npos || !line.ends_with("}")) return -1;
     at += 8;
-  } else if (std::count(line.begin(), line.end(), ',') != 7) {
+  } else if (std::count(line.begin(), line.end(), ',') !=
+             std::count(kMetricsHeader, kMetricsHeader + std::strlen(kMetricsHeader), ',')) {
     return -1;
   }
   std::int64_t step = -1;
@@ -76,8 +97,7 @@ class MetricsFile {
   MetricsFile(const std::string& path, std::int64_t resume_step)
       : json_(path.ends_with(".json") || path.ends_with(".jsonl")) {
     if (path.empty()) return;
-    const std::string header =
-        json_ ? "" : "step,epoch,split,loss,accuracy,mean_iou,lr,images_per_s\n";
+    const std::string header = json_ ? "" : kMetricsHeader;
     if (resume_step >= 0 && std::filesystem::exists(path)) {
       // Rewritten through a temporary file, so that a crash here leaves the old lines.
       std::string kept = header;
@@ -109,12 +129,23 @@ class MetricsFile {
       out_ << "{\"step\": " << r.step << ", \"epoch\": " << r.epoch << ", \"split\": \"" << r.split
            << "\", \"loss\": " << r.loss << ", \"accuracy\": " << r.accuracy;
       if (segmentation) out_ << ", \"mean_iou\": " << r.mean_iou;
-      out_ << ", \"lr\": " << r.lr << ", \"images_per_s\": " << r.images_per_s << "}\n";
+      out_ << ", \"lr\": " << r.lr << ", \"images_per_s\": " << r.images_per_s;
+      if (const auto& m = r.monitor)
+        out_ << ", \"slowest_rank\": " << m->slowest_rank << ", \"wait_share\": " << m->wait_share
+             << ", \"max_wait_share\": " << m->max_wait_share
+             << ", \"peak_mib_max\": " << m->peak_mib_max << ", \"peak_mib_rank\": " << m->peak_rank
+             << ", \"peak_mib_min\": " << m->peak_mib_min;
+      out_ << "}\n";
     } else {
       out_ << r.step << "," << r.epoch << "," << r.split << "," << r.loss << "," << r.accuracy
            << ",";
       if (segmentation) out_ << r.mean_iou;
-      out_ << "," << r.lr << "," << r.images_per_s << "\n";
+      out_ << "," << r.lr << "," << r.images_per_s;
+      if (const auto& m = r.monitor)
+        out_ << "," << m->slowest_rank << "," << m->wait_share << "," << m->max_wait_share << ","
+             << m->peak_mib_max << "," << m->peak_rank << "," << m->peak_mib_min << "\n";
+      else
+        out_ << ",,,,,,\n";
     }
     out_.flush();  // a run that dies keeps every line it logged
   }
@@ -155,6 +186,8 @@ class Trainer {
     return o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0;
   }
   void log(std::int64_t done, double lr);
+  // This window's Monitor: what every rank waited and held. Collective over the world group.
+  Monitor monitor(double elapsed);
   void report_validation(std::int64_t done, double lr);
   void finish();
   // After step `done`, when a rank received `signal`: a checkpoint (unless one was just written)
@@ -176,7 +209,46 @@ class Trainer {
             .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
             .batch = o_.batch,
             .samples = static_cast<std::int64_t>(train_.index.size()),
-            .window_counts = {}};
+            .window_counts = {},
+            .options = computation_options()};
+  }
+  // The options that decide what the run computes, as a checkpoint keeps them: a resume with
+  // others would not continue the run it began.
+  std::map<std::string, std::string> computation_options() const {
+    const auto text = [](auto v) {
+      std::ostringstream o;
+      o << std::setprecision(17) << v;
+      return o.str();
+    };
+    const Shape4& image = model_->input_distribution().global;
+    std::map<std::string, std::string> options{
+        {"--batch", text(o_.batch)},
+        {"--data", o_.data.empty() ? "(built-in)" : o_.data},
+        {"--val-data", o_.val_data},
+        {"--val-fraction", text(o_.val_fraction)},
+        {"training samples", text(train_.index.size())},
+        {"image size", text(image.c) + "x" + text(image.h) + "x" + text(image.w)},
+        {"--seed", text(o_.seed)},
+        {"--lr", text(o_.lr)},
+        {"--lr-schedule", schedule_.kind == ScheduleKind::cosine ? "cosine"
+                          : schedule_.kind == ScheduleKind::step ? "step"
+                                                                 : "constant"},
+        {"--momentum", text(o_.optimizer.momentum)},
+        {"--weight-decay", text(o_.optimizer.weight_decay)}};
+    // The length of the run changes the learning rate of every step only when cosine anneals
+    // over it; a longer run of a constant or step schedule continues the same computation.
+    if (schedule_.kind == ScheduleKind::cosine)
+      options["steps (--steps, --epochs)"] = text(total_steps_);
+    if (schedule_.kind == ScheduleKind::step) {
+      options["--lr-step-size"] = text(schedule_.step_size);
+      options["--lr-gamma"] = text(schedule_.gamma);
+    }
+    return options;
+  }
+  // "the last good checkpoint is ..." for messages about a run that cannot go on.
+  std::string last_good_text() const {
+    return last_good_.empty() ? "this run wrote no checkpoint"
+                              : "the last good checkpoint is " + last_good_;
   }
   bool root() const { return world_.rank() == 0; }
   const Comm& grid() const { return runtime_->comm(); }
@@ -209,8 +281,10 @@ class Trainer {
   // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
   // images per second count training only); steps since window_began_.
   clock_type::time_point began_, window_began_;
+  ActivityTimes window_activity_;  // activity_totals() when the log window began (pauses too)
   std::int64_t timed_steps_ = 0;
   bool line_open_ = false;  // the updating progress line awaits its newline
+  std::string last_good_;   // the checkpoint this run last wrote or resumed from
 };
 
 template <typename T>
@@ -318,14 +392,30 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
   state.window_loss = window_loss_;
   state.window_counts.assign(window.counts().begin(), window.counts().end());
   // One rank writes; the others wait at the agreement, so a failed write stops every rank.
+  const std::string path = checkpoint_path(o_.checkpoint_dir, step);
+  std::vector<std::string> prune_failures;
   agree(
       world_,
       [&] {
         if (!root()) return;
-        std::filesystem::create_directories(o_.checkpoint_dir);
-        write_checkpoint(checkpoint_path(o_.checkpoint_dir, step), *model_, *optimizer_, state);
+        try {
+          std::error_code ec;
+          std::filesystem::create_directories(o_.checkpoint_dir, ec);
+          TESSERA_CHECK(!ec, "cannot create the checkpoint directory '" + o_.checkpoint_dir +
+                                 "': " + ec.message());
+          write_checkpoint(path, *model_, *optimizer_, state);
+        } catch (const Error& e) {
+          throw Error(std::string(e.what()) + "; " + last_good_text());
+        }
+        prune_failures = prune_checkpoints(o_.checkpoint_dir, o_.keep_checkpoints);
       },
       "checkpoint agreement");
+  last_good_ = path;
+  for (const std::string& failure : prune_failures) {
+    if (line_open_) out_ << "\n";
+    line_open_ = false;
+    out_ << "warning: " << failure << "\n" << std::flush;
+  }
 }
 
 template <typename T>
@@ -382,6 +472,9 @@ void Trainer<T>::check_options() {
     TESSERA_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
     TESSERA_CHECK(o_.epochs >= 0 && o_.steps >= 0, "--epochs and --steps must not be negative");
     TESSERA_CHECK(o_.checkpoint_every >= 0, "--checkpoint-every must not be negative");
+    TESSERA_CHECK(o_.keep_checkpoints >= 0,
+                  "--keep-checkpoints must not be negative (0: keep all)");
+    TESSERA_CHECK(!o_.allow_changes || o_.resume, "--allow-changes goes with --resume");
     TESSERA_CHECK(o_.checkpoint_every == 0 || !o_.checkpoint_dir.empty(),
                   "--checkpoint-every needs --checkpoint-dir");
     TESSERA_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, "--val-fraction must be in [0, 1)");
@@ -396,8 +489,9 @@ void Trainer<T>::check_options() {
       << "|" << o_.optimizer.weight_decay << "|" << o_.lr << "|"
       << static_cast<int>(o_.schedule.kind) << "|" << o_.schedule.step_size << "|"
       << o_.schedule.gamma << "|" << o_.checkpoint_dir << "|" << o_.checkpoint_every << "|"
-      << o_.resume << "|" << o_.log_every << "|" << o_.samples << "|" << o_.height << "|"
-      << o_.width << "|" << o_.val_samples << "|" << __DATE__ << __TIME__;
+      << o_.resume << "|" << o_.keep_checkpoints << "|" << o_.allow_changes << "|" << o_.verify_data
+      << "|" << o_.log_every << "|" << o_.samples << "|" << o_.height << "|" << o_.width << "|"
+      << o_.val_samples << "|" << __DATE__ << __TIME__;
     check_same_everywhere(world_, "configuration (model, options, build)", c.str());
   }
 }
@@ -465,6 +559,14 @@ void Trainer<T>::build() {
                   "the validation set has " + std::to_string(val_.index.size()) +
                       " samples, fewer than one batch of " + std::to_string(o_.batch));
   });
+  if (o_.verify_data) {
+    // Collective; the data sets of files only (the built-in set is generated, not read).
+    agree(world_, [&] {
+      TESSERA_CHECK(!o_.data.empty(), "--verify-data needs --data (the built-in set is generated)");
+    });
+    for (Dataset* d : {train_data_.get(), val_data_.get()})
+      if (auto* file = dynamic_cast<H5Dataset*>(d)) file->verify(world_, classes_, out_);
+  }
   sampler_.emplace(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
   steps_per_epoch_ = sampler_->batches_per_epoch();
   total_steps_ = o_.steps > 0 ? o_.steps : std::max<std::int64_t>(o_.epochs, 1) * steps_per_epoch_;
@@ -490,39 +592,72 @@ void Trainer<T>::build() {
 
 template <typename T>
 std::int64_t Trainer<T>::resume() {
-  std::int64_t start = 0;
-  if (o_.resume) {
-    // Rank 0 chooses, so that every rank resumes from the same step (or each says why not).
-    std::string path;
-    agree(world_, [&] {
-      if (root()) path = latest_checkpoint(o_.checkpoint_dir);
-    });
-    broadcast(world_, path, 0);
-    agree(world_, [&] {
-      if (path.empty()) return;
-      const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, checkpoint_identity());
-      TESSERA_CHECK(s.window_counts.size() == window_confusion_->counts().size(),
-                    "'" + path + "' is not a complete checkpoint: its /state/window_counts has " +
-                        std::to_string(s.window_counts.size()) + " entries, not " +
-                        std::to_string(window_confusion_->counts().size()));
-      start = s.step;
-      window_steps_ = s.window_steps;
-      window_loss_ = s.window_loss;
-      // Summed over the grid already: one rank holds them, so the next reduction counts them once.
-      if (root())
-        std::copy(s.window_counts.begin(), s.window_counts.end(),
-                  window_confusion_->counts().begin());
-    });
-    if (root()) {
-      out_ << "  resume: ";
-      if (path.empty())
-        out_ << "no checkpoint in " << o_.checkpoint_dir << ", starting afresh";
-      else
-        out_ << path << " (step " << start << ")";
-      if (start >= total_steps_)
-        out_ << "; the run's " << total_steps_ << " steps are done, nothing to train";
-      out_ << "\n";
+  if (!o_.resume) return 0;
+  // Rank 0 chooses the newest checkpoint that verifies, so that every rank resumes from the same
+  // step (or each says why not).
+  std::string path, skipped, newest_reason;
+  agree(world_, [&] {
+    if (!root()) return;
+    const std::vector<std::string> all = checkpoints_newest_first(o_.checkpoint_dir);
+    for (const std::string& candidate : all) {
+      try {
+        verify_checkpoint(candidate);
+        path = candidate;
+        break;
+      } catch (const Error& e) {
+        skipped += "  resume: skipped " + candidate + ": " + e.what() + "\n";
+        if (newest_reason.empty()) newest_reason = e.what();
+      }
     }
+    out_ << skipped << std::flush;  // before any error, about these or the one chosen
+    TESSERA_CHECK(all.empty() || !path.empty(),
+                  "no checkpoint in " + o_.checkpoint_dir + " verifies, so nothing is resumed (" +
+                      std::to_string(all.size()) +
+                      " skipped, as listed above; the newest: " + newest_reason +
+                      "): remove them, or start afresh in another --checkpoint-dir");
+  });
+  broadcast(world_, path, 0);
+  std::int64_t start = 0;
+  std::vector<std::string> changes;
+  agree(world_, [&] {
+    if (path.empty()) return;
+    const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, checkpoint_identity());
+    TESSERA_CHECK(s.window_counts.size() == window_confusion_->counts().size(),
+                  "'" + path + "' is not a complete checkpoint: its /state/window_counts has " +
+                      std::to_string(s.window_counts.size()) + " entries, not " +
+                      std::to_string(window_confusion_->counts().size()));
+    std::map<std::string, std::string> now = computation_options(), then = s.options;
+    for (const auto& [name, value] : now)
+      if (then.count(name) == 0 || then[name] != value)
+        changes.push_back(name + " " + (then.count(name) ? then[name] : "(not recorded)") + " -> " +
+                          value);
+    std::string list;
+    for (const std::string& c : changes)
+      list += (list.empty() ? "" : ", ") + c;
+    TESSERA_CHECK(changes.empty() || o_.allow_changes,
+                  "'" + path + "' was written by a run with other options: " + list +
+                      ". The run would not continue as it began: pass --allow-changes to go on "
+                      "with the new options, or start afresh in another --checkpoint-dir");
+    start = s.step;
+    window_steps_ = s.window_steps;
+    window_loss_ = s.window_loss;
+    // Summed over the grid already: one rank holds them, so the next reduction counts them once.
+    if (root())
+      std::copy(s.window_counts.begin(), s.window_counts.end(),
+                window_confusion_->counts().begin());
+  });
+  last_good_ = path;
+  if (root()) {
+    out_ << "  resume: ";
+    if (path.empty())
+      out_ << "no checkpoint in " << o_.checkpoint_dir << ", starting afresh";
+    else
+      out_ << path << " (step " << start << ")";
+    if (start >= total_steps_)
+      out_ << "; the run's " << total_steps_ << " steps are done, nothing to train";
+    out_ << "\n";
+    for (const std::string& c : changes)
+      out_ << "  resume: changed (--allow-changes): " << c << "\n";
   }
   return start;
 }
@@ -534,7 +669,8 @@ double Trainer<T>::step(std::int64_t step) {
   model_->state() = {.mode = Mode::train, .seed = o_.seed, .step = step};
   runtime_->comm().set_step(step);
   const StepResult<T> r = forward_backward(*model_, x_, labels_);
-  check_finite_loss(world_, r.loss, step, "try a smaller --lr; the last checkpoint is untouched");
+  // Counted from 1, as the progress lines count steps done.
+  check_finite_loss(world_, r.loss, step + 1, "try a smaller --lr; " + last_good_text());
   const double lr = learning_rate(schedule_, o_.lr, step);
   optimizer_->step(lr);
   window_loss_ += r.loss;
@@ -558,7 +694,8 @@ void Trainer<T>::log(std::int64_t done, double lr) {
              .accuracy = window_confusion.accuracy(),
              .mean_iou = window_confusion.mean_iou(),
              .lr = lr,
-             .images_per_s = static_cast<double>(timed_steps_ * o_.batch) / elapsed};
+             .images_per_s = static_cast<double>(timed_steps_ * o_.batch) / elapsed,
+             .monitor = monitor(elapsed)};
   metrics_->write(rec, segmentation_);
   if (root()) {
     const double per_step = seconds_since(began_) / static_cast<double>(done - start_);
@@ -566,8 +703,14 @@ void Trainer<T>::log(std::int64_t done, double lr) {
     line << "step " << done << "/" << total_steps_ << "  epoch " << epoch + 1 << "  loss "
          << std::fixed << std::setprecision(4) << rec.loss << "  acc " << rec.accuracy;
     if (segmentation_) line << "  mIoU " << rec.mean_iou;
-    line << "  " << std::setprecision(1) << rec.images_per_s << " img/s  ETA "
-         << duration_text(per_step * static_cast<double>(total_steps_ - done));
+    line << "  " << std::setprecision(1) << rec.images_per_s << " img/s";
+    const Monitor& m = *rec.monitor;
+    if (world_.size(Group::world) > 1)
+      line << "  wait " << std::setprecision(0) << 100 * m.wait_share << "% (slowest r"
+           << m.slowest_rank << ")";
+    line << "  mem " << std::setprecision(0) << m.peak_mib_max << " MiB";
+    if (world_.size(Group::world) > 1) line << " (r" << m.peak_rank << ")";
+    line << "  ETA " << duration_text(per_step * static_cast<double>(total_steps_ - done));
     if (o_.progress_line) {
       out_ << "\r" << line.str() << "\033[K" << std::flush;
       line_open_ = true;
@@ -579,6 +722,35 @@ void Trainer<T>::log(std::int64_t done, double lr) {
   timed_steps_ = 0;
   window_confusion = Confusion(classes_);
   window_began_ = clock_type::now();
+  window_activity_ = activity_totals();
+}
+
+template <typename T>
+Monitor Trainer<T>::monitor(double elapsed) {
+  const ActivityTimes a = activity_totals() - window_activity_;
+  const double share = std::clamp(
+      (a[Activity::waiting] + a[Activity::allreduce]) / std::max(elapsed, 1e-9), 0.0, 1.0);
+  const auto ranks = static_cast<std::size_t>(world_.size(Group::world));
+  std::vector<long long> shares(ranks), peaks(ranks);
+  Request r = world_.start_allgather(std::llround(share * 1e6), shares, Group::world,
+                                     "straggler monitoring");
+  world_.wait(r);
+  r = world_.start_allgather(std::llround(interval_peak_memory_mib() * 1024), peaks, Group::world,
+                             "memory monitoring");
+  world_.wait(r);
+  Monitor m;
+  const auto least = std::min_element(shares.begin(), shares.end());
+  const auto most_memory = std::max_element(peaks.begin(), peaks.end());
+  m.slowest_rank = static_cast<int>(least - shares.begin());
+  m.max_wait_share = static_cast<double>(*std::max_element(shares.begin(), shares.end())) / 1e6;
+  long long sum = 0;
+  for (long long v : shares)
+    sum += v;
+  m.wait_share = static_cast<double>(sum) / 1e6 / static_cast<double>(ranks);
+  m.peak_rank = static_cast<int>(most_memory - peaks.begin());
+  m.peak_mib_max = static_cast<double>(*most_memory) / 1024;
+  m.peak_mib_min = static_cast<double>(*std::min_element(peaks.begin(), peaks.end())) / 1024;
+  return m;
 }
 
 template <typename T>
@@ -605,10 +777,12 @@ void Trainer<T>::after_step(std::int64_t done, double lr) {
   if (done % o_.log_every == 0 || done == total_steps_ || epoch_end) log(done, lr);
   // Images per second count training only: the time of validation and checkpoints is left out.
   const auto pause_began = clock_type::now();
+  const ActivityTimes activity_before = activity_totals();
   if (epoch_end && !val_.index.empty()) report_validation(done, lr);
   if (!o_.checkpoint_dir.empty() && (checkpoint_due(done) || done == total_steps_))
     save(done, done / steps_per_epoch_);
   window_began_ += clock_type::now() - pause_began;
+  window_activity_ += activity_totals() - activity_before;
 }
 
 template <typename T>
@@ -652,6 +826,7 @@ int Trainer<T>::run() {
   agree(world_, [&] { metrics_.emplace(root() ? o_.metrics : "", o_.resume ? start_ : -1); });
   print_summary();
   began_ = window_began_ = clock_type::now();
+  window_activity_ = activity_totals();
   for (std::int64_t done = start_; !should_stop(done);) {
     const double lr = step(done);
     after_step(++done, lr);

@@ -1,6 +1,9 @@
 #include "tessera/io/checkpoint.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "tessera/error.hpp"
@@ -19,36 +22,125 @@ void write_int(h5::File& f, const std::string& name, std::int64_t v) {
   f.write<std::int64_t>(name, std::span<const std::int64_t>(&v, 1), {});
 }
 
+// A tensor about to be written must hold finite numbers only.
+template <typename T>
+void require_finite(const Tensor<T>& t, const std::string& what, const std::string& path) {
+  const auto values = t.span();
+  const auto bad =
+      std::find_if(values.begin(), values.end(), [](T v) { return !std::isfinite(v); });
+  TESSERA_CHECK(bad == values.end(), "not writing '" + path + "': " + what + " holds " +
+                                         (std::isnan(*bad) ? "NaN" : "infinity") +
+                                         " (the run diverged)");
+}
+
+const std::regex& checkpoint_name() {
+  static const std::regex pattern(R"(checkpoint-(\d+)\.h5)");
+  return pattern;
+}
+
+// What write_atomically (src/io/hdf5.cpp) leaves behind when its writer is killed.
+const std::regex& temporary_name() {
+  static const std::regex pattern(R"(\.checkpoint-\d+\.h5\.tmp\.\d+)");
+  return pattern;
+}
+
+// The root attributes are not datasets, so verify_checksums does not see them: their CRC-32 is
+// kept in the dataset /state/attributes_crc32.
+std::int64_t attributes_checksum(const h5::File& f) {
+  std::string text;
+  for (const char* name : {"format", "options", "model", "grid", "dtype", "optimizer"})
+    text += (f.has_attribute(name) ? f.attribute(name) : std::string("-")) + '\0';
+  return h5::checksum({reinterpret_cast<const unsigned char*>(text.data()), text.size()});
+}
+
+void check_format(const h5::File& f) {
+  TESSERA_CHECK(f.has_attribute("format"), "'" + f.path() +
+                                               "' is not a Tessera checkpoint (it has no root "
+                                               "attribute 'format')");
+  const std::string format = f.attribute("format");
+  TESSERA_CHECK(
+      format == kCheckpointFormat,
+      "'" + f.path() + "' is a '" + format + "' file, not a '" + kCheckpointFormat +
+          "' checkpoint" +
+          (format.starts_with("tessera-checkpoint-") ? " (written by another version of Tessera)"
+                                                     : ""));
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir, std::int64_t step) {
   return (std::filesystem::path(dir) / ("checkpoint-" + std::to_string(step) + ".h5")).string();
 }
 
-std::string latest_checkpoint(const std::string& dir) {
+std::vector<std::string> checkpoints_newest_first(const std::string& dir) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) return "";
-  static const std::regex pattern(R"(checkpoint-(\d+)\.h5)");
-  std::string best;
-  std::int64_t best_step = -1;
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern)) continue;
-    const std::int64_t step = std::stoll(m[1].str());
-    if (step > best_step) {
-      best_step = step;
-      best = entry.path().string();
+    if (!std::regex_match(name, m, checkpoint_name())) continue;
+    std::int64_t step = 0;
+    try {
+      step = std::stoll(m[1].str());
+    } catch (const std::out_of_range&) {
+      continue;  // not one of ours: no run takes 10^19 steps
     }
+    found.emplace_back(step, entry.path().string());
   }
-  return best;
+  std::sort(found.begin(), found.end(), std::greater<>());
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found)
+    paths.push_back(std::move(path));
+  return paths;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> remove;
+  const std::vector<std::string> all = checkpoints_newest_first(dir);
+  if (keep > 0)
+    for (std::size_t k = static_cast<std::size_t>(keep); k < all.size(); ++k)
+      remove.push_back(all[k]);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (std::regex_match(entry.path().filename().string(), temporary_name()))
+      remove.push_back(entry.path().string());
+  std::vector<std::string> failed;
+  for (const std::string& path : remove) {
+    std::error_code err;
+    fs::remove(path, err);
+    if (err) failed.push_back("cannot remove '" + path + "': " + err.message());
+  }
+  return failed;
+}
+
+void verify_checkpoint(const std::string& path) {
+  const h5::File f = h5::File::open_read(path);
+  check_format(f);
+  f.verify_checksums(true);
+  for (const char* name : {"/state/step", "/state/epoch", "/state/seed", "/state/optimizer_steps",
+                           "/state/window_steps", "/state/window_loss", "/state/attributes_crc32"})
+    TESSERA_CHECK(f.has(name), "'" + path + "' is not a complete checkpoint: no " + name);
+  TESSERA_CHECK(read_int(f, "/state/attributes_crc32") == attributes_checksum(f),
+                "'" + path +
+                    "': its root attributes (model, options...) do not match their checksum (the "
+                    "file was changed or damaged after it was written)");
 }
 
 template <typename T>
 void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
                       const CheckpointState& state) {
+  for (auto& p : model.params())
+    require_finite(to_host(p.param->value), "parameter '" + p.key() + "'", path);
+  for (auto& b : model.buffers())
+    require_finite(to_host(b.buffer->value), "buffer '" + b.key() + "'", path);
+  for (const OptimizerSlot<T>& s : optimizer.slots())
+    require_finite(to_host(*s.tensor), "optimizer state '" + s.name + "'", path);
   h5::write_atomically(path, [&](h5::File& f) {
     f.set_attribute("format", kCheckpointFormat);
+    f.set_attribute("options", nlohmann::json(state.options).dump());
     f.set_attribute("model", state.model);
     f.set_attribute("grid", state.grid);
     f.set_attribute("dtype", state.dtype);
@@ -70,16 +162,15 @@ void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& op
     if (!state.window_counts.empty())
       f.write<std::int64_t>("/state/window_counts", state.window_counts,
                             {static_cast<std::int64_t>(state.window_counts.size())});
+    write_int(f, "/state/attributes_crc32", attributes_checksum(f));
   });
 }
 
 template <typename T>
 CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
                                 const CheckpointState& expect) {
+  verify_checkpoint(path);
   const h5::File f = h5::File::open_read(path);
-  TESSERA_CHECK(f.has_attribute("format") && f.attribute("format") == kCheckpointFormat,
-                "'" + path + "' is not a Tessera checkpoint (root attribute 'format' is not '" +
-                    kCheckpointFormat + "')");
   CheckpointState s;
   s.model = f.attribute("model");
   s.grid = f.attribute("grid");
@@ -94,17 +185,6 @@ CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimi
   TESSERA_CHECK(s.optimizer == expect.optimizer, "'" + path + "' was written by the " +
                                                      s.optimizer + " optimizer, this run uses " +
                                                      expect.optimizer);
-  const auto same = [&](const char* name, std::int64_t expected, const std::string& what) {
-    const std::int64_t v = read_int(f, std::string("/state/") + name);
-    TESSERA_CHECK(v == expected, "'" + path + "' was written by a run with " + what + " " +
-                                     std::to_string(v) + ", this run has " +
-                                     std::to_string(expected) +
-                                     ": it would not continue exactly (resume with the same "
-                                     "options, or start afresh in another --checkpoint-dir)");
-  };
-  same("seed", static_cast<std::int64_t>(expect.seed), "--seed");
-  same("batch", expect.batch, "--batch");
-  same("samples", expect.samples, "training samples (--data, --val-fraction, --samples)");
   read_params(f, model);
   for (const OptimizerSlot<T>& slot : optimizer.slots()) {
     const std::string name = "/optimizer/" + slot.name;
@@ -125,6 +205,15 @@ CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimi
                 "'" + path + "' is not a complete checkpoint: no /state/window_loss");
   s.window_loss = f.read<double>("/state/window_loss").at(0);
   if (f.has("/state/window_counts")) s.window_counts = f.read<std::int64_t>("/state/window_counts");
+  if (f.has_attribute("options")) {
+    const nlohmann::json options = nlohmann::json::parse(f.attribute("options"), nullptr, false);
+    TESSERA_CHECK(options.is_object(),
+                  "'" + path + "': its attribute 'options' is not a JSON object");
+    for (const auto& [name, value] : options.items()) {
+      TESSERA_CHECK(value.is_string(), "'" + path + "': option '" + name + "' is not a string");
+      s.options[name] = value.template get<std::string>();
+    }
+  }
   return s;
 }
 

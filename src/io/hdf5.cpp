@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -74,6 +75,36 @@ std::vector<hsize_t> to_hsize(std::span<const std::int64_t> v) {
   return std::vector<hsize_t>(v.begin(), v.end());
 }
 
+constexpr const char* kChecksumAttribute = "tessera_crc32";
+
+std::uint32_t crc32_of(const void* data, std::size_t bytes, std::uint32_t previous = 0) {
+  uLong crc = previous;
+  const auto* p = static_cast<const Bytef*>(data);
+  // zlib takes lengths as uInt: feed it in pieces below 4 GiB.
+  while (bytes > 0) {
+    const std::size_t n = std::min<std::size_t>(bytes, std::size_t{1} << 30);
+    crc = crc32(crc, p, static_cast<uInt>(n));
+    p += n;
+    bytes -= n;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+// Writes all of `bytes` to `fd`; false (errno set) on failure.
+bool write_all(int fd, const unsigned char* bytes, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, bytes, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      return false;
+    }
+    bytes += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
 // Creates every missing group on the way to `dataset`.
 hid_t link_creation_with_parents() {
   hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
@@ -127,6 +158,25 @@ File File::create(const std::string& path) {
   const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   TESSERA_CHECK(id >= 0, "cannot create '" + path + "' (is the directory writable?)");
   return File(id, path);
+}
+
+File File::create_in_memory(const std::string& name) {
+  Id fapl(TESSERA_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  // Grows 1 MiB at a time; no backing store: the file never touches the disk.
+  TESSERA_CHECK_HDF5(H5Pset_fapl_core(fapl, std::size_t{1} << 20, 0));
+  const hid_t id = H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  TESSERA_CHECK(id >= 0, "cannot create '" + name + "' in memory");
+  return File(id, name);
+}
+
+std::vector<unsigned char> File::image() {
+  flush();
+  const ssize_t size = H5Fget_file_image(id_, nullptr, 0);
+  TESSERA_CHECK(size >= 0, "cannot take the bytes of '" + path_ + "' from HDF5");
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
+  TESSERA_CHECK(H5Fget_file_image(id_, bytes.data(), bytes.size()) == size,
+                "cannot take the bytes of '" + path_ + "' from HDF5");
+  return bytes;
 }
 
 File::File(File&& other) noexcept : id_(other.id_), path_(std::move(other.path_)) {
@@ -325,11 +375,17 @@ void File::write(const std::string& dataset, std::span<const T> data,
            H5Dcreate2(id_, dataset.c_str(), native<T>(), space, lcpl, H5P_DEFAULT, H5P_DEFAULT)),
        H5Dclose);
   TESSERA_CHECK_HDF5(H5Dwrite(d, native<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()));
+  const std::uint32_t crc = crc32_of(data.data(), data.size_bytes());
+  Id scalar(TESSERA_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
+  Id a(TESSERA_CHECK_HDF5(
+           H5Acreate2(d, kChecksumAttribute, H5T_STD_U32LE, scalar, H5P_DEFAULT, H5P_DEFAULT)),
+       H5Aclose);
+  TESSERA_CHECK_HDF5(H5Awrite(a, H5T_NATIVE_UINT32, &crc));
 }
 
 template <typename T>
 void File::create_chunked(const std::string& dataset, const std::vector<std::int64_t>& dims,
-                          const std::vector<std::int64_t>& chunk) {
+                          const std::vector<std::int64_t>& chunk, bool checksummed) {
   TESSERA_CHECK(!dims.empty() && chunk.size() == dims.size(),
                 "'" + path_ + "': chunks of '" + dataset + "' must have one extent per dimension");
   for (std::size_t k = 0; k < dims.size(); ++k)
@@ -345,11 +401,123 @@ void File::create_chunked(const std::string& dataset, const std::vector<std::int
       H5Pset_chunk(dcpl, static_cast<int>(chunk_extent.size()), chunk_extent.data()));
   // Every chunk is written whole once: filling it first would write it twice.
   TESSERA_CHECK_HDF5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+  if (checksummed) TESSERA_CHECK_HDF5(H5Pset_fletcher32(dcpl));
   Id lcpl(link_creation_with_parents(), H5Pclose);
   const hid_t d = H5Dcreate2(id_, dataset.c_str(), native<T>(), space, lcpl, dcpl, H5P_DEFAULT);
   TESSERA_CHECK(d >= 0, "cannot create '" + dataset + "' in '" + path_ +
                             "' (chunks over 4 GiB are refused by HDF5)");
   H5Dclose(d);
+}
+
+std::vector<unsigned char> File::read_bytes(const std::string& dataset,
+                                            std::span<const std::int64_t> offset,
+                                            std::span<const std::int64_t> count) const {
+  const DatasetInfo di = info(dataset);
+  TESSERA_CHECK(di.kind != Kind::other,
+                "'" + path_ + "': '" + dataset + "' holds " + di.type_name() + ", not numbers");
+  TESSERA_CHECK(offset.size() == di.dims.size() && count.size() == di.dims.size(),
+                "'" + path_ + "': '" + dataset + "' has " + std::to_string(di.dims.size()) +
+                    " dimensions, not " + std::to_string(count.size()));
+  std::size_t elements = 1;
+  for (std::size_t k = 0; k < count.size(); ++k) {
+    TESSERA_CHECK(offset[k] >= 0 && count[k] >= 0 && offset[k] + count[k] <= di.dims[k],
+                  "'" + path_ + "': the box [" + std::to_string(offset[k]) + ", " +
+                      std::to_string(offset[k] + count[k]) + ") lies outside dimension " +
+                      std::to_string(k) + " of '" + dataset + "'");
+    elements *= static_cast<std::size_t>(count[k]);
+  }
+  std::vector<unsigned char> bytes(elements * di.bytes);
+  if (bytes.empty()) return bytes;
+  Id d(TESSERA_CHECK_HDF5(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  Id file_type(TESSERA_CHECK_HDF5(H5Dget_type(d)), H5Tclose);
+  Id memory_type(TESSERA_CHECK_HDF5(H5Tget_native_type(file_type, H5T_DIR_ASCEND)), H5Tclose);
+  TESSERA_CHECK(H5Tget_size(memory_type) == di.bytes,
+                "'" + path_ + "': '" + dataset + "' has elements of an unusual size");
+  Id file_space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+  const auto start = to_hsize(offset), extent = to_hsize(count);
+  TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr,
+                                         extent.data(), nullptr));
+  Id mem_space(
+      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
+      H5Sclose);
+  Id transfer(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  TESSERA_CHECK_HDF5(H5Pset_dxpl_mpio(transfer, H5FD_MPIO_INDEPENDENT));
+#endif
+  if (H5Dread(d, memory_type, mem_space, file_space, transfer, bytes.data()) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    throw Error("cannot read '" + dataset + "' from '" + path_ +
+                "': the file is truncated or damaged");
+  }
+  return bytes;
+}
+
+void File::check_written(const std::string& dataset, const std::string& what) const {
+  Id d(TESSERA_CHECK_HDF5(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  Id space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+  const int rank = TESSERA_CHECK_HDF5(H5Sget_simple_extent_ndims(space));
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  TESSERA_CHECK_HDF5(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
+  if (rank == 0 || std::find(dims.begin(), dims.end(), hsize_t{0}) != dims.end()) return;
+  Id dcpl(TESSERA_CHECK_HDF5(H5Dget_create_plist(d)), H5Pclose);
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  const std::string unwritten = "'" + path_ + "': '" + dataset + "' declares " +
+                                std::to_string(dims[0]) + " " + what + "s but ";
+  const std::string zeros = " (HDF5 would read them as zeros; was the file completely written?)";
+  if (layout == H5D_CONTIGUOUS) {
+    TESSERA_CHECK(H5Dget_storage_size(d) > 0, unwritten + "none was ever written" + zeros);
+    return;
+  }
+  if (layout != H5D_CHUNKED) return;  // compact: the data lives in the object header
+  std::vector<hsize_t> chunk(static_cast<std::size_t>(rank));
+  TESSERA_CHECK_HDF5(H5Pget_chunk(dcpl, rank, chunk.data()));
+  std::vector<hsize_t> per(dims.size());  // chunks along each dimension
+  hsize_t expected = 1;
+  for (std::size_t k = 0; k < dims.size(); ++k) {
+    per[k] = (dims[k] + chunk[k] - 1) / chunk[k];
+    expected *= per[k];
+  }
+  hsize_t present = 0;
+  TESSERA_CHECK_HDF5(H5Dget_num_chunks(d, space, &present));
+  if (present >= expected) return;
+  // Some chunk is missing: find which entries it leaves unwritten (an error path, so a lookup of
+  // every chunk is affordable).
+  std::int64_t first = -1, incomplete = 0;
+  std::vector<hsize_t> index(dims.size()), at(dims.size());
+  for (hsize_t row = 0; row < per[0]; ++row) {
+    bool whole = true;
+    std::fill(index.begin(), index.end(), 0);
+    index[0] = row;
+    for (;;) {
+      for (std::size_t k = 0; k < dims.size(); ++k)
+        at[k] = index[k] * chunk[k];
+      unsigned filters = 0;
+      haddr_t address = HADDR_UNDEF;
+      hsize_t bytes = 0;
+      if (H5Dget_chunk_info_by_coord(d, at.data(), &filters, &address, &bytes) < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        address = HADDR_UNDEF;
+      }
+      if (address == HADDR_UNDEF || bytes == 0) {
+        whole = false;
+        break;
+      }
+      // The next chunk of this row, the last dimension fastest; done when every index wraps.
+      std::size_t k = dims.size();
+      for (; k > 1; --k) {
+        if (++index[k - 1] < per[k - 1]) break;
+        index[k - 1] = 0;
+      }
+      if (k == 1) break;
+    }
+    if (whole) continue;
+    const hsize_t begin = row * chunk[0], end = std::min(dims[0], begin + chunk[0]);
+    if (first < 0) first = static_cast<std::int64_t>(begin);
+    incomplete += static_cast<std::int64_t>(end - begin);
+  }
+  TESSERA_CHECK(first < 0, unwritten + std::to_string(incomplete) + " of them were never " +
+                               "written, completely or in part (the first: " + what + " " +
+                               std::to_string(first) + ")" + zeros);
 }
 
 template <typename T>
@@ -420,7 +588,69 @@ void File::flush() {
   TESSERA_CHECK_HDF5(H5Fflush(id_, H5F_SCOPE_GLOBAL));
 }
 
-void write_atomically(const std::string& path, const std::function<void(File&)>& body) {
+void File::verify_checksums(bool required) const {
+  const auto verify = [&](const std::string& name) {
+    Id d(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (d < 0) H5Eclear2(H5E_DEFAULT);
+    TESSERA_CHECK(d >= 0, "'" + path_ + "': dataset '" + name + "' cannot be opened (damaged)");
+    const htri_t has = H5Aexists(d, kChecksumAttribute);
+    if (has <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      TESSERA_CHECK(!required, "'" + path_ + "': dataset '" + name + "' has no checksum");
+      return;
+    }
+    std::uint32_t stored = 0;
+    {
+      Id a(H5Aopen(d, kChecksumAttribute, H5P_DEFAULT), H5Aclose);
+      const bool ok = a >= 0 && H5Aread(a, H5T_NATIVE_UINT32, &stored) >= 0;
+      if (!ok) H5Eclear2(H5E_DEFAULT);
+      TESSERA_CHECK(ok, "'" + path_ + "': the checksum of '" + name + "' cannot be read");
+    }
+    Id space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
+    Id type(TESSERA_CHECK_HDF5(H5Dget_type(d)), H5Tclose);
+    Id memory(TESSERA_CHECK_HDF5(H5Tget_native_type(type, H5T_DIR_ASCEND)), H5Tclose);
+    const hssize_t points = H5Sget_simple_extent_npoints(space);
+    TESSERA_CHECK(points >= 0, "'" + path_ + "': '" + name + "' has an unreadable shape");
+    // The file's own element size bounds the read: a damaged shape cannot make it allocate more
+    // than the file could hold.
+    const std::size_t element = H5Tget_size(memory);
+    const auto storage = static_cast<std::uint64_t>(H5Dget_storage_size(d));
+    TESSERA_CHECK(
+        static_cast<std::uint64_t>(points) * element <= std::max<std::uint64_t>(storage, element),
+        "'" + path_ + "': '" + name + "' declares more data than the file stores");
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(points) * element);
+    const herr_t rc =
+        bytes.empty() ? 0 : H5Dread(d, memory, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data());
+    if (rc < 0) H5Eclear2(H5E_DEFAULT);
+    TESSERA_CHECK(rc >= 0, "cannot read '" + name + "' from '" + path_ +
+                               "': the file is truncated or damaged");
+    const std::uint32_t computed = crc32_of(bytes.data(), bytes.size());
+    TESSERA_CHECK(computed == stored, "'" + path_ + "': dataset '" + name +
+                                          "' does not match its checksum (the file was changed "
+                                          "or damaged after it was written)");
+  };
+  const std::function<void(const std::string&)> walk = [&](const std::string& group) {
+    for (const std::string& child : children(group)) {
+      const std::string name = (group == "/" ? "" : group) + "/" + child;
+      if (is_group(name))
+        walk(name);
+      else
+        verify(name);
+    }
+  };
+  walk("/");
+}
+
+std::uint32_t checksum(std::span<const unsigned char> bytes, std::uint32_t previous) {
+  return crc32_of(bytes.data(), bytes.size(), previous);
+}
+
+std::uint32_t checksum_combine(std::uint32_t a, std::uint32_t b, std::int64_t b_bytes) {
+  return static_cast<std::uint32_t>(crc32_combine(a, b, static_cast<z_off_t>(b_bytes)));
+}
+
+void write_atomically(const std::string& path, const std::function<void(File&)>& body,
+                      Staging staging) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -428,22 +658,57 @@ void write_atomically(const std::string& path, const std::function<void(File&)>&
                 "cannot write '" + path + "': the directory '" + dir.string() + "' does not exist");
   const fs::path temp =
       dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
-  try {
-    {
-      File f = File::create(temp.string());
-      body(f);
-      f.flush();
-    }
-    // On disk before the name points at it: after a power cut the name holds the old file or
-    // the whole new one, never an empty or partial one.
-    sync_to_disk(temp, false);
-    fs::rename(temp, target);
-    sync_to_disk(dir, true);
-  } catch (...) {
+  const auto fail = [&](const std::string& doing, int err) {
     std::error_code ignored;
     fs::remove(temp, ignored);
-    throw;
+    throw Error("cannot write '" + path + "' (" + doing + " '" + temp.string() +
+                "'): " + std::strerror(err) + "; any previous '" + path + "' is untouched");
+  };
+  if (staging == Staging::disk) {
+    try {
+      {
+        File f = File::create(temp.string());
+        body(f);
+        f.flush();
+      }
+      sync_to_disk(temp, false);
+    } catch (...) {
+      std::error_code ignored;
+      fs::remove(temp, ignored);
+      throw;
+    }
+    std::error_code ec;
+    fs::rename(temp, target, ec);
+    if (ec) fail("renaming", ec.value());
+    sync_to_disk(dir, true);
+    return;
   }
+  // HDF5 writes to memory; the bytes go to disk through plain system calls whose errors we see.
+  std::vector<unsigned char> bytes;
+  {
+    File f = File::create_in_memory(path);
+    body(f);
+    bytes = f.image();
+  }
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("creating", errno);
+  if (!write_all(fd, bytes.data(), bytes.size())) {
+    const int err = errno;
+    ::close(fd);
+    fail("writing", err);
+  }
+  // On disk before the name points at it: after a power cut the name holds the old file or the
+  // whole new one, never an empty or partial one.
+  if (::fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
+    const int err = errno;
+    ::close(fd);
+    fail("flushing", err);
+  }
+  if (::close(fd) != 0) fail("closing", errno);
+  std::error_code ec;
+  fs::rename(temp, target, ec);
+  if (ec) fail("renaming", ec.value());
+  sync_to_disk(dir, true);
 }
 
 template std::vector<float> File::read(const std::string&, std::span<const std::int64_t>,
@@ -472,21 +737,21 @@ template void File::write(const std::string&, std::span<const std::int32_t>,
 template void File::write(const std::string&, std::span<const std::int64_t>,
                           const std::vector<std::int64_t>&);
 template void File::create_chunked<float>(const std::string&, const std::vector<std::int64_t>&,
-                                          const std::vector<std::int64_t>&);
+                                          const std::vector<std::int64_t>&, bool);
 template void File::write_box(const std::string&, std::span<const float>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::create_chunked<double>(const std::string&, const std::vector<std::int64_t>&,
-                                           const std::vector<std::int64_t>&);
+                                           const std::vector<std::int64_t>&, bool);
 template void File::write_box(const std::string&, std::span<const double>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::create_chunked<std::int32_t>(const std::string&,
                                                  const std::vector<std::int64_t>&,
-                                                 const std::vector<std::int64_t>&);
+                                                 const std::vector<std::int64_t>&, bool);
 template void File::write_box(const std::string&, std::span<const std::int32_t>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::create_chunked<std::uint8_t>(const std::string&,
                                                  const std::vector<std::int64_t>&,
-                                                 const std::vector<std::int64_t>&);
+                                                 const std::vector<std::int64_t>&, bool);
 template void File::write_box(const std::string&, std::span<const std::uint8_t>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 

@@ -86,6 +86,11 @@ def train_grid_independence(env):
             fail(f"{dtype}: the loss did not fall in 20 steps ({first} -> {last})")
 
 
+# Metrics that measure the machine, not the computation: they differ from run to run.
+TIMING_COLUMNS = {"images_per_s", "slowest_rank", "wait_share", "max_wait_share", "peak_mib_max",
+                  "peak_mib_rank", "peak_mib_min"}
+
+
 @scenario
 def train_resume_exact(env):
     """A run stopped after 5 steps and resumed gives the losses of a run straight through."""
@@ -112,10 +117,14 @@ def train_resume_exact(env):
     for step in range(6, 11):
         if a[step] != b[step]:
             fail(f"step {step}: resumed loss {b[step]!r} differs from straight {a[step]!r}")
-    # A checkpoint past the run's end: nothing to train, said plainly.
-    r = env.tessera(2, "train", *[a if a != "10" else "4" for a in common], "--checkpoint-dir",
-                    straight, "--resume")
-    expect_ok(r, "checkpoint-10.h5 (step 10)", "nothing to train", "done: 0 steps")
+    # A checkpoint past the run's end (a shorter run: a change to allow): nothing to train.
+    shorter = [a if a != "10" else "4" for a in common]
+    r = env.tessera(2, "train", *shorter, "--checkpoint-dir", straight, "--resume")
+    expect_error(r, "steps (--steps, --epochs) 10 -> 4", "--allow-changes")
+    r = env.tessera(2, "train", *shorter, "--checkpoint-dir", straight, "--resume",
+                    "--allow-changes")
+    expect_ok(r, "checkpoint-10.h5 (step 10)", "nothing to train", "done: 0 steps",
+              "changed (--allow-changes): steps (--steps, --epochs) 10 -> 4")
     # --resume with an empty directory starts afresh.
     r = env.tessera(2, "train", *SMALL[:8], "--steps", "2", "--checkpoint-dir",
                     env.path("empty"), "--resume", "--progress", "plain")
@@ -145,7 +154,7 @@ def train_resume_metrics(env):
 
     def rows(path):
         with open(path) as f:
-            return [{k: v for k, v in row.items() if k != "images_per_s"}
+            return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS}
                     for row in csv.DictReader(f)]
     a, b = rows(env.path("straight.csv")), rows(env.path("resumed.csv"))
     if a != b:
@@ -202,13 +211,216 @@ def train_refuses_foreign_checkpoint(env):
     # Another seed, batch or training set would not continue exactly: another data order.
     r = env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt, "--resume",
                     "--seed", "2")
-    expect_error(r, "--seed 1", "this run has 2")
+    expect_error(r, "--seed 1 -> 2", "--allow-changes")
     r = env.tessera(2, "train", *SMALL[:-2], "--batch", "2", "--steps", "2", "--checkpoint-dir",
                     ckpt, "--resume")
-    expect_error(r, "--batch 4", "this run has 2")
+    expect_error(r, "--batch 4 -> 2", "--allow-changes")
     small = SMALL[:6] + ["--samples", "12"] + SMALL[8:]
     r = env.tessera(2, "train", *small, "--steps", "2", "--checkpoint-dir", ckpt, "--resume")
-    expect_error(r, "training samples", "16", "this run has 12")
+    expect_error(r, "training samples 16 -> 12")
+
+
+def flip_sign_bits(path, count=200):
+    """Flips the sign bit of `count` values of the largest dataset in the file, in place."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        found = []
+        f.visititems(lambda name, obj: found.append(obj) if isinstance(obj, h5py.Dataset)
+                     and obj.id.get_offset() is not None else None)
+        big = max(found, key=lambda d: d.size)
+        offset, itemsize, n = big.id.get_offset(), big.dtype.itemsize, min(count, big.size)
+    with open(path, "r+b") as f:
+        for k in range(n):
+            f.seek(offset + k * itemsize + itemsize - 1)  # little-endian: the sign bit is last
+            byte = f.read(1)[0]
+            f.seek(offset + k * itemsize + itemsize - 1)
+            f.write(bytes([byte ^ 0x80]))
+
+
+@scenario
+def train_checkpoints_trustworthy(env):
+    """Checkpoints carry checksums; --resume takes the newest that verifies and says which it
+    skipped and why; --keep-checkpoints prunes old ones and stale temporary files; a diverged
+    run never writes non-finite numbers; a full disk keeps the last checkpoint and ends cleanly."""
+    common = [*SMALL[:8], "--batch", "4", "--val-samples", "0", "--log-every", "1",
+              "--progress", "plain"]
+    every2 = ["--checkpoint-every", "2"]
+    straight, ckpt = env.path("straight"), env.path("ckpt")
+    r = env.tessera(2, "train", *common, *every2, "--steps", "12", "--checkpoint-dir", straight,
+                    "--keep-checkpoints", "0", "--metrics", env.path("straight.csv"))
+    expect_ok(r, "step 12/12")
+    kept = sorted(p.name for p in straight.iterdir())
+    if kept != sorted(f"checkpoint-{s}.h5" for s in (2, 4, 6, 8, 10, 12)):
+        fail(f"--keep-checkpoints 0 keeps every checkpoint; found {kept}")
+    # The default keeps the 3 newest, and removes what a killed writer left.
+    ckpt.mkdir()
+    (ckpt / ".checkpoint-4.h5.tmp.99999").write_bytes(b"half a checkpoint")
+    r = env.tessera(2, "train", *common, *every2, "--steps", "10", "--checkpoint-dir", ckpt)
+    expect_ok(r, "step 10/10")
+    kept = sorted(p.name for p in ckpt.iterdir())
+    if kept != ["checkpoint-10.h5", "checkpoint-6.h5", "checkpoint-8.h5"]:
+        fail(f"expected the 3 newest checkpoints and no temporary file, found {kept}")
+    # Damaged in three ways, newest first: sign bits flipped, truncated, junk. The resume takes
+    # checkpoint-4 and ends with the losses of the straight run.
+    for step in (6, 8, 10, 12):
+        shutil.copy(straight / f"checkpoint-{step}.h5", ckpt)
+    shutil.copy(straight / "checkpoint-4.h5", ckpt)
+    flip_sign_bits(ckpt / "checkpoint-12.h5")
+    with open(ckpt / "checkpoint-10.h5", "r+b") as f:
+        f.truncate(os.path.getsize(ckpt / "checkpoint-10.h5") // 2)
+    (ckpt / "checkpoint-8.h5").write_bytes(os.urandom(4096))
+    (ckpt / "checkpoint-6.h5").write_bytes(b"")
+    r = env.tessera(2, "train", *common, *every2, "--steps", "12", "--checkpoint-dir", ckpt,
+                    "--resume", "--keep-checkpoints", "0", "--metrics", env.path("resumed.csv"))
+    expect_ok(r, "skipped " + str(ckpt / "checkpoint-12.h5"), "does not match its checksum",
+              "skipped " + str(ckpt / "checkpoint-10.h5"), "skipped " + str(ckpt / "checkpoint-8.h5"),
+              "skipped " + str(ckpt / "checkpoint-6.h5"), "checkpoint-4.h5 (step 4)", "step 12/12")
+    a, b = losses(env.path("straight.csv")), losses(env.path("resumed.csv"))
+    if any(a[s] != b[s] for s in range(5, 13)):
+        fail(f"expected the losses of the straight run after the resume: {a} vs {b}")
+    # Nothing verifies: an error, not a silent fresh start over the user's checkpoints.
+    bad = env.path("bad")
+    bad.mkdir()
+    (bad / "checkpoint-2.h5").write_bytes(b"junk")
+    r = env.tessera(2, "train", *common, "--steps", "4", "--checkpoint-dir", bad, "--resume")
+    expect_error(r, "no checkpoint in", "verifies")
+    if "skipped " + str(bad / "checkpoint-2.h5") not in r.output:
+        fail("expected the reason each checkpoint was skipped", r)
+    # Options that change the computation need --allow-changes, and are named.
+    r = env.tessera(2, "train", *common, "--steps", "12", "--checkpoint-dir", straight,
+                    "--resume", "--lr", "0.01", "--keep-checkpoints", "0")
+    expect_error(r, "--lr 0.001 -> 0.01", "--allow-changes")
+    # A longer run of a constant schedule continues the same computation: no change to allow.
+    r = env.tessera(2, "train", *common, "--steps", "13", "--checkpoint-dir", straight,
+                    "--resume", "--keep-checkpoints", "0")
+    expect_ok(r, "checkpoint-12.h5 (step 12)", "step 13/13")
+    if "changed" in r.output:
+        fail("a longer constant-lr run is not a change", r)
+    # A diverging run (huge --lr: the running variance overflows while the loss is finite) stops
+    # before writing infinity, names the last good checkpoint, and leaves none with non-finite
+    # numbers behind.
+    diverged = env.path("diverged")
+    r = env.tessera(2, "train", *common, "--steps", "6", "--checkpoint-every", "1",
+                    "--optimizer", "sgd", "--lr", "1e10", "--checkpoint-dir", diverged)
+    line = expect_error(r, "the last good checkpoint is " + str(diverged / "checkpoint-"),
+                        any_of=["holds infinity", "holds NaN", "the loss became"])
+    import h5py
+    import numpy as np
+    for path in diverged.glob("checkpoint-*.h5"):
+        with h5py.File(path, "r") as f:
+            def finite(name, obj):
+                if isinstance(obj, h5py.Dataset) and obj.dtype.kind == "f" and \
+                        not np.isfinite(obj[()]).all():
+                    fail(f"{path}: {name} holds non-finite numbers ({line})", r)
+            f.visititems(finite)
+    # A full disk (room for one and a half checkpoints) ends every rank cleanly, names the path
+    # and the reason, and keeps the checkpoint written before.
+    full = env.path("full")
+    full.mkdir()
+    room = (straight / "checkpoint-2.h5").stat().st_size * 3 // 2 // 1024
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room}k", "tmpfs", str(full)],
+                      capture_output=True).returncode != 0:
+        print("SKIPPED the full-disk case: cannot mount a small tmpfs here (needs root)")
+        return
+    try:
+        r = env.tessera(2, "train", *common, *every2, "--steps", "6", "--checkpoint-dir", full)
+        expect_error(r, "cannot write", "No space left on device",
+                     "the last good checkpoint is " + str(full / "checkpoint-2.h5"))
+        r = env.tessera(2, "train", *common, "--steps", "2", "--checkpoint-dir", full,
+                        "--resume", "--allow-changes")
+        expect_ok(r, "checkpoint-2.h5 (step 2)", "nothing to train")
+    finally:
+        subprocess.run(["umount", str(full)])
+
+
+@scenario
+def train_data_integrity(env):
+    """Bad data never trains: unwritten samples, damaged chunks, a file that changes under the job
+    and different files behind one path on different ranks are errors naming the file; --verify-data
+    checks every sample (finite, labels in range, the checksums tessera datagen writes)."""
+    import h5py
+    import numpy as np
+    import zlib
+    common = ["--model", "unet-small", "--batch", "4", "--progress", "plain", "--steps", "2"]
+    good = env.path("good.h5")
+    r = env.tessera(2, "datagen", "--output", good, "--samples", "8", "--height", "32", "--width",
+                    "32", "--chunk", "16x16")
+    expect_ok(r, "wrote")
+    with h5py.File(good, "r") as f:
+        images, labels = f["images"][()], f["labels"][()]
+        if not f["images"].fletcher32 or not f["labels"].fletcher32:
+            fail("datagen's chunks carry no Fletcher-32 checksums")
+        for s in range(8):  # what --verify-data compares, as a user computes it
+            if zlib.crc32(images[s].tobytes()) != f["image_crc32"][s] or \
+                    zlib.crc32(labels[s].tobytes()) != f["label_crc32"][s]:
+                fail(f"sample {s}: /image_crc32 or /label_crc32 is not the CRC-32 of its bytes")
+    r = env.tessera(2, "train", *common, "--data", good, "--verify-data")
+    expect_ok(r, "verified", "every sample matches its checksums", "step 2/2")
+    # Declared 100 samples, 8 written: the rest would read as zeros.
+    with h5py.File(env.path("partial.h5"), "w") as f:
+        f.create_dataset("images", (100, 3, 32, 32), "f4", chunks=(1, 3, 32, 32))[:8] = images
+        f.create_dataset("labels", (100, 32, 32), "i4", chunks=(1, 32, 32))[:8] = labels
+    expect_error(env.tessera(2, "train", *common, "--data", env.path("partial.h5")),
+                 "declares 100 samples", "92 of them were never written", "the first: sample 8")
+    # Junk in a checksummed chunk: a read error, not numbers.
+    damaged = env.path("damaged.h5")
+    shutil.copy(good, damaged)
+    with h5py.File(damaged, "r") as f:
+        chunk = f["images"].id.get_chunk_info(5)
+    with open(damaged, "r+b") as f:
+        f.seek(chunk.byte_offset + 64)
+        f.write(np.random.default_rng(1).integers(0, 256, 256, dtype=np.uint8).tobytes())
+    expect_error(env.tessera(2, "train", *common, "--data", damaged),
+                 "cannot read '/images'", "damaged")
+    # Without chunk checksums (a file written by h5py): large finite values pass the reader, and
+    # --verify-data finds them through the per-sample checksums.
+    plain = env.path("plain.h5")
+    with h5py.File(plain, "w") as f:
+        f["images"], f["labels"] = images, labels
+        f["image_crc32"] = [zlib.crc32(i.tobytes()) for i in images]
+        f["label_crc32"] = [zlib.crc32(l.tobytes()) for l in labels]
+        offset = f["images"].id.get_offset()
+    with open(plain, "r+b") as f:
+        f.seek(offset + 6 * images[0].nbytes + 400)
+        f.write(np.full(64, 3e38, np.float32).tobytes())
+    expect_ok(env.tessera(2, "train", *common, "--data", plain), "step 2/2")
+    expect_error(env.tessera(2, "train", *common, "--data", plain, "--verify-data"),
+                 "the image of sample 6 does not match its checksum in /image_crc32")
+    # Labels outside the model's classes and NaN pixels, found before the first step.
+    for name, edit, phrase in [
+            ("labels.h5", lambda im, lb: lb.__setitem__((3, 7, 9), 5),
+             "/labels holds 5 in sample 3, row 7, column 9, outside the model's 2 classes"),
+            ("nan.h5", lambda im, lb: im.__setitem__((2, 1, 4, 5), np.nan),
+             "/images holds nan in sample 2, channel 1, row 4, column 5")]:
+        im, lb = images.copy(), labels.copy()
+        edit(im, lb)
+        with h5py.File(env.path(name), "w") as f:
+            f["images"], f["labels"] = im, lb
+        expect_error(env.tessera(2, "train", *common, "--data", env.path(name), "--verify-data"),
+                     phrase)
+    # Different files behind one path: rank 0 and rank 1 run in different directories.
+    for d, seed in (("a", "1"), ("b", "2")):
+        env.path(d).mkdir()
+        expect_ok(env.tessera(1, "datagen", "--output", env.path(d) / "d.h5", "--samples", "8",
+                              "--height", "32", "--width", "32", "--seed", seed), "wrote")
+    argv = [env.exe, "train", *common, "--data", "d.h5"]
+    r = env.run_cmd([env.mpiexec, "-n", "1", "-wdir", str(env.path("a")), *argv, ":",
+                     "-n", "1", "-wdir", str(env.path("b")), *argv])
+    expect_error(r, "the ranks see different files behind 'd.h5'", "rank 0", "rank 1",
+                 "fingerprint")
+    # Truncated while the job reads it: the job stops, naming the file.
+    shrinking = env.path("shrinking.h5")
+    shutil.copy(good, shrinking)
+    job = Job(env, 2, "train", *common[:-1], "100000", "--log-every", "1", "--data", shrinking)
+    try:
+        job.wait_for("step 3/", 120)
+        os.truncate(shrinking, os.path.getsize(shrinking) // 2)
+        rc, _ = job.finish(120)
+    finally:
+        job.kill()
+    out = job.output()
+    if rc == 0 or f"'{shrinking}' changed while the job was reading it (its size went" not in out:
+        fail("expected the job to stop on the truncated file, naming it", job.result())
 
 
 @scenario
@@ -544,6 +756,46 @@ def train_watchdog_slow_rank(env):
         fail("expected the run to end normally after its rank was continued", r)
     if "timeout" in r.output:
         fail("expected no timeout", r)
+
+
+@scenario
+def train_monitor_stragglers(env):
+    """A rank held back (stopped for 2 s) is named the slowest in its log window, the others'
+    share of time waiting for it shows, and every train line carries the peak memory per rank, in
+    the progress line and the metrics file."""
+    for rank in (1, 0):
+        metrics = env.path(f"m{rank}.csv")
+        job = Job(env, 2, "train", *SMALL[:8], "--batch", "2", "--val-samples", "0", "--steps",
+                  "40", "--log-every", "1", "--progress", "plain", "--metrics", metrics)
+        try:
+            job.wait_for("step 5/", 120)
+            pid = job.rank_pid(rank)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(2)
+            os.kill(pid, signal.SIGCONT)
+            rc, _ = job.finish(300)
+        finally:
+            job.kill()
+        r = job.result()
+        if rc != 0 or "step 40/40" not in r.output:
+            fail("expected the run to end normally", r)
+        rows = read_metrics(metrics)
+        if len(rows) != 40:
+            fail(f"expected 40 train lines in {metrics}, got {len(rows)}", r)
+        held = [row for row in rows if float(row["max_wait_share"]) > 0.5 and
+                int(row["slowest_rank"]) == rank]
+        if not held:
+            fail(f"expected a log window where rank {rank} is the slowest and the other waited "
+                 f"over half of it: {rows}", r)
+        for row in rows:
+            lo, hi = float(row["peak_mib_min"]), float(row["peak_mib_max"])
+            if not (5 < lo <= hi < 4096) or int(row["peak_mib_rank"]) not in (0, 1) or \
+                    not 0 <= float(row["wait_share"]) <= float(row["max_wait_share"]) <= 1:
+                fail(f"implausible monitoring values in {row}", r)
+        if not re.search(r"step \d+/40 .* img/s  wait \d+% \(slowest r[01]\)  mem \d+ MiB "
+                         r"\(r[01]\)  ETA", r.output):
+            fail("expected the wait share, the slowest rank and the peak memory in the progress "
+                 "line", r)
 
 
 if __name__ == "__main__":

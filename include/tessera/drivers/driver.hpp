@@ -45,6 +45,10 @@ inline constexpr int kExitStoppedResumable = 75;
 
 // Peak resident memory of this process so far, in MiB (what a user sizes nodes by). Local.
 double peak_memory_mib();
+// Peak resident memory since the previous call (since the start, for the first), in MiB: Linux's
+// VmHWM, reset after reading through /proc/self/clear_refs. Where that reset is refused, the
+// peak since the start. peak_memory_mib() still reports the peak since the start. Local.
+double interval_peak_memory_mib();
 // Minor page faults of this process so far (pages mapped on first touch). Local.
 long minor_page_faults();
 // Its smallest and largest value over the ranks. Collective over the world group.

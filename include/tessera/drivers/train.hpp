@@ -27,8 +27,11 @@ struct TrainOptions {
   std::uint64_t seed = 1;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // steps; 0: only at the end (when a directory is given)
+  std::int64_t keep_checkpoints = 3;  // newest checkpoints kept; 0: all
   bool resume = false;
-  std::string metrics;  // .csv, or .jsonl / .json for JSON lines
+  bool allow_changes = false;  // resume although the computation's options changed
+  bool verify_data = false;    // read every sample of --data and --val-data before training
+  std::string metrics;         // .csv, or .jsonl / .json for JSON lines
   std::int64_t log_every = 10;
   // The built-in synthetic dataset.
   std::int64_t samples = 512, height = 128, width = 128, val_samples = 32;

@@ -1,10 +1,12 @@
 // Checkpoints (README.md "Files"): parameters and buffers in the params layout, the optimizer's
-// state under /optimizer, and /state (step, epoch, seed, model JSON, grid, dtype). Written by one
-// rank to a temporary file in the same directory, flushed and renamed, so a crash mid-write never
-// destroys the last good checkpoint. Every function is local.
+// state under /optimizer, and /state (step, epoch, seed, model JSON, grid, dtype, the options
+// that decide what the run computes). Every dataset carries its CRC-32, verified on load. Written
+// by one rank to a temporary file in the same directory, flushed and renamed, so a crash mid-write
+// never destroys the last good checkpoint. Every function is local.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,7 +15,7 @@
 
 namespace tessera {
 
-inline constexpr const char* kCheckpointFormat = "tessera-checkpoint-1";
+inline constexpr const char* kCheckpointFormat = "tessera-checkpoint-2";
 
 struct CheckpointState {
   std::int64_t step = 0;   // optimizer steps taken; the data cursor and the dropout step follow
@@ -31,22 +33,36 @@ struct CheckpointState {
   std::int64_t window_steps = 0;
   double window_loss = 0;
   std::vector<std::int64_t> window_counts;
+  // The options that decide what the run computes, by name ("--lr" -> "0.001"): a resume compares
+  // them with its own (src/drivers/train.cpp).
+  std::map<std::string, std::string> options;
 };
 
 // `dir`/checkpoint-<step>.h5.
 std::string checkpoint_path(const std::string& dir, std::int64_t step);
 
-// The checkpoint with the highest step in `dir`, or "" when there is none.
-std::string latest_checkpoint(const std::string& dir);
+// The checkpoints in `dir` (checkpoint-<step>.h5), the highest step first; empty when there are
+// none or `dir` does not exist.
+std::vector<std::string> checkpoints_newest_first(const std::string& dir);
 
+// Checks that `path` is a whole checkpoint of this format whose every dataset matches its
+// checksum; otherwise an Error saying what is wrong (truncated, not HDF5, damaged dataset...).
+void verify_checkpoint(const std::string& path);
+
+// Removes all but the `keep` newest checkpoints of `dir` (keep 0: removes none) and the temporary
+// files writers left behind (.checkpoint-<step>.h5.tmp.<pid>). Returns a line per file it could not
+// remove (the reason), empty when all went well.
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep);
+
+// Writes `path` all or nothing. A parameter, buffer or optimizer state holding NaN or infinity
+// is an Error naming it, and nothing is written: a checkpoint always holds finite numbers.
 template <typename T>
 void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
                       const CheckpointState& state);
 
-// Loads a checkpoint into `model` and `optimizer` after checking that it was written for the
-// same model, dtype, optimizer, seed, batch and number of training samples as `expect` (its
-// step, epoch, grid and window are not compared); a mismatch or a file that is not a checkpoint
-// is an Error saying why.
+// Loads a checkpoint into `model` and `optimizer` after verifying it (verify_checkpoint) and
+// checking that it was written for the same model, dtype and optimizer as `expect`; a mismatch or
+// a file that fails verification is an Error saying why. Its options are returned, not compared.
 template <typename T>
 CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
                                 const CheckpointState& expect);

@@ -37,6 +37,10 @@ class File {
   static File open_read_parallel(const std::string& path, const Comm& comm);
   // Creates (truncates) a file for writing.
   static File create(const std::string& path);
+  // Creates a file that lives in memory only (HDF5's core driver, no backing store): `name` is
+  // what messages call it; image() returns its bytes. Nothing reaches a disk, so a full disk can
+  // never leave HDF5 with a half-closed file.
+  static File create_in_memory(const std::string& name);
 
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
@@ -66,7 +70,21 @@ class File {
                     std::span<const std::int64_t> offset, std::span<const std::int64_t> count,
                     std::span<T> out) const;
 
-  // Writes a whole dataset (intermediate groups are created). A scalar has no dims.
+  // The box [offset, offset + count) of `dataset` (one extent per dimension) as stored: the
+  // file's element type, in this machine's byte order, row-major. What per-sample checksums are
+  // computed over. An independent transfer on a parallel file: local.
+  std::vector<unsigned char> read_bytes(const std::string& dataset,
+                                        std::span<const std::int64_t> offset,
+                                        std::span<const std::int64_t> count) const;
+
+  // Throws an Error naming the file, the dataset and the first entry (along the first dimension)
+  // of `dataset` that was declared but never written: a missing chunk of a chunked dataset, or
+  // no storage at all for a contiguous one (HDF5 would read either as zeros). Cheap when every
+  // chunk is there (one count); `what` names the entries in the message ("sample"). Local.
+  void check_written(const std::string& dataset, const std::string& what) const;
+
+  // Writes a whole dataset (intermediate groups are created). A scalar has no dims. The dataset
+  // carries the CRC-32 of its bytes in its attribute "tessera_crc32" (see verify_checksums).
   template <typename T>
   void write(const std::string& dataset, std::span<const T> data,
              const std::vector<std::int64_t>& dims);
@@ -74,10 +92,12 @@ class File {
   // Creates a dataset of `dims` elements of T (float, double, std::int32_t, std::uint8_t) stored
   // in chunks of `chunk` (same rank, 1 <= chunk[k] <= dims[k]), to be filled box by box with
   // write_box, so that a dataset larger than memory can be written. Chunks are allocated as they
-  // are written and never pre-filled; a chunk never written reads as zeros.
+  // are written and never pre-filled; a chunk never written reads as zeros (check_written finds
+  // it). With `checksummed`, every chunk carries HDF5's Fletcher-32 checksum, which HDF5 checks
+  // on every read (a damaged chunk is a read error, not wrong numbers).
   template <typename T>
   void create_chunked(const std::string& dataset, const std::vector<std::int64_t>& dims,
-                      const std::vector<std::int64_t>& chunk);
+                      const std::vector<std::int64_t>& chunk, bool checksummed = false);
   // Writes `data` (row-major, count[0] x count[1] x ...) into the box [offset, offset + count)
   // of an existing dataset of T. A box that covers whole chunks is written without reading back.
   template <typename T>
@@ -90,15 +110,36 @@ class File {
 
   void flush();
 
+  // Reads every dataset of the file whole and compares the CRC-32 of its bytes with its
+  // "tessera_crc32" attribute (written by write). A mismatch, an unreadable dataset, or with
+  // `required` a dataset without the attribute, is an Error naming the file and the dataset.
+  void verify_checksums(bool required) const;
+
+  // The bytes of a file made by create_in_memory, flushed.
+  std::vector<unsigned char> image();
+
  private:
   File(hid_t id, std::string path) : id_(id), path_(std::move(path)) {}
   hid_t id_ = -1;
   std::string path_;
 };
 
-// Writes `path` all or nothing: `body` fills a temporary file in the same directory, which is
-// flushed, closed, synced to disk (fsync) and renamed over `path`. On any failure the temporary
-// file is removed and the previous `path` (if any) is untouched. Local.
-void write_atomically(const std::string& path, const std::function<void(File&)>& body);
+// The CRC-32 (zlib's, as Python's zlib.crc32) of `bytes`: what verify_checksums compares. With
+// `previous`, the CRC-32 of the bytes it covered followed by `bytes`. Local.
+std::uint32_t checksum(std::span<const unsigned char> bytes, std::uint32_t previous = 0);
+// The CRC-32 of A followed by B, from crc(A), crc(B) and B's length (zlib's crc32_combine).
+std::uint32_t checksum_combine(std::uint32_t a, std::uint32_t b, std::int64_t b_bytes);
+
+// Where write_atomically builds the file: in memory (whole, then written with plain system calls
+// whose every error is seen and reported; for files that fit in memory comfortably) or on disk,
+// streamed into the temporary file by HDF5 (for datasets larger than memory).
+enum class Staging { memory, disk };
+
+// Writes `path` all or nothing: `body` fills the file (staged as above) that becomes a temporary
+// file in the same directory (`.<name>.tmp.<pid>`), synced to disk (fsync) and renamed over
+// `path`. On any failure (a full disk, a quota) the temporary file is removed, the previous
+// `path` (if any) is untouched, and the Error names the path and the system's reason. Local.
+void write_atomically(const std::string& path, const std::function<void(File&)>& body,
+                      Staging staging = Staging::memory);
 
 }  // namespace tessera::h5
