@@ -62,8 +62,10 @@ class Id {
   ~Id() {
     if (id_ >= 0) close_(id_);
   }
+  Id(Id&& other) noexcept : id_(other.id_), close_(other.close_) { other.id_ = -1; }
   Id(const Id&) = delete;
   Id& operator=(const Id&) = delete;
+  Id& operator=(Id&&) = delete;
   operator hid_t() const { return id_; }
 
  private:
@@ -73,6 +75,23 @@ class Id {
 
 std::vector<hsize_t> to_hsize(std::span<const std::int64_t> v) {
   return std::vector<hsize_t>(v.begin(), v.end());
+}
+
+// A dataspace of `extent` in memory.
+Id memory_space(const std::vector<hsize_t>& extent) {
+  return Id(
+      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
+      H5Sclose);
+}
+
+// Reads on a parallel file are independent, so that ranks reading different numbers of entries
+// (or only some ranks reading) never wait on each other.
+Id independent_transfer() {
+  Id transfer(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  TESSERA_CHECK_HDF5(H5Pset_dxpl_mpio(transfer, H5FD_MPIO_INDEPENDENT));
+#endif
+  return transfer;
 }
 
 constexpr const char* kChecksumAttribute = "tessera_crc32";
@@ -336,14 +355,8 @@ void File::read_entries(const std::string& dataset, std::span<const std::int64_t
     a = b;
   }
   extent[0] = sorted.size();
-  Id mem_space(
-      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
-      H5Sclose);
-  Id transfer(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
-#ifdef H5_HAVE_PARALLEL
-  // Independent, so that ranks reading different numbers of entries never wait on each other.
-  TESSERA_CHECK_HDF5(H5Pset_dxpl_mpio(transfer, H5FD_MPIO_INDEPENDENT));
-#endif
+  Id mem_space = memory_space(extent);
+  Id transfer = independent_transfer();
   const bool in_place = std::equal(entries.begin(), entries.end(), sorted.begin(), sorted.end());
   std::vector<T> scratch(in_place ? 0 : sorted.size() * static_cast<std::size_t>(per_entry));
   T* const target = in_place ? out.data() : scratch.data();
@@ -437,13 +450,8 @@ std::vector<unsigned char> File::read_bytes(const std::string& dataset,
   const auto start = to_hsize(offset), extent = to_hsize(count);
   TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr,
                                          extent.data(), nullptr));
-  Id mem_space(
-      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
-      H5Sclose);
-  Id transfer(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
-#ifdef H5_HAVE_PARALLEL
-  TESSERA_CHECK_HDF5(H5Pset_dxpl_mpio(transfer, H5FD_MPIO_INDEPENDENT));
-#endif
+  Id mem_space = memory_space(extent);
+  Id transfer = independent_transfer();
   if (H5Dread(d, memory_type, mem_space, file_space, transfer, bytes.data()) < 0) {
     H5Eclear2(H5E_DEFAULT);
     throw Error("cannot read '" + dataset + "' from '" + path_ +

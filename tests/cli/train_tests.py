@@ -610,6 +610,13 @@ class Job:
         self.kill()
         fail(f"found no process of rank {rank}", self.result())
 
+    def hold(self, rank, seconds):
+        """Stops `rank` (SIGSTOP) for `seconds`, then lets it go on (SIGCONT)."""
+        pid = self.rank_pid(rank)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        os.kill(pid, signal.SIGCONT)
+
     def finish(self, seconds):
         """Waits for mpiexec; returns (exit code, seconds waited), killing the job after
         `seconds`."""
@@ -744,10 +751,7 @@ def train_watchdog_slow_rank(env):
               "--timeout", "30")
     try:
         job.wait_for("step 3/", 120)
-        pid = job.rank_pid(1)
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(2)
-        os.kill(pid, signal.SIGCONT)
+        job.hold(1, 2)
         rc, _ = job.finish(300)
     finally:
         job.kill()
@@ -769,10 +773,7 @@ def train_monitor_stragglers(env):
                   "40", "--log-every", "1", "--progress", "plain", "--metrics", metrics)
         try:
             job.wait_for("step 5/", 120)
-            pid = job.rank_pid(rank)
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(2)
-            os.kill(pid, signal.SIGCONT)
+            job.hold(rank, 2)
             rc, _ = job.finish(300)
         finally:
             job.kill()
