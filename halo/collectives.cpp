@@ -1,5 +1,6 @@
 #include "tessera/collectives.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <vector>
@@ -89,6 +90,101 @@ void check_same_everywhere(const Comm& comm, const std::string& what, const std:
                     " differ from rank 0 (are the files and the tessera binary the same on every "
                     "node?)",
                 "collectives.cpp", /*agreed=*/true);
+}
+
+namespace {
+
+// Every rank's `mine`, in rank order. Collective over the world group.
+std::vector<long long> allgather_world(const Comm& comm, long long mine, const std::string& what) {
+  std::vector<long long> all(static_cast<std::size_t>(comm.size(Group::world)));
+  Request r = comm.start_allgather(mine, all, Group::world, what);
+  comm.wait(r);
+  return all;
+}
+
+// A hash of `parts` in order, each preceded by its length (so "ab","c" differs from "a","bc").
+long long hash_parts(const std::vector<std::string>& parts) {
+  std::string text;
+  for (const std::string& p : parts)
+    text += std::to_string(p.size()) + ":" + p;
+  return static_cast<long long>(hash_string(text));
+}
+
+// "rank 3", or "ranks 0-2, 5" for ranks in increasing order.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t k = 0; k < ranks.size();) {
+    std::size_t end = k + 1;
+    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1)
+      ++end;
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[k]);
+    if (end - k > 1) text += "-" + std::to_string(ranks[end - 1]);
+    k = end;
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
+}
+
+// A value as the message shows it: "(not given)" for none, long ones cut.
+std::string shown(const std::string& value) {
+  if (value.empty()) return "(not given)";
+  constexpr std::size_t kMax = 80;
+  return value.size() <= kMax ? value : value.substr(0, kMax) + "...";
+}
+
+}  // namespace
+
+void agree_on_fields(const Comm& comm, const std::vector<Field>& fields) {
+  const std::string what = "agreement on the command and its options";
+  std::vector<std::string> names{std::to_string(fields.size())}, values;
+  for (const Field& f : fields) {
+    names.push_back(f.name);
+    values.push_back(f.value);
+  }
+  // Different names (or counts) mean different programs: nothing further can be compared safely.
+  const std::vector<long long> name_hashes = allgather_world(comm, hash_parts(names), what);
+  std::vector<int> differ;
+  for (std::size_t k = 1; k < name_hashes.size(); ++k)
+    if (name_hashes[k] != name_hashes[0]) differ.push_back(static_cast<int>(k));
+  if (!differ.empty())
+    throw Error("ranks disagree on which options they compare: " + rank_list(differ) +
+                    " differ from rank 0 (is the tessera binary the same on every node?)",
+                "collectives.cpp", /*agreed=*/true);
+  const std::vector<long long> value_hashes = allgather_world(comm, hash_parts(values), what);
+  if (std::all_of(value_hashes.begin(), value_hashes.end(),
+                  [&](long long h) { return h == value_hashes[0]; }))
+    return;
+  // Which fields differ, and who holds what: every rank computes the same groups, so the
+  // broadcasts below (one per distinct value shown) match on every rank.
+  std::string message;
+  for (const Field& f : fields) {
+    const std::vector<long long> hashes = allgather_world(comm, hash_parts({f.value}), what);
+    std::vector<long long> distinct;
+    std::vector<std::vector<int>> holders;
+    for (std::size_t r = 0; r < hashes.size(); ++r) {
+      const auto at = std::find(distinct.begin(), distinct.end(), hashes[r]);
+      if (at == distinct.end()) {
+        distinct.push_back(hashes[r]);
+        holders.push_back({static_cast<int>(r)});
+      } else {
+        holders[static_cast<std::size_t>(at - distinct.begin())].push_back(static_cast<int>(r));
+      }
+    }
+    if (distinct.size() == 1) continue;
+    constexpr std::size_t kShown = 4;
+    std::string part = f.name + ":";
+    for (std::size_t g = 0; g < std::min(kShown, holders.size()); ++g) {
+      const int root = holders[g].front();
+      std::string value = comm.rank() == root ? f.value : std::string();
+      broadcast(comm, value, root);
+      part += std::string(g == 0 ? " " : ", ") + rank_list(holders[g]) + " " + shown(value);
+    }
+    if (holders.size() > kShown)
+      part += ", and " + std::to_string(holders.size() - kShown) + " other values";
+    message += (message.empty() ? "" : "; ") + part;
+  }
+  throw Error("ranks disagree on " + message +
+                  " (every rank must run the same command with the same options)",
+              "collectives.cpp", /*agreed=*/true);
 }
 
 }  // namespace tessera

@@ -1,4 +1,5 @@
 #include "tessera/dist_tensor.hpp"
+#include "tessera/error.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
@@ -6,6 +7,18 @@ namespace tessera {
 std::string Shape4::str() const {
   return std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
          std::to_string(w);
+}
+
+std::size_t checked_storage_size(const Shape4& s, Layout layout, std::size_t element_bytes) {
+  const std::int64_t c = layout == Layout::nchw ? s.c : channel_blocks(s.c) * kBlock;
+  std::int64_t n = 0, bytes = 0;
+  // The message is built only on failure: this runs for every tensor.
+  if (__builtin_mul_overflow(s.n, c, &n) || __builtin_mul_overflow(n, s.h, &n) ||
+      __builtin_mul_overflow(n, s.w, &n) ||
+      __builtin_mul_overflow(n, static_cast<std::int64_t>(element_bytes), &bytes))
+    throw Error("a tensor of shape " + s.str() + " (" + std::to_string(element_bytes) +
+                "-byte elements) overflows 64-bit sizes (more than 2^63 - 1 bytes)");
+  return static_cast<std::size_t>(n);
 }
 
 Range Distribution::samples() const { return samples_of(me.n); }

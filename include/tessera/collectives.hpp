@@ -5,6 +5,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tessera/comm.hpp"
 
@@ -40,5 +41,20 @@ void agree(const Comm& comm, const std::function<void()>& step,
 // rank; otherwise every rank throws an agreed Error naming `what` and the ranks that differ from
 // rank 0 (e.g. a model file that differs between nodes). Collective over the world group.
 void check_same_everywhere(const Comm& comm, const std::string& what, const std::string& value);
+
+// One item of what the ranks of a job must hold alike: its name as the user wrote it ("--dtype",
+// "the command") and its value as text ("" when not given).
+struct Field {
+  std::string name;
+  std::string value;
+};
+
+// Checks that every rank holds the same `fields` (names and values, in order); otherwise every
+// rank throws the same agreed Error naming each field that differs and which ranks hold which
+// value: "ranks disagree on --dtype: rank 0 float32, rank 1 float64". Safe to call first thing,
+// whatever the other ranks run: it starts with two fixed-size allgathers of hashes (the field
+// names, then the values), and only when those differ exchanges values, sizes first. Collective
+// over the world group.
+void agree_on_fields(const Comm& comm, const std::vector<Field>& fields);
 
 }  // namespace tessera

@@ -51,6 +51,11 @@ inline std::int64_t storage_size(const Shape4& s, Layout layout) {
   return layout == Layout::nchw ? s.numel() : s.n * channel_blocks(s.c) * kBlock * s.h * s.w;
 }
 
+// The elements of storage_size(s, layout), checked: an Error naming the shape when they, or their
+// bytes at `element_bytes` each, do not fit 64-bit sizes (a wrapped size would allocate a small
+// block and write past it).
+std::size_t checked_storage_size(const Shape4& s, Layout layout, std::size_t element_bytes);
+
 // Asks for a tensor whose values the caller overwrites before reading: it is not zeroed (a pass
 // over the memory saved, 35 ms for a 512 MiB activation here).
 struct Uninitialized {};
@@ -73,7 +78,7 @@ class Tensor {
   Tensor(Shape4 shape, Layout layout, Uninitialized, Allocator& allocator = host_allocator())
       : shape_(shape),
         layout_(layout),
-        size_(static_cast<std::size_t>(storage_size(shape, layout))),
+        size_(checked_storage_size(shape, layout, sizeof(T))),
         storage_(allocator, size_ * sizeof(T)) {}
   // Zeros in the memory of `allocator` (any space).
   Tensor(Shape4 shape, Layout layout, Allocator& allocator)

@@ -2,9 +2,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
+#include <type_traits>
 
 #include "tessera/collectives.hpp"
+#include "tessera/device_comm.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
@@ -101,6 +105,53 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
   }
 }
 
+// The value of a parsed option as text; empty for an option given without one (a switch such as
+// --help). Local; an option type this does not know is an Error, caught by the CLI tests.
+template <typename T, typename... More>
+std::string any_text(const boost::any& v, const std::string& name) {
+  if (const T* p = boost::any_cast<T>(&v)) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      return *p;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return *p ? "true" : "false";
+    } else if constexpr (std::is_floating_point_v<T>) {
+      std::ostringstream o;
+      o << std::setprecision(17) << *p;
+      return o.str();
+    } else {
+      return std::to_string(*p);
+    }
+  }
+  if constexpr (sizeof...(More) > 0) {
+    return any_text<More...>(v, name);
+  } else {
+    throw Error("option --" + name + " has a type the start-up agreement cannot compare");
+  }
+}
+
+// Every option of `options` (its value, or its default, or "" when neither) and the environment's
+// settings that change what or how the ranks compute, as fields for agree_on_fields. --config is
+// left out: its file's values are in `vm` already. Local.
+std::vector<Field> option_fields(const po::options_description& options,
+                                 const po::variables_map& vm, const RuntimeOptions& runtime) {
+  std::vector<Field> fields;
+  for (const auto& option : options.options()) {
+    const std::string& name = option->long_name();
+    if (name == "config") continue;
+    std::string value;
+    if (vm.count(name)) {
+      value = any_text<std::string, bool, int, unsigned, long, unsigned long, long long,
+                       unsigned long long, double, float>(vm[name].value(), name);
+      if (value.empty()) value = "(given)";
+    }
+    fields.push_back({"--" + name, value});
+  }
+  fields.push_back({"TESSERA_KERNELS", to_string(runtime.kernels)});
+  fields.push_back({"TESSERA_TRANSPORT", to_string(runtime.transport)});
+  fields.push_back({"TESSERA_OVERLAP", runtime.overlap ? "1" : "0"});
+  return fields;
+}
+
 }  // namespace
 
 GridShape grid_or_default(const std::string& text, const GridShape& fallback) {
@@ -150,6 +201,9 @@ bool parse(const std::string& command, const std::string& summary,
       throw Error("tessera " + command + ": " + e.what() + " (see tessera " + command + " --help)");
     }
   });
+  // Before anything else the ranks do together: the same command with other options on some
+  // ranks (another --dtype, --grid or --model; --help on one) would wait in other collectives.
+  agree_on_fields(world, option_fields(all, vm, runtime));
   if (vm.count("help")) {
     if (is_root(world))
       std::cout << "Usage: mpiexec -n P tessera " << command << " [options]\n\n"

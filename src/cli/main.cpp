@@ -121,6 +121,12 @@ int main(int argc, char** argv) {
     const tessera::WaitPolicy detected = tessera::MpiComm::detect_wait_policy(MPI_COMM_WORLD);
     const tessera::MpiComm world(MPI_COMM_WORLD, {1, 1, size},
                                  {runtime.wait.value_or(detected), runtime.timeout});
+    // Before any command's collective work: ranks that run different commands (an MPMD launch,
+    // `mpiexec -n 1 tessera train : -n 1 tessera gradcheck`) or builds would otherwise wait on
+    // each other in different collectives. Each command then agrees on its options (parse()).
+    tessera::agree_on_fields(world, {{"the command", command},
+                                     {"the tessera build", std::string(TESSERA_VERSION) + " " +
+                                                               __DATE__ + " " + __TIME__}});
     // A bad environment variable stops every rank with one message before any command runs.
     tessera::agree(world, [&] {
       if (!bad_environment.empty()) throw tessera::Error(bad_environment);

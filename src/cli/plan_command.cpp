@@ -1,9 +1,12 @@
+#include <algorithm>
 #include <iostream>
 #include <optional>
 
 #include "command.hpp"
+#include "tessera/checked.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/drivers/driver.hpp"
+#include "tessera/drivers/memory.hpp"
 #include "tessera/drivers/plan.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
@@ -15,7 +18,7 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
   std::string model = "convstack-small", grid, image, dtype = "float32";
   std::int64_t batch = 1;
   std::string device = "cpu";
-  double device_gib = 0;
+  double device_gib = 0, host_gib = 0;
   po::options_description d("Plan options");
   d.add_options()("model", po::value(&model)->default_value(model), model_option_help().c_str())(
       "grid", po::value(&grid),
@@ -28,7 +31,10 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
       "cpu, or cuda: also estimate each rank's GPU memory, say whether it fits and, if not, "
       "which grid would")(
       "device-memory", po::value(&device_gib),
-      "with --device cuda: GiB of memory per GPU (default: this machine's first GPU)");
+      "with --device cuda: GiB of memory per GPU (default: this machine's first GPU)")(
+      "host-memory", po::value(&host_gib),
+      "GiB of host memory per rank: an estimate above it is an error (default: this machine's "
+      "available memory, as for one rank per node)");
   po::variables_map vm;
   if (!parse("plan",
              "Plans a model on a grid without moving any data: per layer, the tiles, the halo "
@@ -54,6 +60,8 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
                   "bad --device '" + device + "': expected cpu or cuda");
     TESSERA_CHECK(!vm.count("device-memory") || (device == "cuda" && device_gib > 0),
                   "--device-memory takes a number of GiB > 0, with --device cuda");
+    TESSERA_CHECK(!vm.count("host-memory") || host_gib > 0,
+                  "--host-memory takes a number of GiB > 0");
     if (device == "cuda") {
       o.device = true;
       if (device_gib > 0) {
@@ -73,16 +81,37 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
       throw Error(std::string(e.what()) + "; for the whole model, try --grid " + better->str());
     }
   });
+  // The host memory the estimate must fit: --host-memory, or this machine's (one rank per node).
+  MemoryBudget host = available_host_memory();
+  if (vm.count("host-memory")) {
+    host = {static_cast<std::int64_t>(std::min(host_gib * 1024 * 1024 * 1024, 9e18)),
+            "--host-memory"};
+  } else if (host.bytes > 0) {
+    host.source += " on this machine";
+  }
+  const PlanOptions& o = plan.options;
   if (is_root(world)) {
     print_plan(plan, std::cout);
-    const PlanOptions& o = plan.options;
     if (o.device && o.device_memory > 0 &&
-        plan.memory.device_total() + kDeviceReserve > o.device_memory) {
+        saturating_add(plan.memory.device_total(), kDeviceReserve) > o.device_memory) {
       const std::optional<GridShape> fits = grid_that_fits(spec, o, o.device_memory);
       std::cout << (fits ? "  a grid that fits: --grid " + fits->str() + "\n"
                          : "  no grid up to 64x64 fits this batch: lower --batch\n");
     }
+    if (!o.device && host.bytes > 0)
+      std::cout << "  host memory per rank: " << human_bytes(host.bytes) << " (" << host.source
+                << "): " << (plan.memory.total() <= host.bytes ? "fits" : "does NOT fit") << "\n";
+    std::cout << std::flush;
   }
+  // A plan no machine (or not the given memory) can run is an error: sizes past 64 bits always;
+  // on the host, an estimate above the memory per rank (on a GPU the lines above say whether it
+  // fits).
+  if (!vm.count("host-memory")) host.source += "; --host-memory GIB plans for other nodes";
+  agree(world, [&] {
+    check_memory(o.device ? plan.memory.device_total() : plan.memory.total(), "the estimate above",
+                 o.device ? MemoryBudget{} : host,
+                 "use more ranks, a smaller image or a smaller batch");
+  });
   return 0;
 }
 

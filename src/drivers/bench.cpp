@@ -1,5 +1,6 @@
 #include "tessera/drivers/bench.hpp"
 #include "tessera/drivers/driver.hpp"
+#include "tessera/drivers/memory.hpp"
 
 #include <sys/resource.h>
 
@@ -292,7 +293,12 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   std::optional<Model<T>> model;
   Shape4 input = o.image;
   if (input.c == 0) input.c = spec.input_channels;
-  agree(world, [&] { model.emplace(spec, runtime, input); });
+  const MemoryBudget memory = run_memory_budget(world, ro.kernels);
+  agree(world, [&] {
+    // Before anything the size of the image is allocated or computed.
+    check_run_memory(spec, {.grid = o.grid, .input = input, .dtype = o.dtype}, memory);
+    model.emplace(spec, runtime, input);
+  });
   model->init_params(o.seed);
   model->set_input_grad(false);  // as in training
   Optimizer<T> optimizer({.kind = OptimizerKind::sgd, .momentum = 0}, *model);

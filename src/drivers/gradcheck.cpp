@@ -1,5 +1,6 @@
 #include "tessera/drivers/gradcheck.hpp"
 #include "tessera/drivers/driver.hpp"
+#include "tessera/drivers/memory.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -241,8 +242,15 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
                             o.init + "|" + o.input + "|" + std::to_string(o.seed) + "|" + __DATE__ +
                             __TIME__);
 
+  const MemoryBudget memory = run_memory_budget(world, ro.kernels);
   std::optional<Model<T>> model;
   agree(world, [&] {
+    // Before anything the size of the image is allocated or computed; rank 0 also runs the whole
+    // batch alone.
+    check_run_memory(
+        spec,
+        {.grid = o.grid, .input = shape, .dtype = o.dtype, .single_reference = grid.rank() == 0},
+        memory);
     model.emplace(spec, runtime, shape);
     const Shape4& g = model->output_distribution().global;
     if (input)

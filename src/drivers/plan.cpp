@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "tessera/checked.hpp"
 #include "tessera/engine/graph.hpp"
 #include "tessera/error.hpp"
 #include "tessera/partition.hpp"
@@ -13,6 +14,18 @@ namespace tessera {
 namespace {
 
 using Node = LayerNode<double>;
+
+// Sizes in the plan saturate at kSizeMax ("more than 8 EiB") instead of wrapping around: a 10^9 x
+// 10^9 image must read as too large, never as a negative or small count.
+constexpr std::int64_t mul(std::int64_t a, std::int64_t b) {
+  return saturating_mul(a, b);
+}
+constexpr std::int64_t add(std::int64_t a, std::int64_t b) {
+  return saturating_add(a, b);
+}
+std::int64_t elements(const Box& b) {
+  return mul(b.h.size(), b.w.size());
+}
 
 std::int64_t dtype_size(const std::string& dtype) {
   TESSERA_CHECK(dtype == "float32" || dtype == "float64",
@@ -45,9 +58,10 @@ Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
   return {in, g, GridCoords{}};
 }
 
-// Builds and sets up every layer as Model does, without binding any to a grid: shapes only.
+// Builds and sets up every layer as Model does, without binding any to a grid: shapes only, the
+// parameters counted, not allocated.
 std::vector<Node> set_up(const ModelSpec& spec, const PlanOptions& o) {
-  return set_up_layers<double>(spec, input_distribution(spec, o));
+  return set_up_layers<double>(spec, input_distribution(spec, o), Parameters::count);
 }
 
 // One spatial rank's part in a halo layer's exchange.
@@ -88,9 +102,9 @@ std::vector<RankHalo> halo_of_every_rank(const Distribution& in, const Distribut
       for (int b = b0; b <= b1; ++b) {
         const int peer = a * g.w + b;
         if (peer == k) continue;
-        const std::int64_t n = intersect(ranks[peer].owned, window).size();
-        ranks[k].moved += n;     // k receives it in fill
-        ranks[peer].moved += n;  // and the peer sends it
+        const std::int64_t n = elements(intersect(ranks[peer].owned, window));
+        ranks[k].moved = add(ranks[k].moved, n);        // k receives it in fill
+        ranks[peer].moved = add(ranks[peer].moved, n);  // and the peer sends it
       }
   }
   return ranks;
@@ -117,11 +131,11 @@ struct RankTotals {
 
 MemoryEstimate to_bytes(const RankTotals& t, std::int64_t samples, std::int64_t params,
                         std::int64_t bytes) {
-  return {.activations = t.activations * samples * bytes,
-          .windows = t.windows * samples * bytes,
-          .gradients = t.gradients * samples * bytes,
-          .params = 2 * params * bytes,
-          .device_buffers = t.staging * samples * bytes + t.kept_bytes * samples};
+  return {.activations = mul(mul(t.activations, samples), bytes),
+          .windows = mul(mul(t.windows, samples), bytes),
+          .gradients = mul(mul(t.gradients, samples), bytes),
+          .params = mul(mul(2, params), bytes),
+          .device_buffers = add(mul(mul(t.staging, samples), bytes), mul(t.kept_bytes, samples))};
 }
 
 // Bytes per output element the CUDA kernel of layer type `type` keeps for backward
@@ -154,7 +168,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
       const Box tile = input.tile_of(i, j);
       widen(plan.input_rows, tile.h.size(), i == 0 && j == 0);
       widen(plan.input_cols, tile.w.size(), i == 0 && j == 0);
-      ranks[i * g.w + j].activations = tile.size() * input.global.c;
+      ranks[i * g.w + j].activations = mul(elements(tile), input.global.c);
     }
 
   for (const Node& node : nodes) {
@@ -162,9 +176,8 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
     lp.name = node.layer->name();
     lp.type = spec.layers[plan.layers.size()].type;
     lp.output = node.out.global;
-    for (const Param<double>* p : node.layer->params())
-      lp.params += p->value.numel();
-    plan.params += lp.params;
+    lp.params = node.layer->parameter_elements();
+    plan.params = add(plan.params, lp.params);
     const std::optional<WindowMap> map = node.layer->window();
     lp.halo = map.has_value();
     const Distribution& from = node.in.front();
@@ -178,18 +191,18 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
         const Box tile = node.out.tile_of(i, j);
         widen(lp.tile_rows, tile.h.size(), first);
         widen(lp.tile_cols, tile.w.size(), first);
-        const std::int64_t out = tile.size() * node.out.global.c;
+        const std::int64_t out = mul(elements(tile), node.out.global.c);
         std::int64_t in = 0;
         for (const Distribution& d : node.in)
-          in += d.tile_of(i, j).size() * d.global.c;
+          in = add(in, mul(elements(d.tile_of(i, j)), d.global.c));
         std::int64_t window = 0;
         if (map) {
           const RankHalo& h = halos[i * g.w + j];
-          window = h.window.size() * from.global.c;
-          const std::int64_t moved = h.moved * from.global.c;
+          window = mul(elements(h.window), from.global.c);
+          const std::int64_t moved = mul(h.moved, from.global.c);
           halo_max = std::max(halo_max, moved);
-          r.halo += 2 * moved;  // fill, then accumulate
-          r.staging += moved;   // one device buffer per box sent or received
+          r.halo = add(r.halo, mul(2, moved));  // fill, then accumulate
+          r.staging = add(r.staging, moved);    // one device buffer per box sent or received
           // Only the part inside the image is exchanged: clip the window to it. A window wholly
           // in the padding clips to an empty range, its sides then sum to minus the owned tile.
           auto clip = [](Range w, std::int64_t extent) {
@@ -203,12 +216,12 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
           widen(lp.left, h.owned.w.begin - cols.begin, first);
           widen(lp.right, cols.end - h.owned.w.end, first);
         }
-        r.activations += out;
-        r.windows += window;
-        r.kept_bytes += out * kept_per_output(lp.type, bytes);
-        r.gradients = std::max(r.gradients, out + window + in);
+        r.activations = add(r.activations, out);
+        r.windows = add(r.windows, window);
+        r.kept_bytes = add(r.kept_bytes, mul(out, kept_per_output(lp.type, bytes)));
+        r.gradients = std::max(r.gradients, add(add(out, window), in));
       }
-    lp.forward_bytes = lp.backward_bytes = halo_max * samples * bytes;
+    lp.forward_bytes = lp.backward_bytes = mul(mul(halo_max, samples), bytes);
     plan.layers.push_back(std::move(lp));
   }
 
@@ -225,7 +238,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
         plan.busiest = {0, i, j};
       }
     }
-  plan.step_bytes = step_max * samples * bytes;
+  plan.step_bytes = mul(mul(step_max, samples), bytes);
   return plan;
 }
 
@@ -243,13 +256,15 @@ std::string spread(const Spread& s) {
                         : std::to_string(s.min) + ".." + std::to_string(s.max);
 }
 
-// Three significant digits, binary units: "512 B", "12.0 KiB", "1.31 GiB".
-std::string human(std::int64_t bytes) {
+}  // namespace
+
+std::string human_bytes(std::int64_t bytes) {
+  if (bytes >= kSizeMax) return "more than 8 EiB";
   if (bytes < 1024) return std::to_string(bytes) + " B";
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   double v = static_cast<double>(bytes) / 1024;
   int u = 0;
-  while (v >= 1024 && u < 4) {
+  while (v >= 1024 && u < 5) {
     v /= 1024;
     ++u;
   }
@@ -260,6 +275,12 @@ std::string human(std::int64_t bytes) {
                           : "%.0f %s",
                 v, units[u]);
   return text;
+}
+
+namespace {
+
+std::string human(std::int64_t bytes) {
+  return human_bytes(bytes);
 }
 
 void print_table(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
@@ -328,7 +349,7 @@ std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& 
 std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
                                         std::int64_t device_bytes) {
   // Parameters and their gradients are on every rank: no grid makes them smaller.
-  if (analyse(spec, options).memory.params + kDeviceReserve > device_bytes) return std::nullopt;
+  if (add(analyse(spec, options).memory.params, kDeviceReserve) > device_bytes) return std::nullopt;
   const int max_h = static_cast<int>(std::min<std::int64_t>(64, options.input.h));
   const int max_w = static_cast<int>(std::min<std::int64_t>(64, options.input.w));
   for (int ranks = 1; ranks <= max_h * max_w; ++ranks) {
@@ -340,7 +361,7 @@ std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions
       o.grid = {options.grid.n, h, w};
       o.device = true;
       if (!plans(spec, o)) continue;
-      if (analyse(spec, o).memory.device_total() + kDeviceReserve > device_bytes) continue;
+      if (add(analyse(spec, o).memory.device_total(), kDeviceReserve) > device_bytes) continue;
       // The squarest: the smallest difference of h and w.
       if (!found || std::abs(h - w) < std::abs(found->h - found->w)) found = o.grid;
     }
@@ -372,17 +393,20 @@ void print_plan(const Plan& p, std::ostream& out) {
          "inside\n    the image; fwd/bwd: halo bytes received + sent by the busiest rank\n\n";
   out << "  per step and rank: halo " << human(p.step_bytes)
       << " (received + sent, forward and backward)\n"
-      << "                     gradient allreduce " << human(p.params * p.dtype_bytes) << "\n";
+      << "                     gradient allreduce " << human(mul(p.params, p.dtype_bytes)) << "\n";
   const MemoryEstimate& m = p.memory;
   out << "  peak memory per rank (estimate): " << human(m.total()) << ", on rank (n, i, j) = ("
       << p.busiest.n << ", " << p.busiest.i << ", " << p.busiest.j << ")\n    activations "
       << human(m.activations) << " + windows " << human(m.windows) << " + grads "
       << human(m.gradients) << " + params x2 " << human(m.params) << "\n";
-  char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2f",
-                static_cast<double>(p.single.total()) / static_cast<double>(m.total()));
-  out << "  single device (estimate): " << human(p.single.total()) << ", " << ratio
-      << "x the per-rank peak\n";
+  out << "  single device (estimate): " << human(p.single.total());
+  if (p.single.total() < kSizeMax && m.total() < kSizeMax) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.2f",
+                  static_cast<double>(p.single.total()) / static_cast<double>(m.total()));
+    out << ", " << ratio << "x the per-rank peak";
+  }
+  out << "\n";
   out << "  memory model: input + outputs + windows (kept for backward) + one layer's grads + "
          "params x2\n";
   if (!o.device) return;
@@ -394,7 +418,7 @@ void print_plan(const Plan& p, std::ostream& out) {
     out << "  give --device-memory GIB (or run where a GPU is usable) to check that it fits\n";
     return;
   }
-  const bool fits = m.device_total() + kDeviceReserve <= o.device_memory;
+  const bool fits = add(m.device_total(), kDeviceReserve) <= o.device_memory;
   out << "  " << o.device_name << ": " << human(o.device_memory)
       << " per GPU: " << (fits ? "fits" : "does NOT fit") << "\n";
 }

@@ -1,5 +1,6 @@
 #include "tessera/drivers/train.hpp"
 #include "tessera/drivers/driver.hpp"
+#include "tessera/drivers/memory.hpp"
 
 #include <sys/resource.h>
 
@@ -16,6 +17,7 @@
 #include <optional>
 #include <sstream>
 
+#include "tessera/checked.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/dataset.hpp"
 #include "tessera/engine/model.hpp"
@@ -259,6 +261,7 @@ class Trainer {
   std::ostream& out_;
   ModelSpec spec_;
   std::optional<Runtime> runtime_;
+  MemoryBudget memory_;  // per rank: what build() checks the run's needs against
   std::unique_ptr<Dataset> train_data_, val_data_;
   Split train_, val_;
   std::string data_text_;
@@ -303,6 +306,10 @@ void Trainer<T>::open_data() {
       "'" + o_.data + "' has " +
           (info.labels == LabelKind::per_pixel ? "per-pixel labels" : "one label per image") +
           " but the model's loss is " + to_string(spec_.loss));
+  // The sample order holds 8 bytes per sample, twice (the index and an epoch's permutation).
+  check_memory(saturating_mul(info.samples, 2 * sizeof(std::int64_t)),
+               "the order of the " + std::to_string(info.samples) + " samples of '" + o_.data + "'",
+               memory_);
   std::int64_t n_train = info.samples;
   if (o_.val_fraction > 0) {
     TESSERA_CHECK(o_.val_data.empty(), "give --val-data or --val-fraction, not both");
@@ -318,6 +325,10 @@ void Trainer<T>::open_data() {
         v.channels == info.channels && v.height == info.height && v.width == info.width &&
             v.labels == info.labels,
         "'" + o_.val_data + "' holds images or labels of another shape than '" + o_.data + "'");
+    check_memory(
+        saturating_mul(v.samples, sizeof(std::int64_t)),
+        "the order of the " + std::to_string(v.samples) + " samples of '" + o_.val_data + "'",
+        memory_);
     val_ = {val_data_.get(), {}};
     for (std::int64_t k = 0; k < v.samples; ++k)
       val_.index.push_back(k);
@@ -499,6 +510,7 @@ void Trainer<T>::check_options() {
 template <typename T>
 void Trainer<T>::build() {
   runtime_.emplace(make_runtime(world_, o_.grid, runtime_options_));
+  memory_ = run_memory_budget(world_, runtime_options_.kernels);
   segmentation_ = spec_.loss == LossKind::pixel_cross_entropy;
   agree(world_, [&] { open_data(); });
 
@@ -509,6 +521,21 @@ void Trainer<T>::build() {
     image = {o_.batch, info.channels, info.height, info.width};
   }
   agree(world_, [&] {
+    // Before anything the size of the image is allocated or computed (a model's set-up is).
+    const bool files = train_data_ != nullptr;
+    const std::int64_t order =
+        files ? static_cast<std::int64_t>(2 * train_.index.size() + val_.index.size())
+              : saturating_add(saturating_mul(2, o_.samples), o_.val_samples);
+    check_run_memory(spec_,
+                     {.grid = o_.grid,
+                      .input = image,
+                      .dtype = o_.dtype,
+                      .optimizer_states = o_.optimizer.kind == OptimizerKind::adam ? 2
+                                          : o_.optimizer.momentum != 0             ? 1
+                                                                                   : 0,
+                      .confusion_matrices = 2,
+                      .sample_order_bytes = saturating_mul(order, sizeof(std::int64_t))},
+                     memory_);
     model_.emplace(spec_, *runtime_, image);
     const Shape4 out = model_->output_distribution().global;
     classes_ = out.c;

@@ -5,12 +5,14 @@
 namespace tessera {
 
 template <typename T>
-std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distribution& input) {
+std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distribution& input,
+                                        Parameters parameters) {
   std::vector<LayerNode<T>> nodes;
   int tag = 0;  // halo exchanges of different layers tell their messages apart by it
   for (const LayerSpec& l : spec.layers) {
     LayerNode<T> node;
     node.layer = make_layer<T>(l, ++tag);
+    node.layer->set_parameters(parameters);
     for (const std::string& name : l.inputs) {
       int index = -1;
       for (std::size_t k = 0; k < nodes.size(); ++k)
@@ -24,7 +26,9 @@ std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distributio
   return nodes;
 }
 
-template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&);
-template std::vector<LayerNode<double>> set_up_layers(const ModelSpec&, const Distribution&);
+template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&,
+                                                     Parameters);
+template std::vector<LayerNode<double>> set_up_layers(const ModelSpec&, const Distribution&,
+                                                      Parameters);
 
 }  // namespace tessera

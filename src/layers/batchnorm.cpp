@@ -35,10 +35,10 @@ Distribution BatchNorm2d<T>::setup(const Distribution& in) {
                 who + ": expected more than 1 value per channel when training, but its input " +
                     s.str() + " has N * H * W = 1 (a batch variance needs two values)");
   const Shape4 c{s.c, 1, 1, 1};
-  weight_ = {"weight", Tensor<T>(c, T(1)), Tensor<T>(c)};
-  bias_ = {"bias", Tensor<T>(c), Tensor<T>(c)};
-  running_mean_ = {"running_mean", Tensor<T>(c)};
-  running_var_ = {"running_var", Tensor<T>(c, T(1))};
+  weight_ = this->make_param("weight", c, T(1));
+  bias_ = this->make_param("bias", c);
+  running_mean_ = this->make_buffer("running_mean", c);
+  running_var_ = this->make_buffer("running_var", c, T(1));
   return in;
 }
 

@@ -84,10 +84,10 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
                .pad_left = 0,
                .groups = spec_.groups};
   const Shape4 wshape{spec_.out_channels, s.c / spec_.groups, spec_.kernel[0], spec_.kernel[1]};
-  weight_ = {"weight", Tensor<T>(wshape), Tensor<T>(wshape)};
+  weight_ = this->make_param("weight", wshape);
   if (spec_.bias) {
     const Shape4 bshape{spec_.out_channels, 1, 1, 1};
-    bias_ = {"bias", Tensor<T>(bshape), Tensor<T>(bshape)};
+    bias_ = this->make_param("bias", bshape);
   }
   return out;
 }

@@ -85,10 +85,10 @@ Distribution ConvTranspose2d<T>::setup(const Distribution& in) {
   const Distribution& out = this->set_distributions(who, in, {s.n, spec_.out_channels, oh, ow});
   // PyTorch's layout [in, out, kh, kw]: the weight of the convolution this is the adjoint of.
   const Shape4 wshape{s.c, spec_.out_channels, spec_.kernel[0], spec_.kernel[1]};
-  weight_ = {"weight", Tensor<T>(wshape), Tensor<T>(wshape)};
+  weight_ = this->make_param("weight", wshape);
   if (spec_.bias) {
     const Shape4 bshape{spec_.out_channels, 1, 1, 1};
-    bias_ = {"bias", Tensor<T>(bshape), Tensor<T>(bshape)};
+    bias_ = this->make_param("bias", bshape);
   }
   return out;
 }

@@ -68,10 +68,10 @@ Distribution Linear<T>::setup(const Distribution& in) {
   in_ = in;
   out_ = in.replicated_with_shape({in.global.n, spec_.out_features, 1, 1});
   const Shape4 wshape{spec_.out_features, in.global.c, 1, 1};
-  weight_ = {"weight", Tensor<T>(wshape), Tensor<T>(wshape)};
+  weight_ = this->make_param("weight", wshape);
   if (spec_.bias) {
     const Shape4 bshape{spec_.out_features, 1, 1, 1};
-    bias_ = {"bias", Tensor<T>(bshape), Tensor<T>(bshape)};
+    bias_ = this->make_param("bias", bshape);
   }
   return out_;
 }

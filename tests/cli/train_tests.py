@@ -458,15 +458,18 @@ def train_errors(env):
     r = env.run_cmd([env.mpiexec, "-n", "2", "/usr/bin/env", "TESSERA_TIMEOUT=soon", env.exe,
                      "train", *SMALL, "--steps", "1"])
     expect_error(r, "TESSERA_TIMEOUT", "soon")
-    # A model file that differs between nodes (here: between ranks) is named, not a hang.
-    base.write_json(env.path("m0.json"), {
+    # A model file that differs between nodes (here: each rank reads m.json in its own
+    # directory) is named, not a hang.
+    for k in (0, 1):
+        env.path(f"d{k}").mkdir()
+    base.write_json(env.path("d0/m.json"), {
         "input_channels": 3, "layers": [
             {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1}]})
-    base.write_json(env.path("m1.json"), {
+    base.write_json(env.path("d1/m.json"), {
         "input_channels": 3, "layers": [
             {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 5, "padding": 2}]})
     r = env.run_cmd([env.mpiexec, "-n", "2", "/bin/sh", "-c",
-                     '"$0" "$@" --model m${PMI_RANK}.json', env.exe, "train", *SMALL[2:],
+                     'cd d${PMI_RANK} && "$0" "$@" --model m.json', env.exe, "train", *SMALL[2:],
                      "--steps", "1"])
     r.ranks = None
     expect_error(r, "the ranks disagree", "rank(s) 1")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <sstream>
 
 #include "tessera/drivers/plan.hpp"
@@ -10,6 +11,7 @@
 #include "tessera/error.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/layers/window.hpp"
+#include "tessera/tensor.hpp"
 
 namespace tessera {
 namespace {
@@ -298,6 +300,32 @@ TEST(Plan, PrintsEveryLayerWithin100Columns) {
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);)
     EXPECT_LE(line.size(), 100u) << line;
+}
+
+// Sizes past 64 bits saturate ("more than 8 EiB") instead of wrapping to negative counts, and the
+// parameters are counted without being allocated (2^40 output channels plan in no time).
+TEST(Plan, SizesPast64BitsSaturateAndParametersAreOnlyCounted) {
+  const ModelSpec m = load_model("unet-small");
+  const Plan p = make_plan(m, options({1, 2, 2}, {1, 3, 1000000000, 1000000000}, "float32"));
+  EXPECT_EQ(p.memory.total(), kSizeMax);
+  EXPECT_EQ(p.single.total(), kSizeMax);
+  EXPECT_EQ(human_bytes(p.memory.total()), "more than 8 EiB");
+  for (const LayerPlan& l : p.layers) {
+    EXPECT_GE(l.forward_bytes, 0) << l.name;
+    EXPECT_GE(l.backward_bytes, 0) << l.name;
+  }
+  std::ostringstream out;
+  print_plan(p, out);
+  EXPECT_FALSE(std::regex_search(out.str(), std::regex(R"(-\d)"))) << out.str();  // no negative
+  const ModelSpec wide = one_conv(R"("out_channels": 1099511627776, "kernel": 3)", 3);
+  const Plan w = make_plan(wide, options({1, 1, 1}, {1, 3, 8, 8}, "float32"));
+  EXPECT_EQ(w.params, (std::int64_t{1} << 40) * (3 * 9 + 1));
+  EXPECT_EQ(w.memory.params, 2 * w.params * 4);
+}
+
+TEST(Plan, ATensorWhoseBytesPass64BitsIsRefusedBeforeAllocating) {
+  EXPECT_THROW(Tensor<float>(Shape4{std::int64_t{1} << 31, std::int64_t{1} << 31, 2, 1}), Error);
+  EXPECT_THROW(Tensor<double>(Shape4{std::int64_t{1} << 62, 1, 1, 1}), Error);
 }
 
 }  // namespace

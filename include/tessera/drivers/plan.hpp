@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/checked.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/process_grid.hpp"
 #include "tessera/tensor.hpp"
@@ -63,8 +64,11 @@ struct MemoryEstimate {
   // 8-byte index per output, a sigmoid's output). Not counted: the CUDA context and cuDNN's
   // workspace (kDeviceReserve).
   std::int64_t device_buffers = 0;
-  std::int64_t total() const { return activations + windows + gradients + params; }
-  std::int64_t device_total() const { return total() + device_buffers; }
+  // Sums saturate at kSizeMax (checked.hpp), as every size of a plan does.
+  std::int64_t total() const {
+    return saturating_add(saturating_add(activations, windows), saturating_add(gradients, params));
+  }
+  std::int64_t device_total() const { return saturating_add(total(), device_buffers); }
 };
 
 // What a GPU needs beyond device_total() in this estimate: the CUDA context and cuDNN's
@@ -103,6 +107,10 @@ std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& 
 // nothing when none does.
 std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
                                         std::int64_t device_bytes);
+
+// Three significant digits, binary units: "512 B", "12.0 KiB", "1.31 GiB"; "more than 8 EiB" for
+// a saturated size (kSizeMax). Local.
+std::string human_bytes(std::int64_t bytes);
 
 // The plan as a table of at most 100 columns.
 void print_plan(const Plan& plan, std::ostream& out);

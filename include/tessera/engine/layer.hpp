@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/dist_tensor.hpp"
+#include "tessera/error.hpp"
 #include "tessera/runtime.hpp"
 
 namespace tessera {
@@ -31,6 +32,11 @@ struct Buffer {
 };
 
 enum class Mode { train, eval };
+
+// What setup() does with the parameters and buffers it declares: allocates them, or only counts
+// their elements (tessera plan and the memory check before a run: neither may allocate what it is
+// about to refuse).
+enum class Parameters { allocate, count };
 
 // What a step is, for the layers whose behaviour depends on it (batch norm, dropout).
 struct RunState {
@@ -103,12 +109,46 @@ class Layer {
   void set_input_grad(bool needed) { input_grad_ = needed; }
   bool input_grad() const { return input_grad_; }
 
+  // Whether setup() allocates its parameters (the default) or only counts them; set by
+  // set_up_layers before setup(). Local.
+  void set_parameters(Parameters p) { parameters_ = p; }
+  // Elements of the parameter values setup() declared (each has a gradient of the same size).
+  // Valid after setup(). Local.
+  std::int64_t parameter_elements() const { return parameter_elements_; }
+
   // Where the layer allocates the tensors it computes: its backend's memory (Backend::allocator),
   // set by the model before bind(); host memory by default. Local.
   void use_allocator(Allocator& allocator) { allocator_ = &allocator; }
   Allocator& allocator() const { return *allocator_; }
 
+ protected:
+  // For setup(): a parameter of `shape`, its value filled with `fill`, its gradient zeros; with
+  // Parameters::count two empty tensors. Counted either way; a shape whose element count does not
+  // fit 64 bits is an Error naming the layer.
+  Param<T> make_param(std::string name, const Shape4& shape, T fill = T(0)) {
+    parameter_elements_ += declared_elements(name, shape);
+    if (parameters_ == Parameters::count) return {std::move(name), {}, {}};
+    return {std::move(name), Tensor<T>(shape, fill), Tensor<T>(shape)};
+  }
+  // A buffer of `shape` filled with `fill`; empty with Parameters::count.
+  Buffer<T> make_buffer(std::string name, const Shape4& shape, T fill = T(0)) {
+    declared_elements(name, shape);
+    if (parameters_ == Parameters::count) return {std::move(name), {}};
+    return {std::move(name), Tensor<T>(shape, fill)};
+  }
+
  private:
+  std::int64_t declared_elements(const std::string& what, const Shape4& s) const {
+    std::int64_t n = 0;
+    if (__builtin_mul_overflow(s.n, s.c, &n) || __builtin_mul_overflow(n, s.h, &n) ||
+        __builtin_mul_overflow(n, s.w, &n) || __builtin_add_overflow(n, parameter_elements_, &n))
+      throw Error("layer '" + name_ + "': its " + what + " of shape " + s.str() +
+                  " has more elements than 64-bit sizes hold");
+    return s.numel();
+  }
+
+  Parameters parameters_ = Parameters::allocate;
+  std::int64_t parameter_elements_ = 0;
   Allocator* allocator_ = &host_allocator();
   std::string name_;
   bool input_grad_ = true;
