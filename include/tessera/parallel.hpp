@@ -18,7 +18,8 @@ namespace tessera {
 // per thread; each element belongs to exactly one call, so a loop whose iterations are
 // independent gives the same results on any thread count.
 template <typename F>
-void parallel_for(std::int64_t n, F&& f, std::int64_t grain = std::int64_t{1} << 16) {
+void parallel_for(std::int64_t n, F&& f,
+                  [[maybe_unused]] std::int64_t grain = std::int64_t{1} << 16) {
 #ifdef _OPENMP
   const int threads = static_cast<int>(
       std::min<std::int64_t>(kernel_threads().count, std::max<std::int64_t>(n / grain, 1)));

@@ -1,5 +1,6 @@
 #include "command.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -152,6 +153,29 @@ std::vector<Field> option_fields(const po::options_description& options,
   return fields;
 }
 
+// Boost.Program_options (1.74) makes an error's message by replacing each %name% placeholder of
+// its template with the name's value until none is left, so a value holding its own placeholder
+// (`--steps %value%`, found by tests/fuzz/fuzz_ini) looped forever, the message growing until
+// memory ran out. The message is made from a copy whose values hold a stand-in for '%'.
+// ambiguous_option formats its own (its tokens are prefixes of option names: no '%').
+constexpr char kStandIn = '\x1f';
+
+std::string message(const po::error& e) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (named == nullptr || dynamic_cast<const po::ambiguous_option*>(&e) != nullptr) return e.what();
+  struct Escaped : po::error_with_option_name {
+    explicit Escaped(const po::error_with_option_name& from) : po::error_with_option_name(from) {
+      for (auto& [name, value] : m_substitutions)
+        std::replace(value.begin(), value.end(), '%', kStandIn);
+      for (auto& [name, fallback] : m_substitution_defaults)
+        std::replace(fallback.second.begin(), fallback.second.end(), '%', kStandIn);
+    }
+  };
+  std::string text = Escaped(*named).what();
+  std::replace(text.begin(), text.end(), kStandIn, '%');
+  return text;
+}
+
 }  // namespace
 
 GridShape grid_or_default(const std::string& text, const GridShape& fallback) {
@@ -198,7 +222,8 @@ bool parse(const std::string& command, const std::string& summary,
       }
       po::notify(vm);
     } catch (const po::error& e) {
-      throw Error("tessera " + command + ": " + e.what() + " (see tessera " + command + " --help)");
+      throw Error("tessera " + command + ": " + message(e) + " (see tessera " + command +
+                  " --help)");
     }
   });
   // Before anything else the ranks do together: the same command with other options on some

@@ -74,15 +74,13 @@ std::string pad(const std::string& s, std::size_t width, bool left = false) {
   return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
 }
 
-// The host memory's work over the timed steps, per step: large blocks reused, assembled and fresh,
-// MiB moved and fresh, minor page faults.
-constexpr int kMemory = 6;
-
 // What the timed steps measured on this rank.
 struct Measured {
-  std::vector<double> v;       // as kPerPass says, then the step time
-  std::vector<double> split;   // kSplit numbers of every rank (this rank's filled in)
-  std::vector<double> memory;  // kMemory numbers
+  std::vector<double> v;      // as kPerPass says, then the step time
+  std::vector<double> split;  // kSplit numbers of every rank (this rank's filled in)
+  // The host memory's work over the timed steps, per step: large blocks reused, assembled and
+  // fresh, MiB moved and fresh, minor page faults.
+  std::vector<double> memory;
 };
 
 // Runs o.warmup untimed and o.steps timed training steps. Collective over the world group.

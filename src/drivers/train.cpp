@@ -202,8 +202,10 @@ class Trainer {
   void save(std::int64_t step, std::int64_t epoch);
   void print_summary();
   // What a checkpoint of this run holds about the run itself (seed, model, grid, dtype,
-  // optimizer, batch, samples): written by save, expected by resume.
+  // optimizer, batch, samples; the window's counts as zeros, as many as it saves): written by
+  // save, expected by resume.
   CheckpointState checkpoint_identity() const {
+    const auto counts = static_cast<std::size_t>(classes_ * classes_);
     return {.seed = o_.seed,
             .model = spec_.json,
             .grid = o_.grid.str(),
@@ -211,7 +213,7 @@ class Trainer {
             .optimizer = o_.optimizer.kind == OptimizerKind::adam ? "adam" : "sgd",
             .batch = o_.batch,
             .samples = static_cast<std::int64_t>(train_.index.size()),
-            .window_counts = {},
+            .window_counts = std::vector<std::int64_t>(counts),
             .options = computation_options()};
   }
   // The options that decide what the run computes, as a checkpoint keeps them: a resume with
@@ -649,10 +651,6 @@ std::int64_t Trainer<T>::resume() {
   agree(world_, [&] {
     if (path.empty()) return;
     const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, checkpoint_identity());
-    TESSERA_CHECK(s.window_counts.size() == window_confusion_->counts().size(),
-                  "'" + path + "' is not a complete checkpoint: its /state/window_counts has " +
-                      std::to_string(s.window_counts.size()) + " entries, not " +
-                      std::to_string(window_confusion_->counts().size()));
     std::map<std::string, std::string> now = computation_options(), then = s.options;
     for (const auto& [name, value] : now)
       if (then.count(name) == 0 || then[name] != value)

@@ -164,7 +164,7 @@ ModelSpec parse_model(const std::string& json_text, const std::string& source) {
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     throw Error(source + ": not valid JSON: " + e.what());
   }
   if (!root.is_object()) fail(source, "the model must be a JSON object");

@@ -13,9 +13,24 @@
 namespace tessera {
 namespace {
 
-std::int64_t read_int(const h5::File& f, const std::string& name) {
+// Checks that dataset `name` holds `count` numbers of `kind` before it is read: a damaged file
+// may claim any shape (tests/fuzz/fuzz_checkpoint).
+void check_holds(const h5::File& f, const std::string& name, std::int64_t count, h5::Kind kind) {
   TESSERA_CHECK(f.has(name), "'" + f.path() + "' is not a complete checkpoint: no " + name);
-  return f.read<std::int64_t>(name).at(0);
+  const h5::DatasetInfo info = f.info(name);
+  std::int64_t n = 1;
+  for (const std::int64_t d : info.dims)
+    n *= d;  // info() refuses shapes whose count overflows
+  TESSERA_CHECK(info.kind == kind && info.dims.size() <= 1 && n == count,
+                "'" + f.path() + "' is not a complete checkpoint: " + name + " holds " +
+                    std::to_string(n) + " " + info.type_name() + " value(s), not " +
+                    std::to_string(count) +
+                    (kind == h5::Kind::integer ? " integer(s)" : " floating-point value(s)"));
+}
+
+std::int64_t read_int(const h5::File& f, const std::string& name) {
+  check_holds(f, name, 1, h5::Kind::integer);
+  return f.read<std::int64_t>(name).front();
 }
 
 void write_int(h5::File& f, const std::string& name, std::int64_t v) {
@@ -188,23 +203,28 @@ CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimi
   read_params(f, model);
   for (const OptimizerSlot<T>& slot : optimizer.slots()) {
     const std::string name = "/optimizer/" + slot.name;
-    TESSERA_CHECK(f.has(name), "'" + path + "' has no optimizer state '" + name + "'");
+    check_holds(f, name, slot.tensor->numel(), h5::Kind::floating);
     const std::vector<T> v = f.read<T>(name);
-    TESSERA_CHECK(static_cast<std::int64_t>(v.size()) == slot.tensor->numel(),
-                  "'" + path + "': optimizer state '" + name + "' has the wrong size");
     upload(v.data(), *slot.tensor);
   }
   s.step = read_int(f, "/state/step");
   s.epoch = read_int(f, "/state/epoch");
   s.seed = static_cast<std::uint64_t>(read_int(f, "/state/seed"));
-  optimizer.set_steps(read_int(f, "/state/optimizer_steps"));
+  const std::int64_t optimizer_steps = read_int(f, "/state/optimizer_steps");
   s.batch = read_int(f, "/state/batch");
   s.samples = read_int(f, "/state/samples");
   s.window_steps = read_int(f, "/state/window_steps");
-  TESSERA_CHECK(f.has("/state/window_loss"),
-                "'" + path + "' is not a complete checkpoint: no /state/window_loss");
-  s.window_loss = f.read<double>("/state/window_loss").at(0);
-  if (f.has("/state/window_counts")) s.window_counts = f.read<std::int64_t>("/state/window_counts");
+  // A negative step would index the data order and the schedule before their start.
+  TESSERA_CHECK(s.step >= 0 && s.epoch >= 0 && optimizer_steps >= 0 && s.window_steps >= 0,
+                "'" + path + "' is damaged: its /state holds a negative step, epoch or count");
+  optimizer.set_steps(optimizer_steps);
+  check_holds(f, "/state/window_loss", 1, h5::Kind::floating);
+  s.window_loss = f.read<double>("/state/window_loss").front();
+  const auto counts = static_cast<std::int64_t>(expect.window_counts.size());
+  if (counts > 0 || f.has("/state/window_counts")) {
+    check_holds(f, "/state/window_counts", counts, h5::Kind::integer);
+    s.window_counts = f.read<std::int64_t>("/state/window_counts");
+  }
   if (f.has_attribute("options")) {
     const nlohmann::json options = nlohmann::json::parse(f.attribute("options"), nullptr, false);
     TESSERA_CHECK(options.is_object(),

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
@@ -129,6 +130,16 @@ hid_t link_creation_with_parents() {
   hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
   H5Pset_create_intermediate_group(lcpl, 1);
   return lcpl;
+}
+
+// What File::read and read_entries convert: integers or floats of at most 16 bytes (a damaged
+// file may claim gigabytes per number, and HDF5 would allocate its conversion buffer to match).
+void check_numbers(const std::string& path, const std::string& dataset, const DatasetInfo& di) {
+  TESSERA_CHECK(di.kind != Kind::other,
+                "'" + path + "': '" + dataset + "' holds " + di.type_name() + ", not numbers");
+  TESSERA_CHECK(di.bytes >= 1 && di.bytes <= 16,
+                "'" + path + "': '" + dataset + "' holds numbers of " + std::to_string(di.bytes) +
+                    " bytes each (the file is damaged)");
 }
 
 }  // namespace
@@ -262,6 +273,18 @@ DatasetInfo File::info(const std::string& dataset) const {
   TESSERA_CHECK(rank >= 0, "'" + path_ + "': '" + dataset + "' has an unreadable shape");
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  // A damaged file may claim any extents: every count of elements must fit in an int64_t.
+  constexpr auto kMax = static_cast<hsize_t>(std::numeric_limits<std::int64_t>::max());
+  hsize_t elements = 1;
+  std::string shape;
+  for (const hsize_t n : dims)
+    shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+  for (const hsize_t n : dims) {
+    TESSERA_CHECK(n <= kMax && (n == 0 || elements <= kMax / n),
+                  "'" + path_ + "': '" + dataset + "' has the impossible shape [" + shape +
+                      "] (the file is damaged)");
+    elements *= n;
+  }
   out.dims.assign(dims.begin(), dims.end());
   const H5T_class_t cls = H5Tget_class(type);
   out.kind = cls == H5T_FLOAT ? Kind::floating : cls == H5T_INTEGER ? Kind::integer : Kind::other;
@@ -274,8 +297,7 @@ template <typename T>
 std::vector<T> File::read(const std::string& dataset, std::span<const std::int64_t> offset,
                           std::span<const std::int64_t> count) const {
   const DatasetInfo di = info(dataset);
-  TESSERA_CHECK(di.kind != Kind::other,
-                "'" + path_ + "': '" + dataset + "' holds " + di.type_name() + ", not numbers");
+  check_numbers(path_, dataset, di);
   Id d(TESSERA_CHECK_HDF5(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
   Id file_space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
   std::int64_t elements = 1;
@@ -283,7 +305,13 @@ std::vector<T> File::read(const std::string& dataset, std::span<const std::int64
       count.empty() ? di.dims : std::vector<std::int64_t>(count.begin(), count.end());
   for (auto n : box)
     elements *= n;
-  std::vector<T> out(static_cast<std::size_t>(elements));
+  std::vector<T> out;
+  try {
+    out.resize(static_cast<std::size_t>(elements));
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    throw Error("'" + path_ + "': '" + dataset + "' holds " + std::to_string(elements) +
+                " values, more than fit in memory");
+  }
   if (elements == 0) return out;
   if (!count.empty()) {
     const auto start = to_hsize(offset), extent = to_hsize(count);
@@ -308,8 +336,7 @@ void File::read_entries(const std::string& dataset, std::span<const std::int64_t
                         std::span<const std::int64_t> offset, std::span<const std::int64_t> count,
                         std::span<T> out) const {
   const DatasetInfo di = info(dataset);
-  TESSERA_CHECK(di.kind != Kind::other,
-                "'" + path_ + "': '" + dataset + "' holds " + di.type_name() + ", not numbers");
+  check_numbers(path_, dataset, di);
   TESSERA_CHECK(offset.size() == count.size() && count.size() + 1 == di.dims.size(),
                 "'" + path_ + "': '" + dataset + "' has " + std::to_string(di.dims.size()) +
                     " dimensions, not " + std::to_string(count.size() + 1));

@@ -61,8 +61,10 @@ void write_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& op
                       const CheckpointState& state);
 
 // Loads a checkpoint into `model` and `optimizer` after verifying it (verify_checkpoint) and
-// checking that it was written for the same model, dtype and optimizer as `expect`; a mismatch or
-// a file that fails verification is an Error saying why. Its options are returned, not compared.
+// checking that it was written for the same model, dtype and optimizer as `expect`, and that its
+// /state/window_counts holds as many counts as expect.window_counts (the run's classes squared);
+// a mismatch, a damaged file or a file that fails verification is an Error saying why. Its
+// options are returned, not compared.
 template <typename T>
 CheckpointState read_checkpoint(const std::string& path, Model<T>& model, Optimizer<T>& optimizer,
                                 const CheckpointState& expect);
