@@ -129,13 +129,23 @@ H5Dataset::~H5Dataset() {
 void H5Dataset::read(std::span<const std::int64_t> samples, const Box& image_tile,
                      const Box& label_tile, Tensor<float>& images,
                      std::vector<std::int32_t>& labels) {
-  read_tiles(samples, image_tile, label_tile, images, labels);
+  try {
+    read_tiles(samples, image_tile, label_tile, images, labels);
+  } catch (const Error&) {
+    check_unchanged();  // a read that failed because the file changed (was truncated) says so
+    throw;
+  }
 }
 
 void H5Dataset::read(std::span<const std::int64_t> samples, const Box& image_tile,
                      const Box& label_tile, Tensor<double>& images,
                      std::vector<std::int32_t>& labels) {
-  read_tiles(samples, image_tile, label_tile, images, labels);
+  try {
+    read_tiles(samples, image_tile, label_tile, images, labels);
+  } catch (const Error&) {
+    check_unchanged();  // a read that failed because the file changed (was truncated) says so
+    throw;
+  }
 }
 
 void H5Dataset::check_unchanged() const {
@@ -254,11 +264,13 @@ void H5Dataset::verify(const Comm& comm, std::int64_t classes, std::ostream& out
   std::int64_t bytes_read = 0;
   agree(comm, [&] {
     if (checksums) {
+      // Checked before reading: a damaged file may claim any shape.
+      const std::vector<std::int64_t> one_per_sample{info_.samples};
+      TESSERA_CHECK(file_.info("/image_crc32").dims == one_per_sample &&
+                        file_.info("/label_crc32").dims == one_per_sample,
+                    "'" + path + "': /image_crc32 and /label_crc32 must hold one value per sample");
       image_crc = file_.read<std::int64_t>("/image_crc32");
       label_crc = file_.read<std::int64_t>("/label_crc32");
-      TESSERA_CHECK(static_cast<std::int64_t>(image_crc.size()) == info_.samples &&
-                        static_cast<std::int64_t>(label_crc.size()) == info_.samples,
-                    "'" + path + "': /image_crc32 and /label_crc32 must hold one value per sample");
     }
     const std::int64_t c = info_.channels, h = info_.height, w = info_.width;
     // Bands of rows of about 8 MiB, whatever the image's size.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
@@ -653,15 +654,17 @@ void File::verify_checksums(bool required) const {
     Id space(TESSERA_CHECK_HDF5(H5Dget_space(d)), H5Sclose);
     Id type(TESSERA_CHECK_HDF5(H5Dget_type(d)), H5Tclose);
     Id memory(TESSERA_CHECK_HDF5(H5Tget_native_type(type, H5T_DIR_ASCEND)), H5Tclose);
+    (void)info(name);  // refuses a shape whose count overflows (HDF5's count would wrap)
     const hssize_t points = H5Sget_simple_extent_npoints(space);
     TESSERA_CHECK(points >= 0, "'" + path_ + "': '" + name + "' has an unreadable shape");
     // The file's own element size bounds the read: a damaged shape cannot make it allocate more
-    // than the file could hold.
+    // than the file could hold (divided, not multiplied: a damaged count times the element size
+    // may wrap around).
     const std::size_t element = H5Tget_size(memory);
     const auto storage = static_cast<std::uint64_t>(H5Dget_storage_size(d));
-    TESSERA_CHECK(
-        static_cast<std::uint64_t>(points) * element <= std::max<std::uint64_t>(storage, element),
-        "'" + path_ + "': '" + name + "' declares more data than the file stores");
+    TESSERA_CHECK(element > 0 && static_cast<std::uint64_t>(points) <=
+                                     std::max<std::uint64_t>(storage, element) / element,
+                  "'" + path_ + "': '" + name + "' declares more data than the file stores");
     std::vector<unsigned char> bytes(static_cast<std::size_t>(points) * element);
     const herr_t rc =
         bytes.empty() ? 0 : H5Dread(d, memory, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data());
@@ -673,7 +676,15 @@ void File::verify_checksums(bool required) const {
                                           "' does not match its checksum (the file was changed "
                                           "or damaged after it was written)");
   };
+  // A damaged file may link a group into itself (the walk recursed until the stack overflowed,
+  // tests/fuzz/fuzz_checkpoint): each group is walked once, and one met again (a cycle, or a
+  // group linked twice, which Tessera never writes) is an Error.
+  std::set<haddr_t> walked;
   const std::function<void(const std::string&)> walk = [&](const std::string& group) {
+    H5O_info_t oi;
+    TESSERA_CHECK_HDF5(H5Oget_info_by_name(id_, group.c_str(), &oi, H5P_DEFAULT));
+    TESSERA_CHECK(walked.insert(oi.addr).second,
+                  "'" + path_ + "': group '" + group + "' is linked more than once (damaged)");
     for (const std::string& child : children(group)) {
       const std::string name = (group == "/" ? "" : group) + "/" + child;
       if (is_group(name))

@@ -469,10 +469,10 @@ def unknown_option(env):
     expect_error(r, "rtol", "abc")
     # A value holding Boost's placeholder once made the message loop forever (tests/fuzz).
     r = env.tessera(2, "gradcheck", "--rtol", "%value%")
-    expect_error(r, "rtol", "('%value%')", "is invalid")
+    expect_error(r, "('%value%') for option '--rtol' is invalid")
     env.path("p.ini").write_text("seed = x%canonical_option%\n")
     r = env.tessera(2, "gradcheck", "--config", "p.ini")
-    expect_error(r, "seed", "x%canonical_option%")
+    expect_error(r, "('x%canonical_option%') for option 'seed' is invalid")
 
 
 @scenario

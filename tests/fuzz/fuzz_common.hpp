@@ -34,7 +34,8 @@ inline bool seeds_must_be_valid() {
 
 // Runs `body` on one input: an Error is caught (a refusal, as the command line reports it);
 // other exceptions escape, and libFuzzer reports them as a crash ("deadly signal" after
-// std::terminate).
+// std::terminate). Afterwards no HDF5 file or object may be open: one left open would keep HDF5's
+// cache of the file, and the next input, written to the same path, would be read through it.
 template <typename Body>
 int run_one(Body&& body) {
   try {
@@ -44,6 +45,11 @@ int run_one(Body&& body) {
       std::cerr << "fuzz: a seed was refused: " << e.what() << "\n";
       std::abort();
     }
+  }
+  const ssize_t open = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
+  if (open != 0) {
+    std::cerr << "fuzz: " << open << " HDF5 files or objects left open after the input\n";
+    std::abort();
   }
   return 0;
 }

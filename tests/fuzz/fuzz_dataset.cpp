@@ -1,11 +1,12 @@
 // libFuzzer target: a training set (README.md "Files": /images, /labels) through H5Dataset, the
 // reader of `tessera train --data` (parallel HDF5 on one rank): opened and checked, then a tile at
 // either corner of the first and last samples read as the trainer reads them (in float32 and
-// float64). Seeds: `tessera datagen` files, segmentation and classification, float32 and uint8
-// (fuzz_tests.py).
+// float64), then verified as --verify-data does. Seeds: `tessera datagen` files, segmentation and
+// classification, float32 and uint8, and an h5py file (fuzz_tests.py).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <vector>
 
 #include "fuzz_common.hpp"
@@ -60,6 +61,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
       read_corner<float>(*d, false);
       read_corner<double>(*d, true);
+      // `tessera train --verify-data`: every sample whole, its checksums when the file has them.
+      // Only a small file's (a large one reads for long, as it would in the trainer).
+      const tessera::DatasetInfo& info = d->info();
+      if (info.channels <= 16 && info.samples * info.height * info.width <= (1 << 20)) {
+        std::ostream discard(nullptr);
+        d->verify(world(), 64, discard);  // datagen draws at most 64 classes
+      }
     } catch (...) {
       // Closed here, not while the Error unwinds: H5Dataset's destructor leaves the file open
       // then (h5_dataset.hpp), and the next input reuses the path.

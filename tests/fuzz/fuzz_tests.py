@@ -310,6 +310,9 @@ RUNTIME_FUNCTION = re.compile(r"(__sanitizer|__asan|__lsan|__ubsan|__interceptor
 # A module, or for a symbolized frame of glibc its source directory.
 RUNTIME_MODULE = re.compile(r"/(libc|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|"
                             r"\s(sysdeps|nptl|stdlib|signal|string|csu|libio)/")
+# A C function of the fuzz target itself without a source line: the sanitizers' interceptors
+# (strdup, memcpy...), as Tessera's code is compiled with line tables and lives in namespaces.
+RUNTIME_INTERCEPTOR = re.compile(r"^[A-Za-z_]\w* \((?![^)]*\.so)[^)]*\+0x[0-9a-f]+\)")
 # "#3 0x7f.. in function location" or "#3 0x7f..  (module+offset)"
 FRAME = re.compile(r"^\s*#\d+ 0x[0-9a-f]+ +(?:in )?(.*)$")
 
@@ -326,7 +329,8 @@ def culprit(report):
             frames.append(m.group(1))
         elif frames:
             break  # the end of the first stack
-    frames = [f for f in frames if not (RUNTIME_FUNCTION.match(f) or RUNTIME_MODULE.search(f))]
+    frames = [f for f in frames if not (RUNTIME_FUNCTION.match(f) or RUNTIME_MODULE.search(f) or
+                                        RUNTIME_INTERCEPTOR.match(f))]
     if not frames:
         return False, "(no stack)"
     if "/libhdf5" not in frames[0]:
