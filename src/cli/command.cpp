@@ -153,8 +153,8 @@ std::vector<Field> option_fields(const po::options_description& options,
   return fields;
 }
 
-// Boost.Program_options (1.74) makes an error's message by replacing each %name% placeholder of
-// its template with the name's value until none is left, so a value holding its own placeholder
+// Boost.Program_options (1.74) makes an error's message by substituting each %name% field of its
+// template with the name's value until none is left, so a value holding such a field itself
 // (`--steps %value%`, found by tests/fuzz/fuzz_ini) looped forever, the message growing until
 // memory ran out. The message is made from a copy whose values hold a stand-in for '%'.
 // ambiguous_option formats its own (its tokens are prefixes of option names: no '%').

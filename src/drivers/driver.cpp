@@ -84,8 +84,7 @@ double interval_peak_memory_mib() {
   for (std::string line; std::getline(status, line);)
     if (line.starts_with("VmHWM:")) peak = std::strtod(line.c_str() + 6, nullptr) / 1024.0;
   if (peak == 0) return peak_memory_mib();  // not Linux's /proc
-  largest_interval_peak_mib = std::max(largest_interval_peak_mib, peak_memory_mib());
-  largest_interval_peak_mib = std::max(largest_interval_peak_mib, peak);
+  largest_interval_peak_mib = std::max(peak_memory_mib(), peak);
   std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := the current resident size
   return peak;
 }

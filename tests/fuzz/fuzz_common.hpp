@@ -17,8 +17,16 @@
 
 #include "tessera/error.hpp"
 #include "tessera/io/hdf5.hpp"
+#include "tessera/mpi_comm.hpp"
 
 namespace tessera::fuzz {
+
+// The one-rank world the targets read files over (H5Dataset, cli::parse). Call it first from
+// LLVMFuzzerInitialize, after init_mpi_and_hdf5.
+inline const Comm& world() {
+  static const MpiComm comm(MPI_COMM_WORLD, {1, 1, 1}, {});
+  return comm;
+}
 
 // Whether every input must be read without an Error: TESSERA_FUZZ_SEEDS_VALID=1, set by
 // fuzz_tests.py while it replays the seeds it generated, so that a seed the reader refuses (one

@@ -11,14 +11,8 @@
 
 #include "fuzz_common.hpp"
 #include "tessera/h5_dataset.hpp"
-#include "tessera/mpi_comm.hpp"
 
 namespace {
-
-const tessera::Comm& world() {
-  static const tessera::MpiComm comm(MPI_COMM_WORLD, {1, 1, 1}, {});
-  return comm;
-}
 
 // Rows or columns [0, 8) and the last 8 of an extent (fewer when it is smaller).
 tessera::Range first(std::int64_t extent) {
@@ -49,7 +43,7 @@ void read_corner(tessera::H5Dataset& d, bool far) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   tessera::fuzz::init_mpi_and_hdf5();
-  (void)world();
+  (void)tessera::fuzz::world();
   return 0;
 }
 
@@ -57,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string& path = tessera::fuzz::write_input(data, size, ".h5");
   return tessera::fuzz::run_one([&] {
     std::optional<tessera::H5Dataset> d;
-    d.emplace(path, world());
+    d.emplace(path, tessera::fuzz::world());
     try {
       read_corner<float>(*d, false);
       read_corner<double>(*d, true);
@@ -66,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const tessera::DatasetInfo& info = d->info();
       if (info.channels <= 16 && info.samples * info.height * info.width <= (1 << 20)) {
         std::ostream discard(nullptr);
-        d->verify(world(), 64, discard);  // datagen draws at most 64 classes
+        d->verify(tessera::fuzz::world(), 64, discard);  // datagen draws at most 64 classes
       }
     } catch (...) {
       // Closed here, not while the Error unwinds: H5Dataset's destructor leaves the file open

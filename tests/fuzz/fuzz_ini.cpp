@@ -9,23 +9,13 @@
 #include "../../src/cli/command.hpp"
 #include "fuzz_common.hpp"
 #include "tessera/engine/optimizer.hpp"
-#include "tessera/mpi_comm.hpp"
 #include "tessera/synthetic.hpp"
 
 namespace po = boost::program_options;
 
-namespace {
-
-const tessera::Comm& world() {
-  static const tessera::MpiComm comm(MPI_COMM_WORLD, {1, 1, 1}, {});
-  return comm;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   tessera::fuzz::init_mpi_and_hdf5();
-  (void)world();
+  (void)tessera::fuzz::world();
   return 0;
 }
 
@@ -55,7 +45,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     d.add(tessera::cli::device_options());
     po::variables_map vm;
     tessera::RuntimeOptions runtime;
-    if (!tessera::cli::parse("fuzz", "", d, {"--config", path}, vm, world(), runtime)) return;
+    if (!tessera::cli::parse("fuzz", "", d, {"--config", path}, vm, tessera::fuzz::world(),
+                             runtime))
+      return;
     (void)tessera::cli::grid_or_default(grid, {1, 1, 1});
     (void)tessera::cli::parse_image(image);
     (void)tessera::parse_optimizer(optimizer);
