@@ -85,6 +85,13 @@ RuntimeOptions runtime_options_from_environment() {
   if (variable("TESSERA_TRANSPORT"))
     o.transport =
         parsed("TESSERA_TRANSPORT", [](const std::string& v) { return parse_transport(v); });
+  if (variable("TESSERA_CUDNN_SEARCH"))
+    o.cudnn_measure = parsed("TESSERA_CUDNN_SEARCH", [](const std::string& v) {
+      TESSERA_CHECK(v == "measure" || v == "heuristic",
+                    "bad value '" + v + "': expected measure or heuristic");
+      return v == "measure";
+    });
+  o.cudnn_log = switch_of("TESSERA_CUDNN_LOG", false);
   o.threads = threads_from_environment();
   return o;
 }

@@ -39,6 +39,13 @@ struct CudaOptions {
   // float32 convolutions may use TF32 tensor cores (10-bit mantissa products). Off: float32 is
   // checked against float32.
   bool allow_tf32 = false;
+  // cuDNN's algorithms measured on the GPU (cudnnFind*: each candidate run once, the fastest
+  // kept, as PyTorch's cudnn.benchmark), once per distinct convolution in the process; else
+  // cuDNN's heuristics (no runs; on an H100 conv-bench's step took 0.25 s instead of 0.05 s).
+  // TESSERA_CUDNN_SEARCH=measure|heuristic.
+  bool measure_algorithms = true;
+  // Print each choice and cuDNN's ranked candidates to stderr (TESSERA_CUDNN_LOG=1).
+  bool log_algorithms = false;
 };
 void set_cuda_options(const CudaOptions& options);
 const CudaOptions& cuda_options();

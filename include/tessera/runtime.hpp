@@ -27,11 +27,16 @@ struct RuntimeOptions {
   // How halos and gradient sums travel (device_comm.hpp): mpi stages device memory through the
   // host; nccl and emulated take device buffers.
   Transport transport = Transport::mpi;
+  // How the CUDA backend picks cuDNN's algorithms (gpu.hpp's CudaOptions): measured or by
+  // heuristics, and whether it prints its choices.
+  bool cudnn_measure = true;
+  bool cudnn_log = false;
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:
 //   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
-//   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated;
+//   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated,
+//   TESSERA_CUDNN_SEARCH=measure|heuristic, TESSERA_CUDNN_LOG=0|1;
 //   the kernel threads from OMP_NUM_THREADS, else the cores of this process's affinity mask divided
 //   by the ranks the launcher started on this node (MPI_LOCALNRANKS from MPICH's Hydra,
 //   OMPI_COMM_WORLD_LOCAL_SIZE from Open MPI).

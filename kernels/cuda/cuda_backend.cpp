@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
            "halo copies, the head, updates and the cross-entropy";
   }
   Allocator& allocator() const override { return *device_allocator(); }
+  void synchronize() const override { cuda::Context::get().synchronize(); }
 
  protected:
   std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,

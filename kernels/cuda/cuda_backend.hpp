@@ -16,8 +16,10 @@
 namespace tessera::cuda {
 
 // A cuDNN convolution planned for `shapes` and `g`: algorithms for the three passes chosen once
-// here by cuDNN's heuristics (deterministic ones only with options.deterministic; no TF32 unless
-// options.allow_tf32), their workspace from the context's shared one. Null for what it declines:
+// here, measured on the GPU (cudnnFind*, once per distinct convolution in the process) or by
+// cuDNN's heuristics (TESSERA_CUDNN_SEARCH=heuristic); deterministic ones only with
+// options.deterministic, no TF32 unless options.allow_tf32; their workspace from the context's
+// shared one. Null for what it declines:
 // nchw16c tensors, a geometry cuDNN rejects, no algorithm fitting the workspace limit; `why`
 // then says which.
 template <typename T>

@@ -48,11 +48,23 @@ void fill(T* a, std::int64_t n, T value, cudaStream_t stream);
 template <typename T>
 void add_bias(const T* bias, T* y, std::int64_t planes, std::int64_t channels, std::int64_t plane,
               cudaStream_t stream);
-// dbias[c] += the sum of each plane of channel c, every plane summed in order and the planes
-// added in sample order: the CPU's order exactly (one thread per channel; not tuned).
+// dbias[c] += the sum of the planes of channel c: each plane summed in double in chunks
+// (plane_sums_size, kernels/cuda/layers.cu), the planes added in sample order; `sums` holds
+// plane_sums_size(samples * channels, plane, 1) doubles. Deterministic; it differs from the CPU's
+// sums in T by the CPU's rounding.
 template <typename T>
 void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t channels,
-                   std::int64_t plane, cudaStream_t stream);
+                   std::int64_t plane, double* sums, cudaStream_t stream);
+// The filter gradient of a pointwise (1x1, stride 1, unpadded) convolution of NCHW x [samples,
+// in, plane] to dy [samples, out, plane]: dw[o, c] += the sum over samples and pixels of
+// dy[n, o, p] x[n, c, p], in double in chunks (a fixed order); `sums` holds
+// plane_sums_size(out * in, samples * plane, 1) doubles.
+template <typename T>
+void pointwise_filter_grad(const T* x, const T* dy, T* dw, std::int64_t samples, std::int64_t in,
+                           std::int64_t out, std::int64_t plane, double* sums, cudaStream_t stream);
+// sums[0] = the sum of values[0, n), in chunks (a fixed order); `sums` holds
+// plane_sums_size(1, n, 1) doubles.
+void sum_values(const double* values, std::int64_t n, double* sums, cudaStream_t stream);
 
 // losses[k] = elementwise::cross_entropy of pixel k (sample k / plane) of `samples` x
 // `channels` x `plane` NCHW logits with labels[k], and its gradient into dlogits unless null.
@@ -122,13 +134,21 @@ template <typename T>
 void linear_backward_weights(const T* x, const T* dy, T* dw, T* dbias, std::int64_t n,
                              std::int64_t in, std::int64_t out, cudaStream_t stream);
 
+// The sums of a plane are taken in chunks (kernels/cuda/layers.cu): how many for `plane` values.
+std::int64_t plane_chunks(std::int64_t plane);
+// Doubles of the `sums` buffer of K sums per plane: the sums and the chunks' partial sums.
+inline std::int64_t plane_sums_size(std::int64_t planes, std::int64_t plane, int k) {
+  return k * planes * (1 + plane_chunks(plane));
+}
 // Batch norm on `planes` = N * channels NCHW planes of `plane` values; per-channel statistics
 // (double) and parameters (T) in device memory. sums[p] (double, per plane) = the sum of x, or
-// with `mean` the sum of (x - mean[c])^2.
+// with `mean` the sum of (x - mean[c])^2. `sums` holds plane_sums_size(planes, plane, 1) doubles
+// (the plane sums, then scratch).
 template <typename T>
 void batchnorm_sums(const T* x, const double* mean, double* sums, std::int64_t planes,
                     std::int64_t channels, std::int64_t plane, cudaStream_t stream);
-// sums[2p] = the sum of dy, sums[2p + 1] = the sum of dy * xhat over plane p.
+// sums[2p] = the sum of dy, sums[2p + 1] = the sum of dy * xhat over plane p; `sums` holds
+// plane_sums_size(planes, plane, 2) doubles.
 template <typename T>
 void batchnorm_backward_sums(const T* x, const T* dy, const double* mean, const double* invstd,
                              double* sums, std::int64_t planes, std::int64_t channels,

@@ -203,7 +203,8 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     const Shape4& s = x.shape();
     check_nchw("batchnorm_sum", layout);
     batchnorm_checks::channels("batchnorm_sum", s, sum.size(), "sum");
-    double* planes = plane_sums_.get<double>(std::size_t(s.n * s.c));
+    double* planes =
+        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 1)));
     batchnorm_sums(device(x), static_cast<const double*>(nullptr), planes, s.n * s.c, s.c,
                    s.h * s.w, stream());
     add_planes(s, planes, 1, {sum});
@@ -217,7 +218,8 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     batchnorm_checks::channels(who, s, mean.size(), "mean");
     batchnorm_checks::channels(who, s, sum.size(), "sum");
     const double* m = upload_channels({mean});
-    double* planes = plane_sums_.get<double>(std::size_t(s.n * s.c));
+    double* planes =
+        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 1)));
     batchnorm_sums(device(x), m, planes, s.n * s.c, s.c, s.h * s.w, stream());
     add_planes(s, planes, 1, {sum});
   }
@@ -247,7 +249,8 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     batchnorm_checks::channels(who, s, sum_dy.size(), "sum_dy");
     batchnorm_checks::channels(who, s, sum_dy_xhat.size(), "sum_dy_xhat");
     const double* c = upload_channels({stats.mean, stats.invstd});
-    double* planes = plane_sums_.get<double>(std::size_t(2 * s.n * s.c));
+    double* planes =
+        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 2)));
     batchnorm_backward_sums(device(x), device(dy), c, c + s.c, planes, s.n * s.c, s.c, s.h * s.w,
                             stream());
     add_planes(s, planes, 2, {sum_dy, sum_dy_xhat});

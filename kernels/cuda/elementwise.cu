@@ -85,22 +85,6 @@ void add_bias(const T* bias, T* y, std::int64_t planes, std::int64_t channels, s
 }
 
 template <typename T>
-void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t channels,
-                   std::int64_t plane, cudaStream_t stream) {
-  launch("add_bias_grad", channels, stream, [=] __device__(std::int64_t c) {
-    T total = dbias[c];
-    for (std::int64_t n = 0; n < samples; ++n) {
-      const T* p = dy + (n * channels + c) * plane;
-      T sum = T(0);
-      for (std::int64_t i = 0; i < plane; ++i)
-        sum = sum + p[i];
-      total = total + sum;
-    }
-    dbias[c] = total;
-  });
-}
-
-template <typename T>
 void cross_entropy(const T* logits, const std::int32_t* labels, T scale, T* dlogits, double* losses,
                    std::int64_t samples, std::int64_t channels, std::int64_t plane,
                    cudaStream_t stream) {
@@ -125,8 +109,6 @@ void cross_entropy(const T* logits, const std::int32_t* labels, T scale, T* dlog
   template void cross_entropy<T>(const T*, const std::int32_t*, T, T*, double*, std::int64_t,      \
                                  std::int64_t, std::int64_t, cudaStream_t);                        \
   template void add_bias<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, cudaStream_t); \
-  template void add_bias_grad<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t,           \
-                                 cudaStream_t);                                                    \
   template void sgd<T>(T*, const T*, T*, std::int64_t, const SgdScalars<T>&, cudaStream_t);        \
   template void adam<T>(T*, const T*, T*, T*, std::int64_t, const AdamScalars<T>&, cudaStream_t);
 TESSERA_CUDA_ELEMENTWISE(float)

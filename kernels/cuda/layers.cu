@@ -4,8 +4,9 @@
 // (include/tessera/kernels/window_arithmetic.hpp): gradients are gathered (an input sums the
 // outputs that read it, in the order the CPU scatters them), sums run in the CPU's order, so
 // the results are the CPU reference's bit for bit. Only batch norm's per-plane sums, in double,
-// are taken as a tree over a block (a fixed order, so deterministic): they differ from the CPU's
-// sequential sums by double rounding. Compiled without FMA contraction (meson.build).
+// are taken in chunks, each a tree over a block, then added in order (a fixed order, so
+// deterministic): they differ from the CPU's sequential sums by double rounding. Compiled without
+// FMA contraction (meson.build).
 #include <cstdint>
 
 #include "launch.cuh"
@@ -30,14 +31,23 @@ __device__ inline bool inside(std::int64_t i, const std::int64_t (&range)[2]) {
   return i >= range[0] && i < range[1];
 }
 
-// K per-plane sums of f(plane, i, acc) over i < plane_size, into sums[K * plane + j]: each thread
-// sums a stride of the plane, then the block adds its threads' partials as a fixed tree.
+// Per-plane sums in two passes, in an order fixed by the shape alone (so deterministic, and the
+// same on every GPU): each block sums one chunk of kChunk values of a plane (each thread a stride
+// of it, then the block's threads as a fixed tree), and then one thread per plane adds its chunks'
+// sums in chunk order. One block per plane would leave most of the GPU idle: a 2048x2048 plane's
+// batch of 8 channels is 8 blocks.
+constexpr std::int64_t kChunk = 32 * kThreads;
+
+// K sums of f(plane, i, acc) over the chunk's i, into partials[K * block + j], block = plane *
+// chunks + chunk.
 template <int K, typename F>
-__global__ void plane_reduce(std::int64_t plane_size, F f, double* sums) {
+__global__ void chunk_reduce(std::int64_t plane_size, std::int64_t chunks, F f, double* partials) {
   __shared__ double partial[K][kThreads];
-  const std::int64_t plane = blockIdx.x;
+  const std::int64_t block = blockIdx.x, plane = block / chunks, chunk = block % chunks;
+  const std::int64_t end =
+      chunk * kChunk + kChunk < plane_size ? chunk * kChunk + kChunk : plane_size;
   double acc[K] = {};
-  for (std::int64_t i = threadIdx.x; i < plane_size; i += kThreads)
+  for (std::int64_t i = chunk * kChunk + threadIdx.x; i < end; i += kThreads)
     f(plane, i, acc);
   for (int j = 0; j < K; ++j)
     partial[j][threadIdx.x] = acc[j];
@@ -50,18 +60,36 @@ __global__ void plane_reduce(std::int64_t plane_size, F f, double* sums) {
   }
   if (threadIdx.x == 0)
     for (int j = 0; j < K; ++j)
-      sums[K * plane + j] = partial[j][0];
+      partials[K * block + j] = partial[j][0];
 }
 
+// K per-plane sums of f(plane, i, acc) over i < plane_size, into sums[K * plane + j]; the chunks'
+// sums go to sums[K * planes ...] (plane_sums_size()).
 template <int K, typename F>
 void launch_plane_reduce(const char* kernel, std::int64_t planes, std::int64_t plane_size, F f,
                          double* sums, cudaStream_t stream) {
   if (planes <= 0) return;
-  plane_reduce<K><<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(plane_size, f, sums);
-  check_launch(kernel);
+  const std::int64_t chunks = plane_chunks(plane_size);
+  double* partials = sums + K * planes;
+  if (chunks > 0) {
+    chunk_reduce<K><<<static_cast<unsigned>(planes * chunks), kThreads, 0, stream>>>(
+        plane_size, chunks, f, partials);
+    check_launch(kernel);
+  }
+  launch(kernel, planes * K, stream, [=] __device__(std::int64_t k) {
+    const std::int64_t plane = k / K, j = k % K;
+    double total = 0;
+    for (std::int64_t c = 0; c < chunks; ++c)
+      total += partials[K * (plane * chunks + c) + j];
+    sums[k] = total;
+  });
 }
 
 }  // namespace
+
+std::int64_t plane_chunks(std::int64_t plane_size) {
+  return (plane_size + kChunk - 1) / kChunk;
+}
 
 template <typename T>
 void max_pool_forward(const T* x, T* y, std::int64_t* argmax, const PoolWindows& windows,
@@ -215,6 +243,46 @@ void linear_backward_weights(const T* x, const T* dy, T* dw, T* dbias, std::int6
 }
 
 template <typename T>
+void add_bias_grad(const T* dy, T* dbias, std::int64_t samples, std::int64_t channels,
+                   std::int64_t plane, double* sums, cudaStream_t stream) {
+  launch_plane_reduce<1>(
+      "add_bias_grad", samples * channels, plane,
+      [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[1]) {
+        acc[0] += double(dy[p * plane + i]);
+      },
+      sums, stream);
+  launch("add_bias_grad", channels, stream, [=] __device__(std::int64_t c) {
+    double total = 0;
+    for (std::int64_t n = 0; n < samples; ++n)
+      total += sums[n * channels + c];
+    dbias[c] = T(double(dbias[c]) + total);
+  });
+}
+
+template <typename T>
+void pointwise_filter_grad(const T* x, const T* dy, T* dw, std::int64_t samples, std::int64_t in,
+                           std::int64_t out, std::int64_t plane, double* sums,
+                           cudaStream_t stream) {
+  // One "plane" per weight (o, c), of samples * plane products.
+  launch_plane_reduce<1>(
+      "pointwise_filter_grad", out * in, samples * plane,
+      [=] __device__(std::int64_t oc, std::int64_t i, double(&acc)[1]) {
+        const std::int64_t o = oc / in, c = oc % in, n = i / plane, p = i % plane;
+        acc[0] += double(dy[(n * out + o) * plane + p]) * double(x[(n * in + c) * plane + p]);
+      },
+      sums, stream);
+  launch("pointwise_filter_grad", out * in, stream,
+         [=] __device__(std::int64_t k) { dw[k] = T(double(dw[k]) + sums[k]); });
+}
+
+void sum_values(const double* values, std::int64_t n, double* sums, cudaStream_t stream) {
+  launch_plane_reduce<1>(
+      "sum_values", 1, n,
+      [=] __device__(std::int64_t, std::int64_t i, double(&acc)[1]) { acc[0] += values[i]; }, sums,
+      stream);
+}
+
+template <typename T>
 void batchnorm_sums(const T* x, const double* mean, double* sums, std::int64_t planes,
                     std::int64_t channels, std::int64_t plane, cudaStream_t stream) {
   if (mean == nullptr) {
@@ -290,6 +358,10 @@ void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const 
                                         std::int64_t, cudaStream_t);                               \
   template void linear_backward_weights<T>(const T*, const T*, T*, T*, std::int64_t, std::int64_t, \
                                            std::int64_t, cudaStream_t);                            \
+  template void add_bias_grad<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, double*,  \
+                                 cudaStream_t);                                                    \
+  template void pointwise_filter_grad<T>(const T*, const T*, T*, std::int64_t, std::int64_t,       \
+                                         std::int64_t, std::int64_t, double*, cudaStream_t);       \
   template void batchnorm_sums<T>(const T*, const double*, double*, std::int64_t, std::int64_t,    \
                                   std::int64_t, cudaStream_t);                                     \
   template void batchnorm_backward_sums<T>(const T*, const T*, const double*, const double*,       \

@@ -28,7 +28,11 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
       "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random batch and parameters")(
       "sgemm", po::value(&o.sgemm)->default_value(o.sgemm),
       "also measure oneDNN's SGEMM rate per rank, the yardstick of the conv GFLOP/s")(
-      "json", po::value(&o.json), "also write the results to this JSON file");
+      "json", po::value(&o.json), "also write the results to this JSON file")(
+      "layer-sync", po::bool_switch(&o.layer_sync),
+      "with cuda: wait for the GPU at the start and end of every layer's pass, so that the "
+      "per-layer times are the GPU's (without it they are the host's: a layer's kernels are "
+      "counted where the host next waits for the GPU); the step is then slower");
   d.add(device_options());
   po::variables_map vm;
   if (!parse("bench",

@@ -83,8 +83,10 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
   if (transport == "mpi") runtime.transport = Transport::mpi;
   if (device != "cuda") return;
   const Placement placement = place_on_device(world, vm["share-devices"].as<bool>());
-  set_cuda_options(
-      {.deterministic = vm["deterministic"].as<bool>(), .allow_tf32 = vm["allow-tf32"].as<bool>()});
+  set_cuda_options({.deterministic = vm["deterministic"].as<bool>(),
+                    .allow_tf32 = vm["allow-tf32"].as<bool>(),
+                    .measure_algorithms = runtime.cudnn_measure,
+                    .log_algorithms = runtime.cudnn_log});
   agree(world, [&] { (void)backend_of(KernelBackend::cuda); });  // names why it is unusable
   runtime.kernels = KernelBackend::cuda;
   // NCCL refuses two ranks on one GPU: a node with more ranks than GPUs shares them.

@@ -65,7 +65,7 @@ void print_version(const tessera::RuntimeOptions& runtime) {
               << gpu.runtime_version % 1000 / 10 << ": " << gpu.devices << " device(s)"
               << (gpu.error.empty() ? "" : " (" + gpu.error + ")")
               << "; cuDNN convolutions and a CUDA kernel for every layer built (--device cuda); "
-                 "not yet run on a GPU (README \"GPU\")\n";
+                 "verified on one H100 (README \"GPU\")\n";
   } else {
     std::cout << "  CUDA: not built\n";
   }

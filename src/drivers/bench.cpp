@@ -102,6 +102,7 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
     const auto began = clock_type::now();
     const StepResult<T> r = forward_backward(model, x, labels);
     optimizer.step(o.lr);
+    runtime.backend().synchronize();  // a GPU's step ends when its kernels have
     step_seconds += std::chrono::duration<double>(clock_type::now() - began).count();
     check_finite_loss(world, r.loss, s, "try a smaller --lr");
   }
@@ -299,10 +300,13 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   });
   model->init_params(o.seed);
   model->set_input_grad(false);  // as in training
+  model->set_synchronized_timings(o.layer_sync);
   Optimizer<T> optimizer({.kind = OptimizerKind::sgd, .momentum = 0}, *model);
 
   DistTensor<T> x(model->input_distribution());
-  x.local = random_image_tile<T>(x.dist, o.seed);
+  // In the backend's memory once, as the batch of a GPU benchmark lies on the GPU (PyTorch's in
+  // compare_pytorch.py too): a step does not copy the images in.
+  x.local = copy_to(random_image_tile<T>(x.dist, o.seed), runtime.allocator());
   const std::vector<std::int32_t> labels = random_label_tile(model->output_distribution(), o.seed);
 
   const double sgemm = o.sgemm ? sgemm_gflops() : 0;
@@ -315,8 +319,15 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
         << "  kernels: " << runtime.backend().description() << "\n"
         << "  waiting: " << to_string(runtime.comm().wait_settings().policy) << "; " << o.warmup
         << " warm-up step" << (o.warmup == 1 ? "" : "s") << ", then " << o.steps
-        << " timed; SGD lr " << o.lr << "\n"
-        << std::flush;
+        << " timed; SGD lr " << o.lr << "\n";
+    if (runtime.backend().kind() == KernelBackend::cuda)
+      out << "  per-layer times: "
+          << (o.layer_sync ? "the GPU's (--layer-sync: waits at every layer, no overlap between "
+                             "layers)"
+                           : "the host's (kernels run after they are enqueued: a layer's GPU time "
+                             "shows where the host next waits; --layer-sync for the GPU's)")
+          << "\n";
+    out << std::flush;
   }
 
   Measured m = time_steps(*model, optimizer, x, labels, o, runtime, world);
@@ -336,6 +347,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["threads_per_rank"] = kernel_threads().count;
   j["kernels"] = runtime.backend().description();
   j["steps"] = o.steps;
+  j["layer_sync"] = o.layer_sync;
 
   // Which conv layers count as ">= 32 channels": both sides of the weight.
   auto wide = [&](const std::string& layer) {

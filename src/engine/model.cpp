@@ -21,12 +21,18 @@ namespace {
 // does not pay one message latency per layer.
 constexpr std::size_t kBucketBytes = 64 * 1024;
 
-// Adds the wall time and communication of a scope to `t`.
+// Adds the wall time and communication of a scope to `t`; with `sync`, the backend's kernels
+// enqueued before the scope and in it are waited for at its ends (Model::set_synchronized_timings).
 class PassTimer {
  public:
-  explicit PassTimer(PassTiming& t)
-      : t_(t), start_(std::chrono::steady_clock::now()), before_(activity_totals()) {}
+  PassTimer(PassTiming& t, const Backend* sync)
+      : t_(t), sync_(sync), start_(begin(sync)), before_(activity_totals()) {}
   ~PassTimer() {
+    // A failed kernel is not lost: the stream's error returns from the next call that waits.
+    try {
+      if (sync_ != nullptr) sync_->synchronize();
+    } catch (const std::exception&) {
+    }
     t_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     t_.activities += activity_totals() - before_;
   }
@@ -34,7 +40,12 @@ class PassTimer {
   PassTimer& operator=(const PassTimer&) = delete;
 
  private:
+  static std::chrono::steady_clock::time_point begin(const Backend* sync) {
+    if (sync != nullptr) sync->synchronize();
+    return std::chrono::steady_clock::now();
+  }
   PassTiming& t_;
+  const Backend* sync_;
   std::chrono::steady_clock::time_point start_;
   ActivityTimes before_;
 };
@@ -147,7 +158,7 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
                     "layer '" + nodes_[k].layer->name() + "' was handed an nchw16c input");
     }
     {
-      PassTimer timer(timings_[k].forward);
+      PassTimer timer(timings_[k].forward, timing_sync());
       try {
         outputs[k] = nodes_[k].layer->forward(ins, state_);
       } catch (const OutOfDeviceMemory& e) {
@@ -177,7 +188,7 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     // A node whose output reaches no loss has no gradient: its parameters get none either.
     if (grads[k]) {
-      PassTimer timer(timings_[k].backward);
+      PassTimer timer(timings_[k].backward, timing_sync());
       std::vector<DistTensor<T>> g;
       try {
         g = nodes_[k].layer->backward(*grads[k], state_);
@@ -285,7 +296,7 @@ void Model<T>::poll_buckets() {
 
 template <typename T>
 void Model<T>::reduce_gradients() {
-  PassTimer timer(reduce_timing_);
+  PassTimer timer(reduce_timing_, timing_sync());
   // Buckets backward() did not start (no backward since the last reduction) start now, so this
   // always sums every gradient.
   for (std::size_t k = 0; k < buckets_.size(); ++k)

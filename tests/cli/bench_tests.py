@@ -73,6 +73,17 @@ def bench_errors(env):
     expect_error(env.tessera(2, "bench", "--image", "3x32x1"), "cannot be split")
     expect_error(env.tessera(2, "bench", "--json", env.path("no/such/dir/b.json"), "--image",
                              "3x16x16"), "cannot write")
+    # How the CUDA backend picks cuDNN's algorithms: read at start-up on every machine, with or
+    # without a GPU.
+    os.environ["TESSERA_CUDNN_SEARCH"] = "fastest"
+    try:
+        expect_error(env.tessera(2, "bench", "--image", "3x16x16"), "TESSERA_CUDNN_SEARCH",
+                     "'fastest'", "expected measure or heuristic")
+    finally:
+        os.environ.pop("TESSERA_CUDNN_SEARCH")
+    r = env.run_cmd([env.mpiexec, "-n", "1", "/usr/bin/env", "TESSERA_CUDNN_SEARCH=heuristic",
+                     env.exe, "bench", "--image", "3x16x16", "--steps", "1", "--sgemm", "0"])
+    expect_ok(r, "tessera bench")
 
 
 @scenario

@@ -22,7 +22,10 @@ struct BenchOptions {
   std::uint64_t seed = 1;
   double lr = 0.01;
   bool sgemm = true;  // also measure the SGEMM rate
-  std::string json;   // write the results here as JSON
+  // Wait for a GPU's kernels at each layer's pass (Model::set_synchronized_timings): per-layer
+  // times are then the GPU's own, at the price of no overlap from one layer to the next.
+  bool layer_sync = false;
+  std::string json;  // write the results here as JSON
 };
 
 // Collective over the world group of `world`; runs on a grid of options.grid built with `runtime`.

@@ -86,6 +86,11 @@ class Model {
   const std::vector<LayerTiming>& timings() const { return timings_; }
   const PassTiming& reduce_timing() const { return reduce_timing_; }
   void reset_timings();
+  // With true, each timed pass waits for the backend's kernels (Backend::synchronize) when it
+  // begins and ends, so that a GPU's per-layer times are the layers' own rather than the time
+  // the host took to enqueue them; the GPU then never runs one layer while the host enqueues the
+  // next. Off by default (tessera bench --layer-sync). Local.
+  void set_synchronized_timings(bool on) { synchronized_timings_ = on; }
 
   std::vector<NamedParam<T>> params();
   std::vector<NamedBuffer<T>> buffers();
@@ -120,6 +125,9 @@ class Model {
   void poll_buckets();
   // Whether the buckets travel in device memory (device_flat).
   bool buckets_on_device() const;
+  const Backend* timing_sync() const {
+    return synchronized_timings_ ? &runtime_.backend() : nullptr;
+  }
 
   ModelSpec spec_;
   const Runtime& runtime_;
@@ -129,6 +137,7 @@ class Model {
   std::vector<Node> nodes_;
   RunState state_;
   bool input_grad_ = true;
+  bool synchronized_timings_ = false;
   std::vector<Bucket> buckets_;  // in backward order: the last layers first
   std::vector<LayerTiming> timings_;
   PassTiming reduce_timing_;

@@ -115,6 +115,9 @@ class Backend {
   }
   // The memory this backend's kernels compute in: where the layers allocate their tensors. Local.
   virtual Allocator& allocator() const { return host_allocator(); }
+  // Returns when every kernel this process enqueued so far has finished: a no-op where kernels
+  // run before they return (the CPU), a wait for the stream on a GPU. For timing only. Local.
+  virtual void synchronize() const {}
   // The optimizers' per-element updates. Never null. Local.
   template <typename T>
   std::unique_ptr<UpdateKernel<T>> update() const {

@@ -1,0 +1,112 @@
+#!/bin/bash
+# Runs Tessera's GPU checks on a machine with a GPU and no build tools: the bundle made by
+# scripts/gpu/bundle.sh (binaries, mpiexec, Debian's shared libraries) plus the CUDA libraries of
+# the machine's PyTorch install (libcudart, libcudnn, libnccl).
+#
+# Usage: scripts/gpu/verify.sh [-b BUNDLE] [-o LOGDIR] [STEP...]
+#   STEP: info kernels gradcheck mpi train nccl bench compare (default: all, in that order).
+# Each check runs under a time limit; all output goes to LOGDIR/verify.log (default $OUT, else
+# gpu-logs) and to the terminal, and the results files (bench JSON, metrics) beside it.
+# The last line says which steps passed and which failed; the exit status is 1 when any failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+bundle=build-gpu-bundle
+logs=${OUT:-gpu-logs}
+while getopts b:o: opt; do
+  case $opt in
+    b) bundle=$OPTARG ;;
+    o) logs=$OPTARG ;;
+    *) exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(info kernels gradcheck mpi train nccl bench compare)
+bundle=$(cd "$bundle" && pwd)
+mkdir -p "$logs"
+export PATH="$bundle/bin:$PATH"
+# The CUDA libraries: PyTorch's wheels carry them (nvidia/*/lib), or a toolkit under /usr/local.
+cuda_libs=""
+for lib in libcudart.so.13 libcudnn.so.9 libnccl.so.2; do
+  found=$(find /opt /usr/local /usr/lib -name "$lib" 2>/dev/null | head -1)
+  if [ -z "$found" ]; then echo "verify: $lib not found on this machine" >&2; exit 2; fi
+  cuda_libs="${cuda_libs:+$cuda_libs:}$(dirname "$found")"
+done
+# What cuDNN loads at run time (runtime-compiled engines: nvrtc; cuBLAS), where present.
+for lib in libnvrtc.so.13 libcublasLt.so.13 libcublas.so.13; do
+  found=$(find /opt /usr/local /usr/lib -name "$lib" 2>/dev/null | head -1)
+  [ -n "$found" ] && cuda_libs="$cuda_libs:$(dirname "$found")"
+done
+export TESSERA_CUDA_LIBS="$cuda_libs"
+echo "verify: CUDA libraries from $cuda_libs"
+export MPIEXEC_TIMEOUT=300 HYDRA_LAUNCHER=fork
+passed=()
+failed=()
+
+# run NAME LIMIT_SECONDS COMMAND...: one check, logged, under a time limit.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: $* (limit ${limit}s)" | tee -a "$logs/verify.log"
+  local began=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$logs/verify.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $((SECONDS - began)) s" | tee -a "$logs/verify.log"
+  if [ "$rc" -eq 0 ]; then passed+=("$name"); else failed+=("$name(exit $rc)"); fi
+  return "$rc"
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    info)
+      run nvidia-smi 30 nvidia-smi
+      run version 60 tessera --version
+      run plan 60 tessera plan --model unet-small --grid 1x1x1 --image 3x2048x2048 --device cuda
+      ;;
+    kernels)
+      run gpu_tests 300 gpu_tests
+      ;;
+    gradcheck)
+      run gradcheck_1rank_f64 120 tessera gradcheck --device cuda --dtype float64
+      run gradcheck_2rank_f64 120 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float64
+      run gradcheck_4rank_unet_f64 180 mpiexec -n 4 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x2x2 --height 64 --width 72
+      run gradcheck_3rank_uneven_f64 180 mpiexec -n 3 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x1x3 --height 40 --width 52
+      run gradcheck_4rank_dp_f64 180 mpiexec -n 4 tessera gradcheck --device cuda --share-devices --dtype float64 --model convnet-small --grid 2x1x2
+      run gradcheck_2rank_f64_deterministic 120 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float64 --deterministic --model unet-small
+      run gradcheck_2rank_f32 120 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float32 --model unet-small
+      ;;
+    mpi)
+      TESSERA_KERNELS=cuda run mpi_suite_1x2x2_np4 420 mpiexec -n 4 mpi_tests --grid=1x2x2
+      ;;
+    train)
+      run train_cuda_2rank 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-ckpt" --metrics "$logs/train_cuda.jsonl"
+      # Interrupted at step 10 and resumed: the losses of steps 15 and 20 as above.
+      rm -rf "${TMPDIR:-/tmp}/tessera-verify-resume"
+      run train_cuda_2rank_first_half 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 10 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume"
+      run train_cuda_2rank_resumed 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume" --resume
+      run train_cpu_2rank 300 mpiexec -n 2 tessera train --device cpu --steps 20 --log-every 5 --progress line --seed 3
+      ;;
+    nccl)
+      run gradcheck_nccl_1rank 120 tessera gradcheck --device cuda --transport nccl --dtype float64
+      run train_nccl_1rank 180 tessera train --device cuda --transport nccl --steps 20 --log-every 10 --progress line
+      ;;
+    bench)
+      run bench_unet_1rank 240 tessera bench --device cuda --model unet-small --steps 5
+      run bench_unet_1rank_layer_sync 240 tessera bench --device cuda --model unet-small --steps 5 --layer-sync
+      TESSERA_CUDNN_LOG=1 run bench_conv_1rank_layer_sync 240 tessera bench --device cuda --model conv-bench --steps 5 --layer-sync
+      TESSERA_CUDNN_SEARCH=heuristic run bench_conv_1rank_heuristic 240 tessera bench --device cuda --model conv-bench --steps 5
+      run bench_unet_2rank_layer_sync 240 mpiexec -n 2 tessera bench --device cuda --share-devices --model unet-small --steps 5 --layer-sync
+      ;;
+    compare)
+      for model in unet-small conv-bench; do
+        PYTHONUNBUFFERED=1 run "compare_pytorch_$model" 400 python3 scripts/bench/compare_pytorch.py \
+          --device cuda --model "$model" --tessera "$bundle/bin/tessera" --cores 1 --steps 5 \
+          --repeat 1 --json "$logs/compare_$model.json"
+      done
+      ;;
+    *) echo "verify: unknown step '$step'" >&2; exit 2 ;;
+  esac
+done
+echo "verify: passed: ${passed[*]:-none}"
+echo "verify: FAILED: ${failed[*]:-none}"
+[ ${#failed[@]} -eq 0 ]
