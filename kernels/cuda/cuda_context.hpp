@@ -11,6 +11,7 @@
 #include <cstddef>
 
 #include "tessera/allocator.hpp"
+#include "tessera/gpu.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera::cuda {
@@ -52,5 +53,20 @@ template <typename T>
 T* device(Tensor<T>& t) {
   return t.data_in(MemorySpace::device);
 }
+
+// Device scratch of one kernel object, reused from call to call: grown when a call needs more
+// (the old block is freed in the stream's order, after the kernels that read it). Local.
+class Scratch {
+ public:
+  template <typename U>
+  U* get(std::size_t count) {
+    const std::size_t bytes = count * sizeof(U);
+    if (storage_.bytes() < bytes) storage_ = Storage(*device_allocator(), bytes);
+    return static_cast<U*>(storage_.data());
+  }
+
+ private:
+  Storage storage_;
+};
 
 }  // namespace tessera::cuda

@@ -23,20 +23,6 @@ void check_nchw(const char* kernel, Layout layout) {
   TESSERA_CHECK(layout == Layout::nchw, std::string(kernel) + " on the GPU: tensors must be NCHW");
 }
 
-// Device scratch reused from call to call: grown when a call needs more.
-class Scratch {
- public:
-  template <typename U>
-  U* get(std::size_t count) {
-    const std::size_t bytes = count * sizeof(U);
-    if (storage_.bytes() < bytes) storage_ = Storage(*device_allocator(), bytes);
-    return static_cast<U*>(storage_.data());
-  }
-
- private:
-  Storage storage_;
-};
-
 template <typename T>
 class CudaPool final : public PoolKernel<T> {
  public:

@@ -115,11 +115,9 @@ class CudaMerge final : public MergeKernel<T> {
   void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const override {
     const Shape4& s = dy.shape();
     check_bias_shape(dbias.size(), s, dy.layout(), "bias gradient");
-    const auto doubles = static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 1));
-    if (sums_.bytes() < doubles * sizeof(double))
-      sums_ = Storage(*device_allocator(), doubles * sizeof(double));
-    cuda::add_bias_grad(device(dy), dbias.data(), s.n, s.c, s.h * s.w,
-                        static_cast<double*>(sums_.data()), stream());
+    double* sums =
+        sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 1)));
+    cuda::add_bias_grad(device(dy), dbias.data(), s.n, s.c, s.h * s.w, sums, stream());
   }
 
  private:
@@ -129,8 +127,7 @@ class CudaMerge final : public MergeKernel<T> {
     const std::int64_t plane = xs.h * xs.w;
     return make_box3(xs.n, xs.c * plane, 1, {from * plane, 1, 0}, {to * plane, 1, 0});
   }
-  // add_bias_grad's plane sums, reused from call to call (grown when a call needs more).
-  mutable Storage sums_;
+  mutable Scratch sums_;  // add_bias_grad's plane sums
 };
 
 // Softmax cross-entropy: labels checked on the host and copied in, one loss per pixel computed on
@@ -150,24 +147,23 @@ class CudaLoss final : public LossKernel<T> {
     if (labels_.bytes() != pixels * sizeof(std::int32_t)) {
       labels_ = Storage(memory, pixels * sizeof(std::int32_t));
       losses_ = Storage(memory, pixels * sizeof(double));
-      sums_ = Storage(memory, static_cast<std::size_t>(
-                                  plane_sums_size(1, static_cast<std::int64_t>(pixels), 1)) *
-                                  sizeof(double));
     }
     memory.upload(labels_.data(), labels.data(), labels_.bytes());
     cuda::cross_entropy(device(logits), static_cast<const std::int32_t*>(labels_.data()), scale,
                         dlogits != nullptr ? device(*dlogits) : nullptr,
                         static_cast<double*>(losses_.data()), s.n, s.c, s.h * s.w, stream());
-    sum_values(static_cast<const double*>(losses_.data()), static_cast<std::int64_t>(pixels),
-               static_cast<double*>(sums_.data()), stream());
+    const auto n = static_cast<std::int64_t>(pixels);
+    double* sums = sums_.get<double>(static_cast<std::size_t>(plane_sums_size(1, n, 1)));
+    sum_values(static_cast<const double*>(losses_.data()), n, sums, stream());
     double total = 0;
-    memory.download(&total, sums_.data(), sizeof(double));  // after the kernels
+    memory.download(&total, sums, sizeof(double));  // after the kernels
     return total;
   }
 
  private:
   // Reused from call to call (the same tile every step).
-  mutable Storage labels_, losses_, sums_;
+  mutable Storage labels_, losses_;
+  mutable Scratch sums_;
 };
 
 // Halo boxes on NCHW tensors (the CPU's nchw16c is oneDNN's layout; cuDNN computes in NCHW).

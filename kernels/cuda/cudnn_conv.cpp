@@ -194,13 +194,10 @@ class CudnnConv final : public ConvKernel<T> {
     const T* in = input(x);
     if (pointwise_) {
       const Shape4 &xs = shapes_.x, &ys = shapes_.y;
-      const auto doubles =
-          static_cast<std::size_t>(plane_sums_size(ys.c * xs.c, xs.n * xs.h * xs.w, 1));
-      if (filter_sums_.bytes() < doubles * sizeof(double))
-        filter_sums_ = Storage(*device_allocator(), doubles * sizeof(double));
+      double* sums = sums_.get<double>(
+          static_cast<std::size_t>(plane_sums_size(ys.c * xs.c, xs.n * xs.h * xs.w, 1)));
       pointwise_filter_grad(in, dy.data_in(MemorySpace::device), dw.data_in(MemorySpace::device),
-                            xs.n, xs.c, ys.c, xs.h * xs.w,
-                            static_cast<double*>(filter_sums_.data()), ctx.stream());
+                            xs.n, xs.c, ys.c, xs.h * xs.w, sums, ctx.stream());
     } else {
       TESSERA_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.d, filter_math_));
       TESSERA_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
@@ -215,11 +212,10 @@ class CudnnConv final : public ConvKernel<T> {
       // Tessera's chunked sums (kernels/cuda/layers.cu), not cudnnConvolutionBackwardBias: on
       // an H100 that took ~4 ms for 32 channels of 2048x2048, a pass over 512 MiB.
       const Shape4& ys = shapes_.y;
-      const auto doubles = static_cast<std::size_t>(plane_sums_size(ys.n * ys.c, ys.h * ys.w, 1));
-      if (bias_sums_.bytes() < doubles * sizeof(double))
-        bias_sums_ = Storage(*device_allocator(), doubles * sizeof(double));
-      add_bias_grad(dy.data_in(MemorySpace::device), dbias.data(), ys.n, ys.c, ys.h * ys.w,
-                    static_cast<double*>(bias_sums_.data()), ctx.stream());
+      double* sums =
+          sums_.get<double>(static_cast<std::size_t>(plane_sums_size(ys.n * ys.c, ys.h * ys.w, 1)));
+      add_bias_grad(dy.data_in(MemorySpace::device), dbias.data(), ys.n, ys.c, ys.h * ys.w, sums,
+                    ctx.stream());
     }
   }
 
@@ -304,12 +300,12 @@ class CudnnConv final : public ConvKernel<T> {
   ConvShapes shapes_;
   // Whether x runs through the padded copy (then both axes are explicit, pad 0 for cuDNN).
   bool copy_ = false;
-  Inside inside_;      // copy_ only
-  Storage padded_;     // the padded copy of x, or of dx's gradient (copy_ only)
-  Storage bias_sums_;  // the bias gradient's plane sums
+  Inside inside_;   // copy_ only
+  Storage padded_;  // the padded copy of x, or of dx's gradient (copy_ only)
   // A pointwise conv of few weights: its filter gradient by pointwise_filter_grad (create()).
   bool pointwise_ = false;
-  Storage filter_sums_;
+  // The chunked sums of the filter (pointwise_) and bias gradients, one after the other.
+  Scratch sums_;
   TensorDesc xp_, y_, bias_;  // xp_: x as the convolution reads it
   FilterDesc w_;
   ConvDesc conv_;
@@ -414,6 +410,13 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
   k->fwd_algo_ = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
   k->fwd_bytes_ = fwd.bytes;
   k->fwd_math_ = fwd.math;
+  // cuDNN's backward-filter algorithms for a pointwise conv to few channels (a segmentation head:
+  // 32 -> 2 channels over 2048x2048 pixels) all took ~21 ms on an H100, a reduction of 4M pixels
+  // into 64 weights; the chunked sums read x and dy once per weight, 0.5 to 1 ms. For at most
+  // 256 weights; no cuDNN filter algorithm is chosen for those.
+  k->pointwise_ = !shapes.is_box() && !k->copy_ && w.h == 1 && w.w == 1 && g.groups == 1 &&
+                  g.stride_h == 1 && g.stride_w == 1 && pad_h == 0 && pad_w == 0 && y.h == x.h &&
+                  y.w == x.w && w.n * w.c <= 256;
   if (!shapes.is_box()) {
     const Chosen data = choose(
         key + " backward data", limit,
@@ -426,18 +429,19 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
                                  max, count, perf);
         },
         options, fma_only, static_cast<cudnnConvolutionBwdDataAlgoPerf_t*>(nullptr));
-    const Chosen filter = choose(
-        key + " backward filter", limit,
-        [&](int max, int* count, auto* perf) {
-          return measuring
-                     ? cudnnFindConvolutionBackwardFilterAlgorithm(Context::get().cudnn(), k->xp_.d,
-                                                                   k->y_.d, k->conv_.d, k->w_.d,
-                                                                   max, count, perf)
-                     : cudnnGetConvolutionBackwardFilterAlgorithm_v7(Context::get().cudnn(),
-                                                                     k->xp_.d, k->y_.d, k->conv_.d,
-                                                                     k->w_.d, max, count, perf);
-        },
-        options, fma_only, static_cast<cudnnConvolutionBwdFilterAlgoPerf_t*>(nullptr));
+    Chosen filter{.algo = 0};  // unused by a pointwise conv
+    if (!k->pointwise_)
+      filter = choose(
+          key + " backward filter", limit,
+          [&](int max, int* count, auto* perf) {
+            return measuring ? cudnnFindConvolutionBackwardFilterAlgorithm(
+                                   Context::get().cudnn(), k->xp_.d, k->y_.d, k->conv_.d, k->w_.d,
+                                   max, count, perf)
+                             : cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                   Context::get().cudnn(), k->xp_.d, k->y_.d, k->conv_.d, k->w_.d,
+                                   max, count, perf);
+          },
+          options, fma_only, static_cast<cudnnConvolutionBwdFilterAlgoPerf_t*>(nullptr));
     if (data.algo < 0 || filter.algo < 0) {
       why = none + (data.algo < 0 ? " (backward data)" : " (backward filter)");
       return nullptr;
@@ -449,19 +453,11 @@ std::unique_ptr<CudnnConv<T>> CudnnConv<T>::create(const ConvShapes& shapes,
     k->filter_bytes_ = filter.bytes;
     k->filter_math_ = filter.math;
   }
-  const int fa = fwd.algo;
-  // cuDNN's backward-filter algorithms for a pointwise conv to few channels (a segmentation head:
-  // 32 -> 2 channels over 2048x2048 pixels) all took ~21 ms on an H100, a reduction of 4M pixels
-  // into 64 weights; the chunked sums read x and dy once per weight, 0.5 to 1 ms. For at most
-  // 256 weights.
-  k->pointwise_ = !shapes.is_box() && !k->copy_ && w.h == 1 && w.w == 1 && g.groups == 1 &&
-                  g.stride_h == 1 && g.stride_w == 1 && pad_h == 0 && pad_w == 0 && y.h == x.h &&
-                  y.w == x.w && w.n * w.c <= 256;
-  k->name_ = "cudnn " + std::to_string(cudnnGetVersion()) + " algos " + std::to_string(fa) + "/" +
-             std::to_string(static_cast<int>(k->data_algo_)) + "/" +
-             std::to_string(static_cast<int>(k->filter_algo_)) +
+  k->name_ = "cudnn " + std::to_string(cudnnGetVersion()) + " algos " + std::to_string(fwd.algo) +
+             "/" + std::to_string(static_cast<int>(k->data_algo_)) + "/" +
+             (k->pointwise_ ? std::string("Tessera's sums")
+                            : std::to_string(static_cast<int>(k->filter_algo_))) +
              (k->copy_ ? " (padded copy)" : "") +
-             (k->pointwise_ ? " (filter gradient: Tessera's sums)" : "") +
              (std::is_same_v<T, float> && options.allow_tf32 ? " tf32 allowed" : "");
   return k;
 }

@@ -107,6 +107,9 @@ void check_conv(const ConvCase& c) {
   std::unique_ptr<ConvKernel<T>> k = gpu().conv<T>(shapes, c.g);
   ASSERT_TRUE(k) << "the CUDA backend declined";
   EXPECT_TRUE(test::contains(k->name(), "cudnn")) << k->name();
+  // Pointwise convs of few weights take their filter gradient from Tessera's sums (cudnn_conv.cpp).
+  const bool pointwise = c.w.h == 1 && c.w.w == 1 && c.w.n * c.w.c <= 256;
+  EXPECT_EQ(test::contains(k->name(), "Tessera's sums"), pointwise) << k->name();
 
   const Tensor<T> x = test::random_tensor<T>(c.x, 1, 1), w = test::random_tensor<T>(c.w, 1, 2);
   const Tensor<T> bias = test::random_tensor<T>({c.bias ? c.w.n : 0, 1, 1, 1}, 1, 3);
