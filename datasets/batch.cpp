@@ -8,11 +8,12 @@
 
 namespace tessera {
 
-BatchFileInfo inspect_batch_file(const h5::File& file) {
+BatchFileInfo inspect_batch_file(const h5::File& file, bool labels_required) {
   const std::string& path = file.path();
   TESSERA_CHECK(file.has("/images"),
                 "'" + path + "' has no dataset '/images' (float32, float64 or uint8 [N, C, H, W])");
-  TESSERA_CHECK(file.has("/labels"),
+  const bool has_labels = file.has("/labels");
+  TESSERA_CHECK(has_labels || !labels_required,
                 "'" + path + "' has no dataset '/labels' (int32 or int64 [N, H, W])");
   const h5::DatasetInfo im = file.info("/images");
   TESSERA_CHECK(im.dims.size() == 4, "'" + path + "': /images has " +
@@ -22,6 +23,12 @@ BatchFileInfo inspect_batch_file(const h5::File& file) {
   TESSERA_CHECK(
       im.kind == h5::Kind::floating || uint8,
       "'" + path + "': /images holds " + im.type_name() + ", expected float32, float64 or uint8");
+  for (auto d : im.dims)
+    TESSERA_CHECK(d > 0, "'" + path + "': /images is empty");
+  if (!has_labels) {
+    file.check_written("/images", "sample");
+    return {{im.dims[0], im.dims[1], im.dims[2], im.dims[3]}, {im.dims[0], 0, 0}, false};
+  }
   const h5::DatasetInfo lb = file.info("/labels");
   TESSERA_CHECK(lb.dims.size() == 3 || lb.dims.size() == 1,
                 "'" + path + "': /labels has " + std::to_string(lb.dims.size()) +
@@ -32,8 +39,6 @@ BatchFileInfo inspect_batch_file(const h5::File& file) {
   TESSERA_CHECK(lb.dims[0] == im.dims[0], "'" + path + "': /labels has " +
                                               std::to_string(lb.dims[0]) + " samples, /images " +
                                               std::to_string(im.dims[0]));
-  for (auto d : im.dims)
-    TESSERA_CHECK(d > 0, "'" + path + "': /images is empty");
   file.check_written("/images", "sample");
   file.check_written("/labels", "sample");
   // One class per image reads as an N x 1 x 1 map, the shape of a classifier's output.

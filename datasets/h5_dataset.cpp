@@ -102,13 +102,13 @@ H5Dataset::Identity agree_on_file(const std::string& path, const Comm& comm) {
 
 }  // namespace
 
-H5Dataset::H5Dataset(const std::string& path, const Comm& comm)
+H5Dataset::H5Dataset(const std::string& path, const Comm& comm, bool labels_required)
     : identity_(agree_on_file(path, comm)), file_(h5::File::open_read_parallel(path, comm)) {
   agree(comm, [&] {
-    const BatchFileInfo b = inspect_batch_file(file_);
+    const BatchFileInfo b = inspect_batch_file(file_, labels_required);
     const h5::DatasetInfo im = file_.info("/images");
     uint8_ = im.kind == h5::Kind::integer;  // inspect_batch_file admits uint8 only
-    const bool per_image = file_.info("/labels").dims.size() == 1;
+    const bool per_image = b.has_labels && file_.info("/labels").dims.size() == 1;
     info_ = {.samples = b.images.n,
              .channels = b.images.c,
              .height = b.images.h,
@@ -116,7 +116,8 @@ H5Dataset::H5Dataset(const std::string& path, const Comm& comm)
              .labels = per_image ? LabelKind::per_image : LabelKind::per_pixel,
              .label_height = b.labels[1],
              .label_width = b.labels[2],
-             .classes = 0};
+             .classes = 0,
+             .has_labels = b.has_labels};
   });
 }
 
@@ -200,6 +201,11 @@ void H5Dataset::read_tiles(std::span<const std::int64_t> samples, const Box& ima
 
   std::vector<std::int64_t> wide;
   std::size_t per_label = 1;
+  if (!info_.has_labels) {
+    labels.clear();
+    check_unchanged();
+    return;
+  }
   if (info_.labels == LabelKind::per_image) {
     wide.resize(samples.size());
     file_.read_entries<std::int64_t>("/labels", samples, {}, {}, wide);

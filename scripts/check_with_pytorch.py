@@ -16,218 +16,102 @@ float32 run and 1e-9 for a float64 run.
 Exit status: 0 all within rtol, 1 some quantity is not, 2 the file is malformed (missing
 group, dataset or attribute, unknown layer type, inconsistent shapes, ...).
 
-Adding a layer type is one function decorated with @layer (see conv2d and relu below).
+Adding a layer type: its fields in tessera_torch.py (LAYER_FIELDS, and its module in make_layer),
+and here one function decorated with @layer (see conv2d and relu below).
 """
 
 import argparse
-import json
-import math
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+# The model JSON's field rules are shared with tessera_torch.py (the nn.Module builder), beside
+# this script.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tessera_torch import (LAYER_FIELDS, Malformed, batchnorm2d_fields,  # noqa: E402
+                           batchnorm2d_values, check_fields, conv2d_geometry,
+                           conv_transpose2d_geometry, dataset_names, dropout_p, input_names,
+                           layer_header, leaky_relu_slope, linear_fields, linear_input,
+                           parse_model, pool_geometry, read, same_shapes, spatial, text_attr,
+                           upsample_scale)
+
 FORMAT = "tessera-gradcheck-1"
 DEFAULT_RTOL = {"float32": 1e-4, "float64": 1e-9}
 MODES = ("train", "eval")
-
-
-class Malformed(Exception):
-    """The dump (or its model JSON) is not what this script can check: exit 2, not 1."""
 
 
 # --------------------------------------------------------------------------------------------
 # Layer types. Each is one function (spec, inputs, ctx) -> output tensor, where `inputs` is the
 # list of input tensors (the previous layer's output unless the layer names "inputs") and `ctx`
 # (a Context, below) gives the layer its parameters, buffers, dropout mask and the mode.
-# `fields` lists the JSON fields the type accepts, so a field this script does not understand
-# is reported rather than silently ignored; `inputs` is (min, max) inputs, max None = any.
+# The JSON fields each type accepts and its number of inputs are tessera_torch.LAYER_FIELDS, so
+# a field this script does not understand is reported rather than silently ignored.
 
 LAYERS = {}
 
 
-def layer(type_name, fields=(), inputs=(1, 1)):
+def layer(type_name):
     def register(fn):
-        LAYERS[type_name] = (fn, {"name", "type", "inputs", *fields}, inputs)
+        assert type_name in LAYER_FIELDS, f"{type_name}: add its fields to LAYER_FIELDS"
+        LAYERS[type_name] = fn
         return fn
     return register
 
 
-def is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)  # bool is an int in Python
-
-
-def int_pair(spec, field, default, minimum):
-    """An int or [h, w] field, as (h, w)."""
-    v = spec.get(field, default)
-    pair = v if isinstance(v, list) else [v, v]
-    if len(pair) != 2 or not all(is_int(x) and x >= minimum for x in pair):
-        raise Malformed(f"field '{field}' must be an integer >= {minimum} or [h, w], got {v!r}")
-    return tuple(pair)
-
-
-def integer(spec, field, default, minimum):
-    """An int field; required when default is None."""
-    if field not in spec and default is None:
-        raise Malformed(f"needs field '{field}'")
-    v = spec.get(field, default)
-    if not is_int(v) or v < minimum:
-        raise Malformed(f"field '{field}' must be an integer >= {minimum}, got {v!r}")
-    return v
-
-
-def number(spec, field, default, low, high, low_open=False):
-    """A finite number in [low, high] ((low, high] when low_open)."""
-    v = spec.get(field, default)
-    if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
-            or v > high or v < low or (low_open and v == low)):
-        if math.isinf(low) and math.isinf(high):
-            wanted = "a finite number"
-        elif math.isinf(high):
-            wanted = f"a number {'>' if low_open else '>='} {low:g}"
-        else:
-            wanted = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
-        raise Malformed(f"field '{field}' must be {wanted}, got {v!r}")
-    return float(v)
-
-
-def boolean(spec, field, default):
-    v = spec.get(field, default)
-    if not isinstance(v, bool):
-        raise Malformed(f"field '{field}' must be true or false, got {v!r}")
-    return v
-
-
-def spatial(x):
-    """The input of a layer that works on images must be [N, C, H, W]."""
-    if x.dim() != 4:
-        raise Malformed(f"needs an [N, C, H, W] input, got {tuple(x.shape)} (after "
-                        f"global_avgpool or linear there are no pixels left)")
-    return x
-
-
-def window_extent(size, kernel, stride, pad_before, pad_after, dilation, axis):
-    """Output extent of a strided window along one axis; Malformed when the window does not
-    fit, rather than PyTorch's error from inside the call."""
-    span = dilation * (kernel - 1) + 1
-    if size + pad_before + pad_after < span:
-        raise Malformed(f"the {axis} window ({span}) is larger than the padded input "
-                        f"({size} + {pad_before} + {pad_after})")
-    return (size + pad_before + pad_after - span) // stride + 1
-
-
-@layer("conv2d", fields=("out_channels", "kernel", "stride", "padding", "dilation", "groups",
-                         "bias"))
+@layer("conv2d")
 def conv2d(spec, inputs, ctx):
     x = spatial(inputs[0])
-    if "out_channels" not in spec or "kernel" not in spec:
-        raise Malformed("needs fields 'out_channels' and 'kernel'")
-    out_channels = integer(spec, "out_channels", None, 1)
-    kernel = int_pair(spec, "kernel", None, 1)
-    stride = int_pair(spec, "stride", 1, 1)
-    dilation = int_pair(spec, "dilation", 1, 1)
-    groups = integer(spec, "groups", 1, 1)
-    padding = spec.get("padding", 0)
-    if padding == "valid":
-        pad = [(0, 0), (0, 0)]
-    elif padding == "same":
-        # PyTorch's rule (and Tessera's): total = dilation * (kernel - 1), the smaller half first.
-        # Spelled out with F.pad rather than padding='same' so the rule itself is checked.
-        if stride != (1, 1):
-            raise Malformed("padding 'same' needs stride 1")
-        totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
-        pad = [(t // 2, t - t // 2) for t in totals]
-    elif isinstance(padding, str):
-        raise Malformed(f"field 'padding' must be an integer, [h, w], 'same' or 'valid', "
-                        f"got {padding!r}")
-    else:
-        pad = [(p, p) for p in int_pair(spec, "padding", 0, 0)]
-    bias = boolean(spec, "bias", True)
-    in_channels = x.shape[1]
-    if in_channels % groups or out_channels % groups:
-        raise Malformed(f"groups = {groups} must divide the input channels ({in_channels}) "
-                        f"and out_channels ({out_channels})")
-    for axis, size, k, s, (p0, p1), d in zip(("row", "column"), x.shape[2:], kernel, stride,
-                                              pad, dilation):
-        window_extent(size, k, s, p0, p1, d, axis)
-
+    g = conv2d_geometry(spec, tuple(x.shape))
     # Check the dump's shapes here so that a mismatch is reported against the layer, rather
     # than as a bare error from inside F.conv2d.
-    w = ctx.param("weight", (out_channels, in_channels // groups, *kernel))
-    b = ctx.param("bias", (out_channels,), sums_output_grad=(0, 2, 3)) if bias else None
-    (top, bottom), (left, right) = pad
+    w = ctx.param("weight", (g.out_channels, x.shape[1] // g.groups, *g.kernel))
+    b = ctx.param("bias", (g.out_channels,), sums_output_grad=(0, 2, 3)) if g.bias else None
+    # "same" padding spelled out with F.pad rather than padding='same', so the rule itself
+    # (tessera_torch.conv2d_geometry) is checked.
+    (top, bottom), (left, right) = g.pad
     x = F.pad(x, (left, right, top, bottom))  # F.pad lists the last axis first
-    return F.conv2d(x, w, b, stride=stride, padding=0, dilation=dilation, groups=groups)
+    return F.conv2d(x, w, b, stride=g.stride, padding=0, dilation=g.dilation, groups=g.groups)
 
 
-@layer("conv_transpose2d", fields=("out_channels", "kernel", "stride", "padding",
-                                   "output_padding", "bias"))
+@layer("conv_transpose2d")
 def conv_transpose2d(spec, inputs, ctx):
     x = spatial(inputs[0])
-    if "out_channels" not in spec or "kernel" not in spec:
-        raise Malformed("needs fields 'out_channels' and 'kernel'")
-    out_channels = integer(spec, "out_channels", None, 1)
-    kernel = int_pair(spec, "kernel", None, 1)
-    stride = int_pair(spec, "stride", 1, 1)
-    padding = int_pair(spec, "padding", 0, 0)
-    output_padding = int_pair(spec, "output_padding", 0, 0)
-    bias = boolean(spec, "bias", True)
-    for axis, size, k, s, p, op in zip(("row", "column"), x.shape[2:], kernel, stride, padding,
-                                       output_padding):
-        if op >= s:
-            raise Malformed(f"output_padding ({op}) must be smaller than stride ({s})")
-        if (size - 1) * s - 2 * p + k + op < 1:
-            raise Malformed(f"the output would have {(size - 1) * s - 2 * p + k + op} "
-                            f"{axis}s: padding {p} is too large")
+    g = conv_transpose2d_geometry(spec, tuple(x.shape))
     # PyTorch's ConvTranspose2d layout: [in, out, kh, kw].
-    w = ctx.param("weight", (x.shape[1], out_channels, *kernel))
-    b = ctx.param("bias", (out_channels,), sums_output_grad=(0, 2, 3)) if bias else None
-    return F.conv_transpose2d(x, w, b, stride=stride, padding=padding,
-                              output_padding=output_padding)
+    w = ctx.param("weight", (x.shape[1], g.out_channels, *g.kernel))
+    b = ctx.param("bias", (g.out_channels,), sums_output_grad=(0, 2, 3)) if g.bias else None
+    return F.conv_transpose2d(x, w, b, stride=g.stride, padding=g.padding,
+                              output_padding=g.output_padding)
 
 
-def pool_geometry(spec, x):
-    if "kernel" not in spec:
-        raise Malformed("needs field 'kernel'")
-    kernel = int_pair(spec, "kernel", None, 1)
-    stride = int_pair(spec, "stride", list(kernel), 1)
-    padding = int_pair(spec, "padding", 0, 0)
-    for axis, size, k, s, p in zip(("row", "column"), x.shape[2:], kernel, stride, padding):
-        if 2 * p > k:  # PyTorch's own limit: a window never lies wholly in the padding
-            raise Malformed(f"padding ({p}) must be at most half the kernel ({k})")
-        window_extent(size, k, s, p, p, 1, axis)
-    return kernel, stride, padding
-
-
-@layer("maxpool2d", fields=("kernel", "stride", "padding"))
+@layer("maxpool2d")
 def maxpool2d(spec, inputs, ctx):
     # Padding counts as -inf (never the max). On ties PyTorch's gradient goes to the first
     # maximum in row-major window order.
     x = spatial(inputs[0])
-    kernel, stride, padding = pool_geometry(spec, x)
+    kernel, stride, padding = pool_geometry(spec, tuple(x.shape))
     return F.max_pool2d(x, kernel, stride=stride, padding=padding, ceil_mode=False)
 
 
-@layer("avgpool2d", fields=("kernel", "stride", "padding"))
+@layer("avgpool2d")
 def avgpool2d(spec, inputs, ctx):
     # Padding counts as zeros in the average (count_include_pad=True): divisor kh * kw always.
     x = spatial(inputs[0])
-    kernel, stride, padding = pool_geometry(spec, x)
+    kernel, stride, padding = pool_geometry(spec, tuple(x.shape))
     return F.avg_pool2d(x, kernel, stride=stride, padding=padding, ceil_mode=False,
                         count_include_pad=True)
 
 
-@layer("batchnorm2d", fields=("eps", "momentum"))
+@layer("batchnorm2d")
 def batchnorm2d(spec, inputs, ctx):
     x = spatial(inputs[0])
-    eps = number(spec, "eps", 1e-5, 0, math.inf, low_open=True)
-    momentum = number(spec, "momentum", 0.1, 0, 1)
+    eps, momentum = batchnorm2d_fields(spec)
     c = x.shape[1]
-    if ctx.training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
-        raise Malformed(f"training mode needs more than one value per channel, the input is "
-                        f"{tuple(x.shape)}")
+    batchnorm2d_values(tuple(x.shape), ctx.training)
     weight = ctx.param("weight", (c,))
     bias = ctx.param("bias", (c,), sums_output_grad=(0, 2, 3))
     # In training mode F.batch_norm updates these in place: running = (1 - momentum) * running
@@ -244,9 +128,9 @@ def relu(spec, inputs, ctx):
     return F.relu(inputs[0])
 
 
-@layer("leaky_relu", fields=("slope",))
+@layer("leaky_relu")
 def leaky_relu(spec, inputs, ctx):
-    return F.leaky_relu(inputs[0], number(spec, "slope", 0.01, -math.inf, math.inf))
+    return F.leaky_relu(inputs[0], leaky_relu_slope(spec))
 
 
 @layer("sigmoid")
@@ -254,38 +138,31 @@ def sigmoid(spec, inputs, ctx):
     return torch.sigmoid(inputs[0])
 
 
-@layer("dropout", fields=("p",))
+@layer("dropout")
 def dropout(spec, inputs, ctx):
     x = inputs[0]
-    p = number(spec, "p", 0.5, 0, 1)
+    p = dropout_p(spec)
     if not ctx.training or p == 0:
         return x
     return x * ctx.mask(x.shape, p)
 
 
-@layer("upsample_nearest", fields=("scale",))
+@layer("upsample_nearest")
 def upsample_nearest(spec, inputs, ctx):
     x = spatial(inputs[0])
-    scale = integer(spec, "scale", None, 1)
-    return F.interpolate(x, scale_factor=scale, mode="nearest")
+    return F.interpolate(x, scale_factor=upsample_scale(spec), mode="nearest")
 
 
-def same_shapes(inputs, what, skip_dim=None):
-    def key(t):
-        return tuple(n for d, n in enumerate(t.shape) if d != skip_dim)
-    if len({t.dim() for t in inputs}) != 1 or len({key(t) for t in inputs}) != 1:
-        raise Malformed(f"{what}, got {', '.join(str(tuple(t.shape)) for t in inputs)}")
-
-
-@layer("concat", inputs=(2, None))
+@layer("concat")
 def concat(spec, inputs, ctx):
-    same_shapes(inputs, "inputs must agree in every dimension but channels", skip_dim=1)
+    same_shapes([t.shape for t in inputs], "inputs must agree in every dimension but channels",
+                skip_dim=1)
     return torch.cat(inputs, dim=1)
 
 
-@layer("add", inputs=(2, None))
+@layer("add")
 def add(spec, inputs, ctx):
-    same_shapes(inputs, "inputs must have the same shape")
+    same_shapes([t.shape for t in inputs], "inputs must have the same shape")
     out = inputs[0]
     for t in inputs[1:]:
         out = out + t
@@ -297,17 +174,17 @@ def global_avgpool(spec, inputs, ctx):
     return spatial(inputs[0]).mean(dim=(2, 3))  # [N, C, H, W] -> [N, C]
 
 
-@layer("linear", fields=("out_features", "bias"))
+@layer("linear")
 def linear(spec, inputs, ctx):
     x = inputs[0]
-    if x.dim() != 2:
-        raise Malformed(f"needs an [N, features] input (global_avgpool or linear), got "
-                        f"{tuple(x.shape)}")
-    out_features = integer(spec, "out_features", None, 1)
+    linear_input(tuple(x.shape))
+    out_features, bias = linear_fields(spec)
     w = ctx.param("weight", (out_features, x.shape[1]))
-    b = (ctx.param("bias", (out_features,), sums_output_grad=(0,))
-         if boolean(spec, "bias", True) else None)
+    b = ctx.param("bias", (out_features,), sums_output_grad=(0,)) if bias else None
     return F.linear(x, w, b)
+
+
+assert set(LAYERS) == set(LAYER_FIELDS), "every layer type of tessera_torch needs a function"
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,58 +231,7 @@ def squeeze_hw(shape):
 
 
 # --------------------------------------------------------------------------------------------
-# Reading the dump.
-
-def text_attr(f, key):
-    if key not in f.attrs:
-        raise Malformed(f"missing root attribute '{key}'")
-    v = f.attrs[key]
-    # The C++ writer may store fixed- or variable-length strings, scalar or as a 1-element
-    # array; h5py hands these back as str, bytes or arrays of either.
-    if isinstance(v, np.ndarray) and v.size == 1:
-        v = v.reshape(()).item()
-    if isinstance(v, (bytes, np.bytes_)):
-        v = v.decode()
-    if not isinstance(v, str):
-        raise Malformed(f"root attribute '{key}' must be a string, got {v!r}")
-    return v
-
-
-def read(f, path, kind="f"):
-    """A dataset as a numpy array; kind 'f' for floating point, 'i' for integer data."""
-    obj = f.get(path)
-    if not isinstance(obj, h5py.Dataset):
-        raise Malformed(f"missing dataset '{path}'")
-    a = np.asarray(obj[()])
-    if a.dtype.kind not in ("f" if kind == "f" else "iu"):
-        raise Malformed(f"dataset '{path}' has dtype {a.dtype}, expected "
-                        f"{'floating point' if kind == 'f' else 'integer'} data")
-    return a
-
-
-def dataset_names(f, path):
-    """'a/b' paths of all datasets under a group (empty if the group is absent: a model
-    without parameters need not write one; a parameter the model does use is looked up
-    on its own and reported missing there)."""
-    group = f.get(path)
-    if not isinstance(group, h5py.Group):
-        return set()
-    names = []
-    group.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset)
-                     else None)
-    return set(names)
-
-
-def parse_model(text):
-    try:
-        model = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise Malformed(f"root attribute 'model' is not valid JSON: {e}")
-    if not isinstance(model, dict) or not isinstance(model.get("layers"), list) \
-            or not model["layers"]:
-        raise Malformed("the model must be a JSON object with a non-empty list 'layers'")
-    return model
-
+# Reading the dump: text_attr, read, dataset_names and parse_model come from tessera_torch.
 
 # --------------------------------------------------------------------------------------------
 # The PyTorch run.
@@ -462,22 +288,6 @@ class Context:
         return expected
 
 
-def layer_inputs(spec, previous, outputs, counts):
-    names = spec.get("inputs", previous)
-    if isinstance(names, str):
-        names = [names]
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise Malformed(f"field 'inputs' must be a layer name or a list of them, got {names!r}")
-    low, high = counts
-    if len(names) < low or (high is not None and len(names) > high):
-        wanted = f"{low}" if low == high else f"{low} or more"
-        raise Malformed(f"takes {wanted} input(s), got {len(names)}")
-    missing = [n for n in names if n not in outputs]
-    if missing:
-        raise Malformed(f"inputs {missing} are not earlier layers")
-    return [outputs[n] for n in names]
-
-
 class Quantity:
     """One row of the table. path: in the dump, relative to /<run> unless absolute. flexible:
     [N, C] and [N, C, 1, 1] match. summands: for a gradient that sums the layer's output
@@ -514,25 +324,11 @@ def run_model(f, model, training):
     outputs = {"input": images}
     previous = "input"
     for index, spec in enumerate(model["layers"], start=1):
-        if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-            raise Malformed(f"model layer {index} must be an object with a string 'type'")
-        kind = spec["type"]
-        name = spec.get("name", f"{kind}{index}")
-        where = f"layer '{name}' ({kind})"
-        if kind not in LAYERS:
-            raise Malformed(f"{where}: unknown layer type '{kind}' "
-                            f"(known: {', '.join(sorted(LAYERS))})")
-        if not isinstance(name, str) or not name:
-            raise Malformed(f"model layer {index}: 'name' must be a non-empty string")
-        if name in outputs:
-            raise Malformed(f"{where}: the name is used twice")
-        fn, fields, counts = LAYERS[kind]
-        unknown = sorted(set(spec) - fields)
+        name, kind, where = layer_header(index, spec, outputs)
         try:
-            if unknown:
-                raise Malformed(f"unknown field(s) {', '.join(unknown)}")
-            inputs = layer_inputs(spec, previous, outputs, counts)
-            outputs[name] = fn(spec, inputs, Context(f, name, training, used))
+            check_fields(spec, kind)
+            inputs = [outputs[n] for n in input_names(spec, previous, outputs, kind)]
+            outputs[name] = LAYERS[kind](spec, inputs, Context(f, name, training, used))
         except Malformed as e:
             raise Malformed(f"{where}: {e}") from None
         except (RuntimeError, ValueError) as e:  # a case the checks above do not foresee

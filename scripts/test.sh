@@ -22,6 +22,9 @@ if grep -q "TESSERA_HAVE_CUDA 1" build/tessera_config.h 2>/dev/null; then
   fi
 fi
 
+# Fuzzing time per target (tests/fuzz/fuzz_tests.py; its own default is 30 s): the suite stays
+# within 20 minutes on a fresh machine, installs included.
+export TESSERA_FUZZ_SECONDS=${TESSERA_FUZZ_SECONDS:-15}
 # Oversubscribed MPI tests must not hang: MPICH's mpiexec kills a job after this many seconds.
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-300}
 # A build that fails leaves no test log: never count an older run's.

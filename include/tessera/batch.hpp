@@ -15,12 +15,14 @@ namespace tessera {
 struct BatchFileInfo {
   Shape4 images;                       // /images [N, C, H, W]
   std::array<std::int64_t, 3> labels;  // /labels [N, H, W]; [N] reads as [N, 1, 1]
+  bool has_labels = true;              // false: the file has no /labels (labels is then zeros)
 };
 
 // Checks that `file` holds /images (float32, float64 or uint8, rank 4) and /labels (integer,
 // rank 3 for per-pixel classes or rank 1 for one class per image, same N), every sample written
-// (h5::File::check_written); throws an Error naming the file and the dataset otherwise.
-BatchFileInfo inspect_batch_file(const h5::File& file);
+// (h5::File::check_written); throws an Error naming the file and the dataset otherwise. Without
+// `labels_required`, a file without /labels passes (images to predict on).
+BatchFileInfo inspect_batch_file(const h5::File& file, bool labels_required = true);
 
 // This rank's tile of /images for distribution `d` (its samples, every channel, its rows and
 // columns); uint8 images are scaled to [0, 1].

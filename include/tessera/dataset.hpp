@@ -24,6 +24,7 @@ struct DatasetInfo {
   LabelKind labels = LabelKind::per_pixel;
   std::int64_t label_height = 0, label_width = 0;  // per_pixel: the label maps (1 x 1 per image)
   std::int64_t classes = 0;  // 0 when unknown (files): labels are then checked as they are read
+  bool has_labels = true;    // false: images only (to predict on); read() returns no labels
 };
 
 class Dataset {

@@ -21,7 +21,8 @@ class H5Dataset : public Dataset {
   // different files on different nodes are refused with the ranks and what each sees.
   // Collective over `comm`: a missing, damaged, malformed, partly written or differing file is
   // one agreed Error on every rank.
-  H5Dataset(const std::string& path, const Comm& comm);
+  // Without `labels_required`, a file of images alone is accepted (info().has_labels false).
+  H5Dataset(const std::string& path, const Comm& comm, bool labels_required = true);
   // Closes the file: collective over `comm`, except while an exception unwinds the stack. That
   // exception may be this rank's alone, and waiting there for the others would keep main from
   // ending the job; the file then stays open until MPI_Finalize (which closes it collectively)

@@ -61,6 +61,13 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
 int train_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime);
 // Collective over `world`: times training steps; rank 0 prints the table.
 int bench_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime);
+// Collective over `world`: predicts over a file of images with a trained model, each rank writing
+// its tile of the outputs; rank 0 prints progress.
+int predict_command(const std::vector<std::string>& args, const Comm& world,
+                    RuntimeOptions runtime);
+// Collective over `world`: the loss, accuracy and IoU of a trained model over labelled images.
+int evaluate_command(const std::vector<std::string>& args, const Comm& world,
+                     RuntimeOptions runtime);
 // Collective over `world` (errors are agreed): rank 0 writes the synthetic dataset file, the
 // other ranks wait for its outcome, without a deadline (the write takes as long as the file).
 int datagen_command(const std::vector<std::string>& args, const Comm& world,

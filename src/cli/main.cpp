@@ -36,6 +36,8 @@ constexpr const char* kUsage =
     "  train       train a model with its images tiled over the grid\n"
     "  gradcheck   compare sharded and single-rank gradients of a model on a grid\n"
     "  plan        tiles, halo widths, bytes per step and memory per rank (one process)\n"
+    "  predict     run a trained model over images of any size, writing every rank's tile\n"
+    "  evaluate    loss, accuracy and IoU per class of a trained model over labelled images\n"
     "  datagen     write a synthetic segmentation or classification dataset (HDF5)\n"
     "  bench       time training steps per layer: compute, halo, waiting, allreduce, GFLOP/s\n"
     "\n"
@@ -144,6 +146,10 @@ int main(int argc, char** argv) {
       rc = tessera::cli::plan_command(rest, world, runtime);
     } else if (command == "bench") {
       rc = tessera::cli::bench_command(rest, world, runtime);
+    } else if (command == "predict") {
+      rc = tessera::cli::predict_command(rest, world, runtime);
+    } else if (command == "evaluate") {
+      rc = tessera::cli::evaluate_command(rest, world, runtime);
     } else if (command == "datagen") {
       rc = tessera::cli::datagen_command(rest, world, runtime);
     } else {

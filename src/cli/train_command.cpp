@@ -42,6 +42,9 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
                                      "float32 or float64")(
       "seed", po::value(&o.seed)->default_value(o.seed),
       "seed of the parameters, the data order, dropout and the built-in data")(
+      "init", po::value(&o.init),
+      "initial parameters and batch-norm buffers: a parameter file (HDF5 /params, /buffers; "
+      "scripts/import_pytorch.py writes one from a PyTorch state_dict); default: seeded random")(
       "checkpoint-dir", po::value(&o.checkpoint_dir), "write checkpoints here")(
       "checkpoint-every", po::value(&o.checkpoint_every)->default_value(0),
       "steps between checkpoints (0: only at the end)")(

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,18 @@ std::string signal_name(int signal) {
   if (signal == SIGUSR1) return "SIGUSR1";
   if (signal == SIGTERM) return "SIGTERM";
   return "signal " + std::to_string(signal);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string duration_text(double seconds) {
+  const auto total = static_cast<long long>(seconds + 0.5);
+  std::ostringstream o;
+  if (total >= 3600) o << total / 3600 << ":" << std::setw(2) << std::setfill('0');
+  o << (total / 60) % 60 << ":" << std::setw(2) << std::setfill('0') << total % 60;
+  return o.str();
 }
 
 namespace {

@@ -1,8 +1,10 @@
 #include "tessera/drivers/memory.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "tessera/checked.hpp"
@@ -113,8 +115,9 @@ void check_memory(std::int64_t bytes, const std::string& what, const MemoryBudge
 
 void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryBudget& budget) {
   Plan plan;
+  const PlanOptions options{.grid = run.grid, .input = run.input, .dtype = run.dtype};
   try {
-    plan = make_plan(spec, {.grid = run.grid, .input = run.input, .dtype = run.dtype});
+    plan = make_plan(spec, options);
   } catch (const Error&) {
     return;  // a shape the grid cannot split: the model says so, naming the layer
   }
@@ -125,21 +128,44 @@ void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryB
   const std::int64_t metrics =
       saturating_mul(saturating_mul(saturating_mul(classes, classes), sizeof(std::int64_t)),
                      run.confusion_matrices);
-  std::int64_t needed = saturating_add(saturating_add(m.total(), optimizer),
-                                       saturating_add(metrics, run.sample_order_bytes));
+  // Outputs held per rank: the busiest rank's share of the last layer's output.
+  const auto output_bytes = [&run](const Plan& p) {
+    if (p.layers.empty()) return std::int64_t{0};
+    const LayerPlan& last = p.layers.back();
+    const std::int64_t per_pixel = saturating_add(
+        run.output_bytes_per_pixel, saturating_mul(run.output_bytes_per_channel, last.output.c));
+    return saturating_mul(saturating_mul(p.samples.max, per_pixel),
+                          saturating_mul(last.tile_rows.max, last.tile_cols.max));
+  };
+  const std::int64_t outputs = output_bytes(plan);
+  const std::int64_t extras =
+      saturating_add(optimizer, saturating_add(metrics, run.sample_order_bytes));
+  std::int64_t needed =
+      saturating_add(saturating_add(run.inference ? m.inference() : m.total(), extras), outputs);
   std::string what = "estimate: activations " + human_bytes(m.activations) + " + windows " +
-                     human_bytes(m.windows) + " + grads " + human_bytes(m.gradients) +
+                     human_bytes(m.windows) +
+                     (run.inference ? std::string() : " + grads " + human_bytes(m.gradients)) +
                      " + params x2 " + human_bytes(m.params);
   if (optimizer > 0) what += " + optimizer state " + human_bytes(optimizer);
+  if (outputs > 0) what += " + outputs " + human_bytes(outputs);
   if (metrics > 0) what += " + metrics " + human_bytes(metrics);
   if (run.sample_order_bytes > 0) what += " + sample order " + human_bytes(run.sample_order_bytes);
   if (run.single_reference) {
     needed = saturating_add(needed, plan.single.total());
     what += " + the single-rank reference " + human_bytes(plan.single.total());
   }
+  if (needed < kSizeMax && (budget.bytes <= 0 || needed <= budget.bytes)) return;
+  std::string advice =
+      "use more ranks, a smaller image or a smaller batch (tessera plan estimates any grid)";
+  if (run.inference && budget.bytes > 0) {
+    const std::optional<GridShape> fits = host_grid_that_fits(
+        spec, options, std::max<std::int64_t>(0, budget.bytes - extras),
+        [&](const Plan& p) { return saturating_add(p.memory.inference(), output_bytes(p)); });
+    advice = fits ? "a grid of " + fits->str() + " would fit (at this memory per rank)"
+                  : "no grid of up to 64 x 64 spatial ranks fits at this memory per rank";
+  }
   check_memory(needed, what + "; image " + run.input.str() + ", grid " + run.grid.str(), budget,
-               "use more ranks, a smaller image or a smaller batch (tessera plan estimates any "
-               "grid)");
+               advice);
 }
 
 }  // namespace tessera

@@ -346,10 +346,13 @@ std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& 
   return GridShape{options.grid.n, best_h, best_w};
 }
 
-std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
-                                        std::int64_t device_bytes) {
-  // Parameters and their gradients are on every rank: no grid makes them smaller.
-  if (add(analyse(spec, options).memory.params, kDeviceReserve) > device_bytes) return std::nullopt;
+namespace {
+
+// The fewest spatial ranks (then the squarest grid) with options.grid's n, up to 64 x 64, whose
+// busiest rank's cost(plan) fits in `bytes`.
+template <typename Cost>
+std::optional<GridShape> fewest_ranks_that_fit(const ModelSpec& spec, const PlanOptions& options,
+                                               std::int64_t bytes, Cost cost) {
   const int max_h = static_cast<int>(std::min<std::int64_t>(64, options.input.h));
   const int max_w = static_cast<int>(std::min<std::int64_t>(64, options.input.w));
   for (int ranks = 1; ranks <= max_h * max_w; ++ranks) {
@@ -359,15 +362,34 @@ std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions
       const int w = ranks / h;
       PlanOptions o = options;
       o.grid = {options.grid.n, h, w};
-      o.device = true;
       if (!plans(spec, o)) continue;
-      if (add(analyse(spec, o).memory.device_total(), kDeviceReserve) > device_bytes) continue;
+      if (cost(analyse(spec, o)) > bytes) continue;
       // The squarest: the smallest difference of h and w.
       if (!found || std::abs(h - w) < std::abs(found->h - found->w)) found = o.grid;
     }
     if (found) return found;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
+                                        std::int64_t device_bytes) {
+  // Parameters and their gradients are on every rank: no grid makes them smaller.
+  if (add(analyse(spec, options).memory.params, kDeviceReserve) > device_bytes) return std::nullopt;
+  PlanOptions o = options;
+  o.device = true;
+  return fewest_ranks_that_fit(spec, o, device_bytes, [](const Plan& p) {
+    return add(p.memory.device_total(), kDeviceReserve);
+  });
+}
+
+std::optional<GridShape> host_grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
+                                             std::int64_t host_bytes,
+                                             const std::function<std::int64_t(const Plan&)>& cost) {
+  if (analyse(spec, options).memory.params > host_bytes) return std::nullopt;
+  return fewest_ranks_that_fit(spec, options, host_bytes, cost);
 }
 
 void print_plan(const Plan& p, std::ostream& out) {
@@ -409,6 +431,8 @@ void print_plan(const Plan& p, std::ostream& out) {
   out << "\n";
   out << "  memory model: input + outputs + windows (kept for backward) + one layer's grads + "
          "params x2\n";
+  out << "  inference (tessera predict, estimate): " << human(m.inference())
+      << " per rank: no gradients\n";
   if (!o.device) return;
   out << "\n  on the GPU (--device cuda, estimate): " << human(m.device_total()) << " per rank\n"
       << "    the above + halo buffers and what the CUDA kernels keep for backward "

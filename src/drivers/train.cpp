@@ -25,6 +25,7 @@
 #include "tessera/h5_dataset.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/metrics.hpp"
+#include "tessera/io/params_io.hpp"
 #include "tessera/partition.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/synthetic.hpp"
@@ -33,18 +34,6 @@ namespace tessera {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point t) {
-  return std::chrono::duration<double>(clock_type::now() - t).count();
-}
-
-std::string duration_text(double s) {
-  const auto total = static_cast<long long>(s + 0.5);
-  std::ostringstream o;
-  if (total >= 3600) o << total / 3600 << ":" << std::setw(2) << std::setfill('0');
-  o << (total / 60) % 60 << ":" << std::setw(2) << std::setfill('0') << total % 60;
-  return o.str();
-}
 
 // A dataset seen through a list of its sample indices (a training or validation split).
 struct Split {
@@ -243,6 +232,7 @@ class Trainer {
     // over it; a longer run of a constant or step schedule continues the same computation.
     if (schedule_.kind == ScheduleKind::cosine)
       options["steps (--steps, --epochs)"] = text(total_steps_);
+    if (!o_.init.empty()) options["--init"] = o_.init;
     if (schedule_.kind == ScheduleKind::step) {
       options["--lr-step-size"] = text(schedule_.step_size);
       options["--lr-gamma"] = text(schedule_.gamma);
@@ -504,7 +494,7 @@ void Trainer<T>::check_options() {
       << o_.schedule.gamma << "|" << o_.checkpoint_dir << "|" << o_.checkpoint_every << "|"
       << o_.resume << "|" << o_.keep_checkpoints << "|" << o_.allow_changes << "|" << o_.verify_data
       << "|" << o_.log_every << "|" << o_.samples << "|" << o_.height << "|" << o_.width << "|"
-      << o_.val_samples << "|" << __DATE__ << __TIME__;
+      << o_.val_samples << "|" << o_.init << "|" << __DATE__ << __TIME__;
     check_same_everywhere(world_, "configuration (model, options, build)", c.str());
   }
 }
@@ -603,6 +593,8 @@ void Trainer<T>::build() {
   schedule_.total_steps = total_steps_;
 
   model_->init_params(o_.seed);
+  if (!o_.init.empty())  // every rank reads the file: the parameters are replicated
+    agree(world_, [&] { read_params(o_.init, *model_); });
   model_->set_input_grad(false);  // training never reads dL/dimages
   agree(world_, [&] {
     TESSERA_CHECK(std::isfinite(o_.lr) && o_.lr >= 0,

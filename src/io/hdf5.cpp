@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -55,6 +56,23 @@ hid_t native<std::int64_t>() {
 template <>
 hid_t native<std::uint8_t>() {
   return H5T_NATIVE_UINT8;
+}
+template <>
+hid_t native<std::uint16_t>() {
+  return H5T_NATIVE_UINT16;
+}
+// binary16 as h5py defines it (IEEE_F32LE narrowed: sign bit 15, exponent bits 10..14 biased by
+// 15, mantissa bits 0..9), made once and kept for the process: the file's type and the memory's.
+template <>
+hid_t native<Half>() {
+  static const hid_t type = [] {
+    const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+    TESSERA_CHECK(t >= 0 && H5Tset_fields(t, 15, 10, 5, 0, 10) >= 0 && H5Tset_size(t, 2) >= 0 &&
+                      H5Tset_ebias(t, 15) >= 0 && H5Tlock(t) >= 0,
+                  "HDF5 cannot define a 16-bit float type");
+    return t;
+  }();
+  return type;
 }
 
 // Closes an HDF5 identifier with the right function when it goes out of scope.
@@ -185,6 +203,20 @@ File File::open_read_parallel(const std::string& path, const Comm& comm) {
   return file;
 }
 
+File File::create_parallel(const std::string& path, const Comm& comm) {
+  Id fapl(TESSERA_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  TESSERA_CHECK_HDF5(H5Pset_fapl_mpio(fapl, mpi_comm(comm, Group::world), MPI_INFO_NULL));
+#endif
+  File file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), path);
+  file.parallel_ = true;
+  agree(comm, [&] {
+    if (file.id_ < 0) H5Eclear2(H5E_DEFAULT);
+    TESSERA_CHECK(file.id_ >= 0, "cannot create '" + path + "' (is the directory writable?)");
+  });
+  return file;
+}
+
 File File::create(const std::string& path) {
   const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   TESSERA_CHECK(id >= 0, "cannot create '" + path + "' (is the directory writable?)");
@@ -210,13 +242,15 @@ std::vector<unsigned char> File::image() {
   return bytes;
 }
 
-File::File(File&& other) noexcept : id_(other.id_), path_(std::move(other.path_)) {
+File::File(File&& other) noexcept
+    : id_(other.id_), path_(std::move(other.path_)), parallel_(other.parallel_) {
   other.id_ = -1;
 }
 
 File& File::operator=(File&& other) noexcept {
   std::swap(id_, other.id_);
   std::swap(path_, other.path_);
+  std::swap(parallel_, other.parallel_);
   return *this;
 }
 
@@ -426,7 +460,7 @@ void File::write(const std::string& dataset, std::span<const T> data,
 
 template <typename T>
 void File::create_chunked(const std::string& dataset, const std::vector<std::int64_t>& dims,
-                          const std::vector<std::int64_t>& chunk, bool checksummed) {
+                          const std::vector<std::int64_t>& chunk, bool checksummed, int deflate) {
   TESSERA_CHECK(!dims.empty() && chunk.size() == dims.size(),
                 "'" + path_ + "': chunks of '" + dataset + "' must have one extent per dimension");
   for (std::size_t k = 0; k < dims.size(); ++k)
@@ -443,6 +477,10 @@ void File::create_chunked(const std::string& dataset, const std::vector<std::int
   // Every chunk is written whole once: filling it first would write it twice.
   TESSERA_CHECK_HDF5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
   if (checksummed) TESSERA_CHECK_HDF5(H5Pset_fletcher32(dcpl));
+  TESSERA_CHECK(deflate >= 0 && deflate <= 9,
+                "a compression level must lie in 0..9, not " + std::to_string(deflate));
+  if (deflate > 0) TESSERA_CHECK_HDF5(H5Pset_deflate(dcpl, static_cast<unsigned>(deflate)));
+  if (parallel_) TESSERA_CHECK_HDF5(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
   Id lcpl(link_creation_with_parents(), H5Pclose);
   const hid_t d = H5Dcreate2(id_, dataset.c_str(), native<T>(), space, lcpl, dcpl, H5P_DEFAULT);
   TESSERA_CHECK(d >= 0, "cannot create '" + dataset + "' in '" + path_ +
@@ -578,14 +616,28 @@ void File::write_box(const std::string& dataset, std::span<const T> data,
                     offset.size() == count.size(),
                 "'" + path_ + "': a box of " + std::to_string(data.size()) +
                     " values does not match its extent in '" + dataset + "'");
-  if (elements == 0) return;
+  if (elements == 0 && !parallel_) return;
   const auto start = to_hsize(offset), extent = to_hsize(count);
-  TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr,
-                                         extent.data(), nullptr));
-  Id mem_space(
-      TESSERA_CHECK_HDF5(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr)),
-      H5Sclose);
-  if (H5Dwrite(d, native<T>(), mem_space, file_space, H5P_DEFAULT, data.data()) < 0) {
+  // A rank with nothing to write still takes part in a collective write, with empty selections.
+  const hsize_t one = 1;
+  Id mem_space(TESSERA_CHECK_HDF5(elements == 0 ? H5Screate_simple(1, &one, nullptr)
+                                                : H5Screate_simple(static_cast<int>(extent.size()),
+                                                                   extent.data(), nullptr)),
+               H5Sclose);
+  if (elements == 0) {
+    TESSERA_CHECK_HDF5(H5Sselect_none(file_space));
+    TESSERA_CHECK_HDF5(H5Sselect_none(mem_space));
+  } else {
+    TESSERA_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr,
+                                           extent.data(), nullptr));
+  }
+  Id transfer(TESSERA_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  if (parallel_) TESSERA_CHECK_HDF5(H5Pset_dxpl_mpio(transfer, H5FD_MPIO_COLLECTIVE));
+#endif
+  const T nothing{};
+  if (H5Dwrite(d, native<T>(), mem_space, file_space, transfer,
+               elements == 0 ? &nothing : data.data()) < 0) {
     H5Eclear2(H5E_DEFAULT);
     throw Error("cannot write '" + dataset + "' to '" + path_ + "' (is the disk full?)");
   }
@@ -696,6 +748,40 @@ void File::verify_checksums(bool required) const {
   walk("/");
 }
 
+Half to_half(float v) {
+  std::uint32_t x = 0;
+  std::memcpy(&x, &v, sizeof x);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u)  // infinity, NaN (kept quiet)
+    return {static_cast<std::uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u))};
+  if (a >= 0x47800000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65536
+  if (a < 0x38800000u) {
+    // Below 2^-14: a subnormal binary16, |v| / 2^-24 rounded to an integer (ties to even; the
+    // scaling by a power of two is exact). 1024 is the smallest normal, which is its encoding.
+    const float scaled = std::fabs(v) * 16777216.0f;
+    return {static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(scaled)))};
+  }
+  // Rebias the exponent (127 -> 15) and drop 13 mantissa bits, rounding to nearest even; a carry
+  // out of the mantissa raises the exponent, up to infinity.
+  const std::uint32_t m = a - 0x38000000u;
+  return {static_cast<std::uint16_t>(sign | ((m + 0x0fffu + ((m >> 13) & 1u)) >> 13))};
+}
+
+float from_half(Half h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
+  const std::uint32_t e = (h.bits >> 10) & 0x1fu, m = h.bits & 0x3ffu;
+  if (e == 0) {  // zero or subnormal: m * 2^-24
+    const float v = static_cast<float>(m) / 16777216.0f;
+    return sign ? -v : v;
+  }
+  const std::uint32_t bits =
+      sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+  float v = 0;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
 std::uint32_t checksum(std::span<const unsigned char> bytes, std::uint32_t previous) {
   return crc32_of(bytes.data(), bytes.size(), previous);
 }
@@ -792,21 +878,30 @@ template void File::write(const std::string&, std::span<const std::int32_t>,
 template void File::write(const std::string&, std::span<const std::int64_t>,
                           const std::vector<std::int64_t>&);
 template void File::create_chunked<float>(const std::string&, const std::vector<std::int64_t>&,
-                                          const std::vector<std::int64_t>&, bool);
+                                          const std::vector<std::int64_t>&, bool, int);
 template void File::write_box(const std::string&, std::span<const float>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::create_chunked<double>(const std::string&, const std::vector<std::int64_t>&,
-                                           const std::vector<std::int64_t>&, bool);
+                                           const std::vector<std::int64_t>&, bool, int);
 template void File::write_box(const std::string&, std::span<const double>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::create_chunked<std::int32_t>(const std::string&,
                                                  const std::vector<std::int64_t>&,
-                                                 const std::vector<std::int64_t>&, bool);
+                                                 const std::vector<std::int64_t>&, bool, int);
 template void File::write_box(const std::string&, std::span<const std::int32_t>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::create_chunked<std::uint8_t>(const std::string&,
                                                  const std::vector<std::int64_t>&,
-                                                 const std::vector<std::int64_t>&, bool);
+                                                 const std::vector<std::int64_t>&, bool, int);
+template void File::create_chunked<std::uint16_t>(const std::string&,
+                                                  const std::vector<std::int64_t>&,
+                                                  const std::vector<std::int64_t>&, bool, int);
+template void File::create_chunked<Half>(const std::string&, const std::vector<std::int64_t>&,
+                                         const std::vector<std::int64_t>&, bool, int);
+template void File::write_box(const std::string&, std::span<const Half>,
+                              std::span<const std::int64_t>, std::span<const std::int64_t>);
+template void File::write_box(const std::string&, std::span<const std::uint16_t>,
+                              std::span<const std::int64_t>, std::span<const std::int64_t>);
 template void File::write_box(const std::string&, std::span<const std::uint8_t>,
                               std::span<const std::int64_t>, std::span<const std::int64_t>);
 

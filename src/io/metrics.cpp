@@ -1,5 +1,8 @@
 #include "tessera/io/metrics.hpp"
 
+#include <cmath>
+#include <limits>
+
 #include "tessera/collectives.hpp"
 
 namespace tessera {
@@ -40,19 +43,25 @@ double Confusion::accuracy() const {
   return t > 0 ? static_cast<double>(correct) / static_cast<double>(t) : 0.0;
 }
 
+double Confusion::iou(std::int64_t k) const {
+  long long row = 0, col = 0;
+  for (std::int64_t j = 0; j < classes_; ++j) {
+    row += count(k, j);
+    col += count(j, k);
+  }
+  const long long tp = count(k, k);
+  const long long uni = row + col - tp;
+  return uni == 0 ? std::numeric_limits<double>::quiet_NaN()
+                  : static_cast<double>(tp) / static_cast<double>(uni);
+}
+
 double Confusion::mean_iou() const {
   double sum = 0;
   int present = 0;
   for (std::int64_t k = 0; k < classes_; ++k) {
-    long long row = 0, col = 0;
-    for (std::int64_t j = 0; j < classes_; ++j) {
-      row += count(k, j);
-      col += count(j, k);
-    }
-    const long long tp = count(k, k);
-    const long long uni = row + col - tp;
-    if (uni == 0) continue;
-    sum += static_cast<double>(tp) / static_cast<double>(uni);
+    const double v = iou(k);
+    if (std::isnan(v)) continue;
+    sum += v;
     ++present;
   }
   return present > 0 ? sum / present : 0.0;

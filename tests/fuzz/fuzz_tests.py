@@ -286,8 +286,13 @@ def run_input(binary, f, seeds_valid=False):
     env = fuzz_env(full_stacks=True)
     if seeds_valid:
         env["TESSERA_FUZZ_SEEDS_VALID"] = "1"
+    # -malloc_limit_mb given (its default is rss_limit_mb): only then does libFuzzer print the stack
+    # of a single allocation beyond the limit, so culprit() can tell whose allocation it was (a
+    # damaged file's sizes make HDF5's own H5Fopen ask for 16 GiB). The RSS limit above it, or
+    # libFuzzer's RSS watcher kills the process while the stack is being printed.
     return subprocess.run([str(binary), f"-timeout={INPUT_TIMEOUT_S}",
-                           f"-rss_limit_mb={RSS_LIMIT_MB}", "-error_exitcode=1", str(f)], env=env,
+                           f"-rss_limit_mb={2 * RSS_LIMIT_MB}", f"-malloc_limit_mb={RSS_LIMIT_MB}",
+                           "-error_exitcode=1", str(f)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace", timeout=120)
 

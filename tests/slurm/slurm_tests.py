@@ -65,7 +65,7 @@ class Cluster:
             fail(f"{' '.join(map(str, argv))} still ran after {timeout} s", (out or "") +
                  self.logs())
         if check and r.returncode != 0:
-            fail(f"{' '.join(map(str, argv))} exited with {r.returncode}", r.stdout)
+            fail(f"{' '.join(map(str, argv))} exited with {r.returncode}", r.stdout + self.logs())
         return r.stdout
 
     def start(self):

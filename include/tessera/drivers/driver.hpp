@@ -3,6 +3,7 @@
 // per rank.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -42,6 +43,11 @@ std::string signal_name(int signal);
 // The exit status of a run stopped by a signal after writing a checkpoint it can resume from
 // (EX_TEMPFAIL of sysexits.h): scripts/slurm/train.sbatch requeues the job on it.
 inline constexpr int kExitStoppedResumable = 75;
+
+// Seconds since `t` on the steady clock. Local.
+double seconds_since(std::chrono::steady_clock::time_point t);
+// A duration for progress lines: "m:ss", or "h:mm:ss" from an hour on. Local.
+std::string duration_text(double seconds);
 
 // Peak resident memory of this process so far, in MiB (what a user sizes nodes by). Local.
 double peak_memory_mib();

@@ -42,6 +42,13 @@ struct RunMemory {
   int confusion_matrices = 0;  // classes x classes counts (training's metrics)
   std::int64_t sample_order_bytes = 0;  // the index and permutation of the training samples
   bool single_reference = false;  // this rank also runs the whole batch alone (gradcheck's root)
+  // Inference only (tessera predict): no gradients (MemoryEstimate::inference); a refusal then
+  // names the smallest grid that would fit at the same memory per rank.
+  bool inference = false;
+  // Bytes a rank holds besides per output pixel of its tile and sample, and per output channel of
+  // such a pixel (predict's outputs: the labels, the probabilities).
+  std::int64_t output_bytes_per_pixel = 0;
+  std::int64_t output_bytes_per_channel = 0;
 };
 
 // Refuses a run that cannot fit: tessera plan's estimate for the busiest rank (shapes only;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -69,6 +70,12 @@ struct MemoryEstimate {
     return saturating_add(saturating_add(activations, windows), saturating_add(gradients, params));
   }
   std::int64_t device_total() const { return saturating_add(total(), device_buffers); }
+  // Inference (tessera predict, eval mode, no backward pass): no gradients; every output and
+  // window counted as kept, as the layers keep their windows and a batch norm its input (an upper
+  // bound: outputs are freed after their last consumer).
+  std::int64_t inference() const {
+    return saturating_add(saturating_add(activations, windows), params);
+  }
 };
 
 // What a GPU needs beyond device_total() in this estimate: the CUDA context and cuDNN's
@@ -107,6 +114,13 @@ std::optional<GridShape> suggest_grid(const ModelSpec& spec, const PlanOptions& 
 // nothing when none does.
 std::optional<GridShape> grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
                                         std::int64_t device_bytes);
+
+// The grid with options.grid's n and the fewest spatial ranks (then the squarest) whose plan's
+// cost (bytes per rank, e.g. memory.inference()) fits in `host_bytes`, searching up to 64 x 64;
+// nothing when none does.
+std::optional<GridShape> host_grid_that_fits(const ModelSpec& spec, const PlanOptions& options,
+                                             std::int64_t host_bytes,
+                                             const std::function<std::int64_t(const Plan&)>& cost);
 
 // Three significant digits, binary units: "512 B", "12.0 KiB", "1.31 GiB"; "more than 8 EiB" for
 // a saturated size (kSizeMax). Local.

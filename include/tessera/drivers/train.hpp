@@ -25,6 +25,7 @@ struct TrainOptions {
   ScheduleOptions schedule;  // total_steps is filled in from the run's length
   std::string dtype = "float32";
   std::uint64_t seed = 1;
+  std::string init;  // initial parameters and buffers (a params file); empty: seeded random
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // steps; 0: only at the end (when a directory is given)
   std::int64_t keep_checkpoints = 3;  // newest checkpoints kept; 0: all

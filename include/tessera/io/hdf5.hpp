@@ -18,6 +18,16 @@ void quiet();
 
 enum class Kind { floating, integer, other };
 
+// A 16-bit IEEE float (binary16) as stored. HDF5 1.10 has no predefined half type; Tessera's
+// (IEEE layout, little-endian) reads as float16 in h5py and numpy.
+struct Half {
+  std::uint16_t bits = 0;
+};
+// `v` rounded to the nearest binary16 (ties to even; beyond 65504 infinity). Local, pure.
+Half to_half(float v);
+// The binary16 value as a float (exact). Local, pure.
+float from_half(Half h);
+
 struct DatasetInfo {
   std::vector<std::int64_t> dims;
   Kind kind = Kind::other;
@@ -37,6 +47,11 @@ class File {
   static File open_read_parallel(const std::string& path, const Comm& comm);
   // Creates (truncates) a file for writing.
   static File create(const std::string& path);
+  // The same with MPI-IO over `comm` (parallel HDF5), for datasets every rank writes its box of
+  // with write_box. Collective over its world group: every rank gets the file, or every
+  // rank throws one agreed Error. Creating datasets in it (create_chunked) and closing it (the
+  // destructor) are collective too.
+  static File create_parallel(const std::string& path, const Comm& comm);
   // Creates a file that lives in memory only (HDF5's core driver, no backing store): `name` is
   // what messages call it; image() returns its bytes. Nothing reaches a disk, so a full disk can
   // never leave HDF5 with a half-closed file.
@@ -89,17 +104,23 @@ class File {
   void write(const std::string& dataset, std::span<const T> data,
              const std::vector<std::int64_t>& dims);
 
-  // Creates a dataset of `dims` elements of T (float, double, std::int32_t, std::uint8_t) stored
-  // in chunks of `chunk` (same rank, 1 <= chunk[k] <= dims[k]), to be filled box by box with
-  // write_box, so that a dataset larger than memory can be written. Chunks are allocated as they
-  // are written and never pre-filled; a chunk never written reads as zeros (check_written finds
-  // it). With `checksummed`, every chunk carries HDF5's Fletcher-32 checksum, which HDF5 checks
-  // on every read (a damaged chunk is a read error, not wrong numbers).
+  // Creates a dataset of `dims` elements of T (float, double, Half, std::int32_t, std::uint8_t,
+  // std::uint16_t) stored in chunks of `chunk` (same rank, 1 <= chunk[k] <= dims[k]), to be filled
+  // box by box with write_box, so that a dataset larger than memory can be written. Chunks are
+  // allocated as they are written and never pre-filled; a chunk never written reads as zeros
+  // (check_written finds it). With `checksummed`, every chunk carries HDF5's Fletcher-32
+  // checksum, which HDF5 checks on every read (a damaged chunk is a read error, not wrong
+  // numbers); with `deflate` in 1..9, chunks are compressed (zlib at that level). On a file made
+  // by create_parallel, collective (the same arguments on every rank); chunks are then allocated
+  // when the dataset is created, as parallel HDF5 requires of compressed datasets.
   template <typename T>
   void create_chunked(const std::string& dataset, const std::vector<std::int64_t>& dims,
-                      const std::vector<std::int64_t>& chunk, bool checksummed = false);
+                      const std::vector<std::int64_t>& chunk, bool checksummed = false,
+                      int deflate = 0);
   // Writes `data` (row-major, count[0] x count[1] x ...) into the box [offset, offset + count)
   // of an existing dataset of T. A box that covers whole chunks is written without reading back.
+  // On a file made by create_parallel, one collective write: every rank of its group calls it
+  // for the same dataset, each with its own box (a box with a zero extent writes nothing).
   template <typename T>
   void write_box(const std::string& dataset, std::span<const T> data,
                  std::span<const std::int64_t> offset, std::span<const std::int64_t> count);
@@ -122,6 +143,7 @@ class File {
   File(hid_t id, std::string path) : id_(id), path_(std::move(path)) {}
   hid_t id_ = -1;
   std::string path_;
+  bool parallel_ = false;  // made by create_parallel
 };
 
 // The CRC-32 (zlib's, as Python's zlib.crc32) of `bytes`: what verify_checksums compares. With

@@ -36,6 +36,8 @@ class Confusion {
   double accuracy() const;  // correct / total
   // Mean over the classes that occur (in labels or predictions) of TP / (TP + FP + FN).
   double mean_iou() const;
+  // Class k's TP / (TP + FP + FN); NaN when k occurs neither in the labels nor the predictions.
+  double iou(std::int64_t k) const;
 
  private:
   std::int64_t classes_;
