@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(g++ pkg-config meson ninja-build mpich libmpich-dev libhdf5-mpich-dev zlib1g-dev
           libboost-program-options-dev libgtest-dev libgmock-dev libdnnl-dev nlohmann-json3-dev
           python3 python3-numpy python3-h5py python3-torch python3-matplotlib
+          libtcmalloc-minimal4 libopenblas0-pthread  # the tuned PyTorch baseline; numpy's BLAS
           slurm-wlm munge
           clang-16 libclang-rt-16-dev llvm)  # fuzzing: clang >= 15, libFuzzer, llvm-symbolizer
 

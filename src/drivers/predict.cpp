@@ -166,6 +166,12 @@ void Predictor<T>::check_options() {
                       "': expected float16, float32 or float64");
     TESSERA_CHECK(!o_.output.empty() || o_.json.empty() || o_.evaluate,
                   "--json goes with evaluation");
+    if (!o_.json.empty()) {
+      const fs::path json(o_.json);
+      TESSERA_CHECK(!json.has_parent_path() || fs::is_directory(json.parent_path()),
+                    "cannot write --json '" + o_.json + "': the directory '" +
+                        json.parent_path().string() + "' does not exist");
+    }
     if (!o_.output.empty()) {
       TESSERA_CHECK(!o_.write.empty(), "--write names nothing to write");
       for (const std::string& w : o_.write)
@@ -216,6 +222,7 @@ void Predictor<T>::build() {
   runtime_.emplace(make_runtime(world_, o_.grid, runtime_options_));
   const MemoryBudget memory = run_memory_budget(world_, runtime_options_.kernels);
   data_ = std::make_unique<H5Dataset>(o_.input, world_, /*labels_required=*/o_.evaluate);
+  if (!o_.evaluate) data_->ignore_labels();
   const DatasetInfo& info = data_->info();
   images_ = info.samples;
   const GridShape& g = o_.grid;

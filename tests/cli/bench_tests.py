@@ -144,6 +144,18 @@ def bench_compare_pytorch(env):
                 "scaling_1_to_2", "two_rank_exposed_fraction", "sgemm_gflops"]:
         if not j.get(key, 0) > 0:
             fail(f"expected a positive {key} in the JSON, got {j.get(key)}")
+    # The baselines ran as asked: tuned with tcmalloc preloaded and channels_last tensors, in
+    # both orders, the ratio against it; default with neither.
+    runs = j.get("pytorch_runs", {})
+    tuned, default = runs.get("tuned", {}), runs.get("default", {})
+    if not (tuned.get("tcmalloc") and tuned.get("channels_last") and len(tuned.get("orders", {}))
+            == 2 and default.get("tcmalloc") is False and default.get("channels_last") is False):
+        fail(f"expected a tuned run (tcmalloc, channels_last, two orders) and a default one "
+             f"(neither), got {runs}")
+    if j.get("pytorch_baseline") != tuned.get("label") or not j.get("pytorch_peak_mib", 0) > 0:
+        fail(f"expected the ratio against the tuned run and its peak memory, got {j}")
+    if not j.get("speedup_best_vs_pytorch", 0) > 0:
+        fail("expected speedup_best_vs_pytorch in the JSON")
     lo, hi = j["scaling_1_to_2_range"]
     if not lo <= j["scaling_1_to_2"] <= hi:
         fail(f"the median scaling {j['scaling_1_to_2']} lies outside its range {lo}..{hi}")

@@ -244,6 +244,9 @@ def predict_errors(env):
     r = env.tessera(2, "predict", "--checkpoint", junk, "--input", test, "--output",
                     env.path("o2.h5"))
     expect_error(r, "no checkpoint in", "verifies")
+    r = env.tessera(2, "evaluate", "--checkpoint", ck, "--input", test, "--json",
+                    env.path("nodir/e.json"))
+    expect_error(r, "cannot write --json", "does not exist")
     # Evaluation needs labels.
     with h5py.File(test, "r") as f, h5py.File(env.path("nolabels.h5"), "w") as g:
         g["images"] = f["images"][()]

@@ -187,13 +187,27 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
         let it start now, with room to finish, once the step daemons of its last start are gone
         (srun's PMI2 otherwise meets the old step's and fails at the end of the new one)."""
         deadline = time.monotonic() + 60
-        while subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{job_id}\."],
-                             stdout=subprocess.DEVNULL).returncode == 0:
+        while step_daemons_running(job_id):
             if time.monotonic() > deadline:
                 fail(f"job {job_id}: the steps of its last start still run 60 s after the requeue",
                      self.logs())
             time.sleep(0.2)
         self.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}", "StartTime=now")
+
+
+def step_daemons_running(job_id):
+    """Whether a `slurmstepd: [<job>.<step>]` process runs: pgrep -f's question, answered from
+    /proc (a fresh machine may lack procps)."""
+    pattern = re.compile(rf"slurmstepd: \[{job_id}\.")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # ended meanwhile
+        if pattern.search(cmdline):
+            return True
+    return False
 
 
 def losses(path):
