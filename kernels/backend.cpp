@@ -234,6 +234,26 @@ const Backend& backend_of(KernelBackend kind) {
 #endif
 }
 
+namespace {
+bool g_conv_bf16 = false;
+}  // namespace
+
+void set_conv_bf16(bool on) {
+  g_conv_bf16 = on;
+}
+
+bool conv_bf16() {
+  return g_conv_bf16;
+}
+
+bool bf16_supported() {
+#if TESSERA_HAVE_ONEDNN
+  return onednn_bf16_supported();
+#else
+  return false;
+#endif
+}
+
 double sgemm_gflops(std::int64_t n, int repeats) {
 #if TESSERA_HAVE_ONEDNN
   return onednn_sgemm_gflops(n, repeats);

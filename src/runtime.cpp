@@ -102,6 +102,7 @@ Runtime::Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options)
 }
 
 Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options) {
+  set_conv_bf16(options.bf16);  // before the model plans its kernels
   const WaitSettings wait{options.wait.value_or(world.wait_settings().policy), options.timeout};
   return Runtime(with_transport(world.host().make_grid(grid, wait), options.transport), options);
 }

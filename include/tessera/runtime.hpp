@@ -31,6 +31,9 @@ struct RuntimeOptions {
   // heuristics, and whether it prints its choices.
   bool cudnn_measure = true;
   bool cudnn_log = false;
+  // --precision bf16: the oneDNN backend's convolutions compute with bfloat16 products (see
+  // set_conv_bf16, kernels/backend.hpp); make_runtime applies it.
+  bool bf16 = false;
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:

@@ -50,12 +50,11 @@ memory::desc user_desc(const Shape4& s, Layout layout, const Shape4& outer = {},
 
 // PyTorch's [O, C/groups, KH, KW] is oneDNN's goihw with the groups split off O: same bytes.
 // `tag`: any (the primitive chooses), or anything else for that plain layout.
-memory::desc weight_desc(const Shape4& w, std::int64_t groups, Tag tag) {
-  if (groups == 1)
-    return {dims_of(w), memory::data_type::f32, tag == Tag::any ? Tag::any : Tag::oihw};
-  return {{groups, w.n / groups, w.c, w.h, w.w},
-          memory::data_type::f32,
-          tag == Tag::any ? Tag::any : Tag::goihw};
+// `type`: the weights' data type (bf16 for the primitive's own copy under --precision bf16).
+memory::desc weight_desc(const Shape4& w, std::int64_t groups, Tag tag,
+                         memory::data_type type = memory::data_type::f32) {
+  if (groups == 1) return {dims_of(w), type, tag == Tag::any ? Tag::any : Tag::oihw};
+  return {{groups, w.n / groups, w.c, w.h, w.w}, type, tag == Tag::any ? Tag::any : Tag::goihw};
 }
 
 // One tensor argument of a primitive: Tessera's plain layout, the layout the primitive chose, and
@@ -178,8 +177,13 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};  // oneDNN: 0 is dense
     const memory::dims pad_l{ph->begin, pw->begin}, pad_r{ph->end, pw->end};
     const auto f32 = memory::data_type::f32;
+    // --precision bf16 (set_conv_bf16): the primitives read bf16 inputs, weights and output
+    // gradients (the Ports convert Tessera's float32 on the way in) and write float32.
+    const auto low = conv_bf16() ? memory::data_type::bf16 : f32;
     const memory::desc x_any(dims_of(x), f32, Tag::any), y_any(dims_of(y), f32, Tag::any);
-    const memory::desc w_any = weight_desc(w, g.groups, Tag::any);
+    const memory::desc x_low(dims_of(x), low, Tag::any), y_low(dims_of(y), low, Tag::any);
+    const memory::desc w_any = weight_desc(w, g.groups, Tag::any, low);
+    const memory::desc dw_any = weight_desc(w, g.groups, Tag::any);
     const memory::desc x_user = user_desc(x, shapes.x_layout, shapes.x_outer, shapes.x_at);
     const memory::desc y_user = user_desc(y, shapes.y_layout, shapes.y_outer, shapes.y_at);
     const memory::desc w_user = weight_desc(w, g.groups, Tag::oihw);
@@ -188,7 +192,7 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
 
     const convolution_forward::desc fwd(prop_kind::forward_training, algorithm::convolution_direct,
-                                        x_any, w_any, plan->bias, y_any, strides, dilates, pad_l,
+                                        x_low, w_any, plan->bias, y_any, strides, dilates, pad_l,
                                         pad_r);
     plan->fwd_pd = convolution_forward::primitive_desc(fwd, attr, cpu_engine(), true);
     if (!plan->fwd_pd) return nullptr;
@@ -202,13 +206,13 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
       if (plan->fwd_weights.reorder) plan->fwd_w = memory(plan->fwd_weights.prim, cpu_engine());
       return std::unique_ptr<OneDnnConv>(new OneDnnConv(std::move(plan)));
     }
-    const convolution_backward_data::desc data(algorithm::convolution_direct, x_any, w_any, y_any,
+    const convolution_backward_data::desc data(algorithm::convolution_direct, x_any, w_any, y_low,
                                                strides, dilates, pad_l, pad_r);
     plan->data_pd =
         convolution_backward_data::primitive_desc(data, attr, cpu_engine(), plan->fwd_pd, true);
     if (!plan->data_pd) return nullptr;
-    const convolution_backward_weights::desc weights(algorithm::convolution_direct, x_any, w_any,
-                                                     plan->bias, y_any, strides, dilates, pad_l,
+    const convolution_backward_weights::desc weights(algorithm::convolution_direct, x_low, dw_any,
+                                                     plan->bias, y_low, strides, dilates, pad_l,
                                                      pad_r);
     plan->weights_pd = convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(),
                                                                     plan->fwd_pd, true);
@@ -383,6 +387,24 @@ std::string OneDnnConv::name() const {
   if (plan_->shapes.is_box()) return std::string("onednn ") + plan_->fwd_pd.impl_info_str();
   return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
          plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str();
+}
+
+bool onednn_bf16_supported() {
+  static const bool supported = [] {
+    try {
+      using namespace dnnl;
+      const auto bf16 = memory::data_type::bf16;
+      const memory::desc x({1, 16, 8, 8}, bf16, Tag::any), w({16, 16, 3, 3}, bf16, Tag::any);
+      const memory::desc y({1, 16, 8, 8}, memory::data_type::f32, Tag::any);
+      const convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct,
+                                        x, w, memory::desc(), y, {1, 1}, {1, 1}, {1, 1});
+      const convolution_forward::primitive_desc pd(d, cpu_engine(), true);
+      return bool(pd) && !onednn::is_reference(pd);
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return supported;
 }
 
 double onednn_sgemm_gflops(std::int64_t n, int repeats) {

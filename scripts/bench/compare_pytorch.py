@@ -220,7 +220,8 @@ def pytorch_baselines(a):
     return out
 
 
-def tessera_bench(exe, model, ranks, threads, image, steps, sgemm, device="cpu", allow_tf32=False):
+def tessera_bench(exe, model, ranks, threads, image, steps, sgemm, device="cpu", allow_tf32=False,
+                  precision="float32"):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -231,6 +232,7 @@ def tessera_bench(exe, model, ranks, threads, image, steps, sgemm, device="cpu",
             # One GPU here: two ranks share it (the MPI transport; NCCL refuses a shared GPU).
             cmd += ["--device", "cuda"] + (["--share-devices"] if ranks > 1 else [])
             cmd += ["--allow-tf32"] if allow_tf32 else []
+        cmd += ["--precision", precision] if precision != "float32" else []
         cmd += ["--json", out]
         print(f"  $ OMP_NUM_THREADS={threads} {' '.join(cmd[:-2])}", flush=True)
         run = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -259,6 +261,8 @@ def main():
                    help="where both compute (default cpu; cuda: the first GPU)")
     p.add_argument("--allow-tf32", action="store_true",
                    help="with cuda: TF32 convolutions in both (off by default in both)")
+    p.add_argument("--precision", default="float32", choices=("float32", "bf16"),
+                   help="Tessera's --precision (bf16: bfloat16 convolutions; PyTorch stays float32)")
     p.add_argument("--baseline", default="both", choices=("tuned", "default", "both"),
                    help="PyTorch tuned (tcmalloc preloaded, channels_last; the ratio that counts), "
                         "default (glibc malloc, NCHW), or both (default)")
@@ -281,7 +285,7 @@ def main():
     torch_s, torch_version, torch_params = (base["step_seconds"], base["version"],
                                             base["parameters"])
     t = tessera_bench(a.tessera, a.model, 1, a.cores, image, a.steps, sgemm=not gpu,
-                      device=a.device, allow_tf32=a.allow_tf32)
+                      device=a.device, allow_tf32=a.allow_tf32, precision=a.precision)
     r = {"model": a.model, "pytorch_parameters": torch_params,
          "tessera_parameters": t["parameters"], "image": a.image, "cores": a.cores, "pytorch_version": torch_version,
          "pytorch_baseline": base["label"],
@@ -296,15 +300,15 @@ def main():
          "sgemm_gflops": t["sgemm_gflops_per_rank"],
          "conv32_fraction_of_sgemm": (t["conv32_gflops"] / t["sgemm_gflops_per_rank"]
                                       if t["sgemm_gflops_per_rank"] > 0 else None),
-         "device": a.device,
+         "device": a.device, "tessera_precision": a.precision,
          "split": t["split"]}
     if not a.no_scaling:
         pairs = []
         for _ in range(max(a.repeat, 1)):
             one = tessera_bench(a.tessera, a.model, 1, 1, image, a.steps, sgemm=False,
-                                device=a.device, allow_tf32=a.allow_tf32)
+                                device=a.device, allow_tf32=a.allow_tf32, precision=a.precision)
             two = tessera_bench(a.tessera, a.model, 2, 1, image, a.steps, sgemm=False,
-                                device=a.device, allow_tf32=a.allow_tf32)
+                                device=a.device, allow_tf32=a.allow_tf32, precision=a.precision)
             pairs.append((one["step_seconds"] / two["step_seconds"], one, two))
         pairs.sort(key=lambda p: p[0])
         ratio, one, two = pairs[len(pairs) // 2]

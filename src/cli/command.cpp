@@ -46,6 +46,10 @@ po::options_description device_options() {
       "by default, so float32 is checked against float32")(
       "deterministic", po::bool_switch(),
       "with cuda: only algorithms that give bitwise the same result every run")(
+      "precision", po::value<std::string>()->default_value("float32"),
+      "float32, or bf16: convolutions with bfloat16 products and float32 sums on CPUs that have "
+      "bfloat16 instructions (AVX512_BF16, AMX; oneDNN), activations, weights and gradients "
+      "kept in float32; with --dtype float32 and --device cpu")(
       "transport", po::value<std::string>()->default_value("auto"),
       "how halos and gradient sums travel between GPUs: nccl (device buffers, one GPU per "
       "rank); mpi (staged through host memory; works everywhere, also with --share-devices); "
@@ -81,6 +85,20 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
                   "that all have a GPU)");
   });
   if (transport == "mpi") runtime.transport = Transport::mpi;
+  const std::string precision = vm["precision"].as<std::string>();
+  agree(world, [&] {
+    TESSERA_CHECK(precision == "float32" || precision == "bf16",
+                  "bad --precision '" + precision + "': expected float32 or bf16");
+    if (precision != "bf16") return;
+    TESSERA_CHECK(device == "cpu" && runtime.kernels == KernelBackend::onednn,
+                  "--precision bf16 runs oneDNN's bfloat16 convolutions: it needs --device cpu and "
+                  "the onednn kernels (the default where built; TESSERA_KERNELS=" +
+                      std::string(to_string(runtime.kernels)) + " here)");
+    TESSERA_CHECK(bf16_supported(),
+                  "--precision bf16: this CPU has no bfloat16 instructions oneDNN uses "
+                  "(AVX512_BF16 or AMX); run --precision float32");
+  });
+  runtime.bf16 = precision == "bf16";
   if (device != "cuda") return;
   const Placement placement = place_on_device(world, vm["share-devices"].as<bool>());
   set_cuda_options({.deterministic = vm["deterministic"].as<bool>(),

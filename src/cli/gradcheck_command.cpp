@@ -26,8 +26,8 @@ int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
                        "default: a seeded random batch")(
       "dump", po::value(&o.dump), "write sharded and single-rank results to this HDF5 file")(
       "rtol", po::value(&o.rtol)->default_value(0),
-      "relative tolerance; 0 means 1e-10 for float64, 1e-4 for float32")(
-      "batch", po::value(&o.batch)->default_value(o.batch), "random batch: samples")(
+      "relative tolerance; 0 means 1e-10 for float64, 1e-4 for float32, 1e-2 with --precision "
+      "bf16")("batch", po::value(&o.batch)->default_value(o.batch), "random batch: samples")(
       "channels", po::value(&o.channels)->default_value(0),
       "random batch: channels (0: the model's input channels)")(
       "height", po::value(&o.height)->default_value(o.height), "random batch: image height")(

@@ -394,7 +394,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
 
 int run_bench(const BenchOptions& options, const Comm& world, const RuntimeOptions& runtime,
               std::ostream& out) {
-  agree(world, [&] { check_dtype(options.dtype); });
+  agree(world, [&] { check_dtype(options.dtype, runtime); });
   return with_dtype(options.dtype,
                     [&](auto zero) { return bench<decltype(zero)>(options, world, runtime, out); });
 }

@@ -24,6 +24,14 @@ void check_dtype(const std::string& dtype) {
                 "bad --dtype '" + dtype + "': expected float32 or float64");
 }
 
+void check_dtype(const std::string& dtype, const RuntimeOptions& runtime) {
+  check_dtype(dtype);
+  TESSERA_CHECK(!runtime.bf16 || dtype == "float32",
+                "--precision bf16 rounds float32 convolutions to bfloat16: it goes with --dtype "
+                "float32, not " +
+                    dtype);
+}
+
 void check_finite_loss(const Comm& comm, double loss, std::int64_t step,
                        const std::string& advice) {
   agree(comm, [&] {

@@ -612,7 +612,7 @@ int Predictor<T>::run() {
 
 int run_predict(const PredictOptions& options, const Comm& world, const RuntimeOptions& runtime,
                 std::ostream& out) {
-  agree(world, [&] { check_dtype(options.dtype); });
+  agree(world, [&] { check_dtype(options.dtype, runtime); });
   return with_dtype(options.dtype, [&](auto zero) {
     return Predictor<decltype(zero)>(options, world, runtime, out).run();
   });

@@ -859,7 +859,7 @@ int Trainer<T>::run() {
 
 int run_train(const TrainOptions& options, const Comm& world, const RuntimeOptions& runtime,
               std::ostream& out) {
-  agree(world, [&] { check_dtype(options.dtype); });
+  agree(world, [&] { check_dtype(options.dtype, runtime); });
   install_stop_signals();
   return with_dtype(options.dtype, [&](auto zero) {
     return Trainer<decltype(zero)>(options, world, runtime, out).run();

@@ -476,6 +476,43 @@ def unknown_option(env):
 
 
 @scenario
+def precision_bf16(env):
+    """--precision bf16: bfloat16 convolutions on CPUs that have the instructions, a clear refusal
+    elsewhere and with options it does not go with."""
+    args = ["gradcheck", "--model", "unet-small", "--height", "32", "--width", "32", "--dtype",
+            "float32"]
+    r = env.tessera(2, *args, "--precision", "bf16")
+    if "no bfloat16 instructions" in r.output:
+        expect_error(r, "--precision bf16", "AVX512_BF16")
+        print("this CPU has no bfloat16 instructions: the refusal is what is checked")
+        return
+    # Sharded and single-rank runs agree to bfloat16's rounding (default rtol 1e-2), and the
+    # convolutions did compute in bfloat16: the loss is not float32's.
+    expect_ok(r, "rtol 0.01", "PASS")
+    f32 = env.tessera(2, *args)
+    expect_ok(f32, "PASS")
+    loss = lambda out: float(re.search(r"loss ([0-9.]+);", out).group(1))  # noqa: E731
+    a, b = loss(r.output), loss(f32.output)
+    if a == b or abs(a - b) > 1e-2 * abs(b):
+        fail(f"expected a bf16 loss near float32's but not equal to it, got {a} and {b}", r)
+    # A few training steps and the 4-rank grid with uneven tiles.
+    expect_ok(env.tessera(3, "gradcheck", "--model", "unet-small", "--grid", "1x1x3", "--height",
+                          "32", "--width", "40", "--dtype", "float32", "--precision", "bf16"),
+              "PASS")
+    expect_ok(env.tessera(2, "train", "--steps", "2", "--height", "32", "--width", "32",
+                          "--samples", "8", "--batch", "4", "--val-samples", "0", "--precision",
+                          "bf16", "--progress", "plain"), "done: 2 steps")
+    # What it does not go with.
+    expect_error(env.tessera(2, *args[:-2], "--precision", "bf16"), "--dtype float32",
+                 "not float64")
+    expect_error(env.tessera(2, *args, "--precision", "half"), "bad --precision 'half'")
+    r = env.run_cmd([env.mpiexec, "-n", "1", "-genv", "TESSERA_KERNELS", "reference", env.exe,
+                     *args, "--precision", "bf16"])
+    if r.rc == 0 or "needs --device cpu and the onednn kernels" not in r.output:
+        fail("expected --precision bf16 with TESSERA_KERNELS=reference to be refused", r)
+
+
+@scenario
 def device_choice(env):
     r = env.tessera(2, "gradcheck", "--help")
     expect_ok(r, "--device", "--share-devices", "--allow-tf32", "--deterministic", "--transport")

@@ -9,11 +9,14 @@
 #include <utility>
 
 #include "tessera/comm.hpp"
+#include "tessera/runtime.hpp"
 
 namespace tessera {
 
 // Checks a --dtype value: "float32" or "float64"; throws an Error otherwise. Local.
 void check_dtype(const std::string& dtype);
+// The same, and that `runtime`'s --precision goes with it (bf16 converts float32 only). Local.
+void check_dtype(const std::string& dtype, const RuntimeOptions& runtime);
 
 // Calls f(float{}) or f(double{}) as `dtype` says and returns what it returns. Local; throws as
 // check_dtype (run it inside an agreement).

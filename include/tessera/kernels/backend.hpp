@@ -194,4 +194,17 @@ const Backend& backend_of(KernelBackend kind);
 // Local.
 double sgemm_gflops(std::int64_t n = 2048, int repeats = 5);
 
+// The precision of the oneDNN backend's float32 convolutions (and of the transposed convolutions
+// run as their adjoints): off, float32 throughout; on (--precision bf16), their inputs, weights and
+// output gradients rounded to bfloat16 for the products, accumulated and written in float32, so
+// activations, weights, gradients and every sum stay float32. Process-wide: make_runtime sets it
+// from RuntimeOptions::bf16 before a model plans its kernels; kernels planned before keep theirs.
+// Convolutions oneDNN declines run the float32 reference either way. Local.
+void set_conv_bf16(bool on);
+bool conv_bf16();
+// Whether this CPU runs oneDNN's bfloat16 convolutions with its own instructions (AVX512_BF16 or
+// AMX): a small bfloat16 convolution planned here is not oneDNN's reference implementation.
+// False in a build without oneDNN. Local.
+bool bf16_supported();
+
 }  // namespace tessera

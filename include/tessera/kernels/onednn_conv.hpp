@@ -58,4 +58,7 @@ std::string onednn_description();
 // dnnl_sgemm's rate on n x n matrices, best of `repeats`, in GFLOP/s (see sgemm_gflops). Local.
 double onednn_sgemm_gflops(std::int64_t n, int repeats);
 
+// See bf16_supported (kernels/backend.hpp). Local.
+bool onednn_bf16_supported();
+
 }  // namespace tessera
