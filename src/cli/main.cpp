@@ -80,13 +80,17 @@ void print_version(const tessera::RuntimeOptions& runtime) {
             << "\n";
 }
 
-// Prints `line` and, with other ranks, ends the whole job. One write, then a moment for the
-// launcher to forward it: MPI_Abort tears down the job, output still in flight included.
+// Prints `line` and ends the whole job. One write, then a moment for the launcher to forward it:
+// MPI_Abort tears down the job, output still in flight included. Alone, the process ends at once
+// (exit status 1) without MPI_Finalize or exit handlers: a rank that failed this way may hold
+// files HDF5 would close there, which after a failed parallel write crashes (tessera predict on a
+// full disk).
 void end_job(const std::string& line, int ranks) {
   const std::string text = line + "\n";
   std::fwrite(text.data(), 1, text.size(), stderr);
-  std::fflush(stderr);
-  if (ranks <= 1) return;
+  std::cout.flush();
+  std::fflush(nullptr);
+  if (ranks <= 1) std::_Exit(1);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   MPI_Abort(MPI_COMM_WORLD, 1);
 }

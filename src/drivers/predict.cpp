@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <memory>
@@ -148,6 +149,9 @@ class Predictor {
   long long loss_count_ = 0;
   clock_type::time_point began_, last_progress_;
   bool line_open_ = false;
+  // A write or the close of the output failed: HDF5 can no longer close the parallel file on
+  // every rank alike (it hangs or crashes in MPI_Finalize), so the job ends through MPI_Abort.
+  bool write_failed_ = false;
 };
 
 template <typename T>
@@ -218,6 +222,8 @@ void Predictor<T>::build() {
                       "', which is not --model '" + o_.model +
                       "' (leave --model out to use the checkpoint's own)");
   });
+  // Every rank read its own model file: they must have read the same model.
+  check_same_everywhere(world_, "model (--model, the checkpoint's)", spec_.json);
   segmentation_ = spec_.loss == LossKind::pixel_cross_entropy;
   runtime_.emplace(make_runtime(world_, o_.grid, runtime_options_));
   const MemoryBudget memory = run_memory_budget(world_, runtime_options_.kernels);
@@ -244,15 +250,18 @@ void Predictor<T>::build() {
                                            : o_.probabilities_type == "float16" ? 2
                                            : o_.probabilities_type == "float32" ? 4
                                                                                 : 8;
-    check_run_memory(spec_,
-                     {.grid = g,
-                      .input = image,
-                      .dtype = o_.dtype,
-                      .confusion_matrices = o_.evaluate ? 1 : 0,
-                      .inference = true,
-                      .output_bytes_per_pixel = 2,  // the label
-                      .output_bytes_per_channel = probability_bytes},
-                     memory);
+    check_run_memory(
+        spec_,
+        {.grid = g,
+         .input = image,
+         .dtype = o_.dtype,
+         .confusion_matrices = o_.evaluate ? 1 : 0,
+         .inference = true,
+         // The label (and its read labels), and per class the probabilities and the
+         // host copy of the logits.
+         .output_bytes_per_pixel = o_.evaluate ? 6 : 2,
+         .output_bytes_per_channel = probability_bytes + static_cast<std::int64_t>(sizeof(T))},
+        memory);
     model_.emplace(spec_, *runtime_, image);
     classes_ = model_->output_distribution().global.c;
     TESSERA_CHECK(classes_ <= 65536 || !wants("labels") || o_.output.empty(),
@@ -279,6 +288,30 @@ void Predictor<T>::create_output() {
   const fs::path target(o_.output);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   temp_ = (dir / ("." + target.filename().string() + ".tmp." + pid)).string();
+  // Room for the outputs, uncompressed, before the file exists: parallel HDF5 cannot close a
+  // file on a disk that filled up under it (with --compress the size is not known).
+  agree(world_, [&] {
+    if (!root() || o_.compress > 0) return;
+    const Shape4 y = model_->output_distribution().global;
+    const std::int64_t pixels = saturating_mul(images_, segmentation_ ? y.h * y.w : 1);
+    const std::int64_t per_pixel =
+        (wants("labels") ? (classes_ <= 256 ? 1 : 2) : 0) +
+        (wants("probabilities") ? classes_ * (o_.probabilities_type == "float16"   ? 2
+                                              : o_.probabilities_type == "float32" ? 4
+                                                                                   : 8)
+                                : 0) +
+        (wants("logits") ? classes_ * static_cast<std::int64_t>(sizeof(T)) : 0);
+    const std::int64_t needed = saturating_add(saturating_mul(pixels, per_pixel), 1 << 20);
+    std::error_code ec;
+    const fs::space_info space = fs::space(dir, ec);
+    if (ec) return;  // a filesystem that does not say: the writes will
+    TESSERA_CHECK(static_cast<std::uintmax_t>(needed) <= space.available,
+                  "cannot write --output '" + o_.output + "': it needs about " +
+                      human_bytes(needed) + " and the filesystem of '" + dir.string() + "' has " +
+                      human_bytes(static_cast<std::int64_t>(
+                          std::min<std::uintmax_t>(space.available, kSizeMax))) +
+                      " free (free some space, or write fewer outputs, or --compress)");
+  });
   try {
     file_.emplace(h5::File::create_parallel(temp_, world_));
   } catch (const Error& e) {
@@ -297,7 +330,10 @@ void Predictor<T>::create_output() {
       const Distribution& y = model_->output_distribution();
       const std::int64_t n = images_, k = classes_;
       const auto [rows, cols] = tile_chunk(y, o_.grid);
-      const std::int64_t images_per_chunk = std::min<std::int64_t>(n, 4096);
+      // A classifier's chunks: at most 4096 images and 64 MiB (HDF5 refuses chunks over 4 GiB).
+      const std::int64_t images_per_chunk =
+          std::clamp<std::int64_t>((std::int64_t{64} << 20) / std::max<std::int64_t>(k * 8, 1), 1,
+                                   std::min<std::int64_t>(n, 4096));
       const std::vector<std::int64_t> dims =
           segmentation_ ? std::vector<std::int64_t>{n, k, y.global.h, y.global.w}
                         : std::vector<std::int64_t>{n, k};
@@ -336,10 +372,11 @@ void Predictor<T>::create_output() {
 template <typename T>
 void Predictor<T>::abandon_output() noexcept {
   // Not closed here: the failure may be this rank's alone, and closing is collective (see
-  // H5Dataset's destructor); MPI_Finalize or MPI_Abort closes it. Rank 0 removes the name.
+  // H5Dataset's destructor); MPI_Finalize or MPI_Abort closes it. Every rank removes the name
+  // (a rank may fail alone; removing twice is harmless).
   if (file_) static_cast<void>(new h5::File(std::move(*file_)));
   file_.reset();
-  if (root() && !temp_.empty()) {
+  if (!temp_.empty()) {
     std::error_code ignored;
     fs::remove(temp_, ignored);
   }
@@ -347,7 +384,13 @@ void Predictor<T>::abandon_output() noexcept {
 
 template <typename T>
 void Predictor<T>::finish_output() {
-  file_.reset();  // collective close: every dataset written
+  try {
+    agree(world_, [&] { file_->close(); });  // collective: every dataset written
+  } catch (const Error&) {
+    write_failed_ = true;
+    throw;
+  }
+  file_.reset();
   agree(world_, [&] {
     if (!root()) return;
     std::error_code ec;
@@ -387,7 +430,8 @@ void Predictor<T>::pass(std::int64_t first) {
                           std::to_string(classes_) + " classes");
   });
   const DistTensor<T> logits = model_->forward(x);
-  const Tensor<T> host = to_layout(to_host(logits.local), Layout::nchw);
+  Tensor<T> host = to_host(logits.local);
+  if (host.layout() != Layout::nchw) host = to_layout(host, Layout::nchw);
   const Shape4 s = host.shape();
   // The images of this group that are real (not padding), and whether this rank speaks for them:
   // a classifier's logits are whole on every spatial rank, and spatial rank (0, 0) writes them.
@@ -452,24 +496,32 @@ void Predictor<T>::pass(std::int64_t first) {
   std::vector<std::int64_t> label_offset = offset, label_count = count;
   label_offset.erase(label_offset.begin() + 1);
   label_count.erase(label_count.begin() + 1);
-  agree(world_, [&] {
-    h5::File& f = *file_;
-    if (probabilities) {
-      if (o_.probabilities_type == "float16")
-        write_box(f, "/probabilities", p16, offset, count);
-      else if (o_.probabilities_type == "float32")
-        write_box(f, "/probabilities", p32, offset, count);
-      else
-        write_box(f, "/probabilities", p64, offset, count);
+  // One agreement per collective write: a rank whose write failed must not skip the next ones.
+  h5::File& f = *file_;
+  const auto write = [&](const std::function<void()>& body) {
+    try {
+      agree(world_, body, "write agreement");
+    } catch (const Error&) {
+      write_failed_ = true;
+      throw;
     }
-    if (label_map) {
-      if (classes_ <= 256)
-        write_box(f, "/labels", l8, label_offset, label_count);
-      else
-        write_box(f, "/labels", l16, label_offset, label_count);
-    }
-    if (wants("logits")) f.write_box<T>("/logits", {host.data(), values}, offset, count);
-  });
+  };
+  if (probabilities) {
+    if (o_.probabilities_type == "float16")
+      write([&] { write_box(f, "/probabilities", p16, offset, count); });
+    else if (o_.probabilities_type == "float32")
+      write([&] { write_box(f, "/probabilities", p32, offset, count); });
+    else
+      write([&] { write_box(f, "/probabilities", p64, offset, count); });
+  }
+  if (label_map) {
+    if (classes_ <= 256)
+      write([&] { write_box(f, "/labels", l8, label_offset, label_count); });
+    else
+      write([&] { write_box(f, "/labels", l16, label_offset, label_count); });
+  }
+  if (wants("logits"))
+    write([&] { f.write_box<T>("/logits", {host.data(), values}, offset, count); });
 }
 
 template <typename T>
@@ -587,9 +639,22 @@ int Predictor<T>::run() {
       pass(first);
       const std::int64_t done = std::min(first + batch_, images_);
       progress(done, done == images_);
+      if (const int signal = agreed_stop_signal(world_); signal != 0 && done < images_)
+        throw Error("stopped by " + signal_name(signal) + " after " + std::to_string(done) +
+                        " of " + std::to_string(images_) + " images" +
+                        (o_.output.empty() ? "" : ": nothing written to '" + o_.output + "'"),
+                    "predict.cpp", /*agreed=*/true);
     }
     if (root() && line_open_) out_ << "\n" << std::flush;
     if (file_) finish_output();
+  } catch (const Error& e) {
+    if (root() && line_open_) out_ << "\n" << std::flush;
+    const bool fatal = write_failed_;
+    abandon_output();
+    if (fatal)  // MPI_Abort, not MPI_Finalize: see write_failed_
+      throw Error(std::string(e.what()) + "; '" + o_.output + "' was not written", "predict.cpp",
+                  /*agreed=*/false);
+    throw;
   } catch (...) {
     abandon_output();
     throw;
@@ -613,6 +678,7 @@ int Predictor<T>::run() {
 int run_predict(const PredictOptions& options, const Comm& world, const RuntimeOptions& runtime,
                 std::ostream& out) {
   agree(world, [&] { check_dtype(options.dtype, runtime); });
+  install_stop_signals();  // Ctrl-C, scancel: the temporary output is removed
   return with_dtype(options.dtype, [&](auto zero) {
     return Predictor<decltype(zero)>(options, world, runtime, out).run();
   });

@@ -204,6 +204,14 @@ File File::open_read_parallel(const std::string& path, const Comm& comm) {
 }
 
 File File::create_parallel(const std::string& path, const Comm& comm) {
+#ifndef H5_HAVE_PARALLEL
+  // A serial HDF5 would have every rank create and truncate the file on its own.
+  agree(comm, [&] {
+    TESSERA_CHECK(comm.size(Group::world) == 1,
+                  "cannot write '" + path + "' from " + std::to_string(comm.size(Group::world)) +
+                      " ranks: this build's HDF5 is not parallel (libhdf5-mpich-dev)");
+  });
+#endif
   Id fapl(TESSERA_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
 #ifdef H5_HAVE_PARALLEL
   TESSERA_CHECK_HDF5(H5Pset_fapl_mpio(fapl, mpi_comm(comm, Group::world), MPI_INFO_NULL));
@@ -256,6 +264,16 @@ File& File::operator=(File&& other) noexcept {
 
 File::~File() {
   if (id_ >= 0) H5Fclose(id_);
+}
+
+void File::close() {
+  if (id_ < 0) return;
+  const herr_t rc = H5Fclose(id_);
+  id_ = -1;
+  if (rc < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    throw Error("cannot finish '" + path_ + "' (is the disk full?)");
+  }
 }
 
 bool File::has(const std::string& name) const {

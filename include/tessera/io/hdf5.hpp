@@ -130,6 +130,10 @@ class File {
   std::string attribute(const std::string& name) const;  // a string attribute of the root
 
   void flush();
+  // Closes the file now (collective on a parallel file) and throws an Error naming it when HDF5
+  // could not finish it (a full disk during the last metadata flush): its contents are then not
+  // a valid file. The destructor closes silently.
+  void close();
 
   // Reads every dataset of the file whole and compares the CRC-32 of its bytes with its
   // "tessera_crc32" attribute (written by write). A mismatch, an unreadable dataset, or with
