@@ -105,8 +105,9 @@ def unet_small(torch, c):
 
 def pytorch_step(model_name, image, cores, steps, device="cpu", allow_tf32=False, seed=1,
                  channels_last=False, batch_first=False):
-    """One process's PyTorch run: (mean step seconds, version, parameters). channels_last: the
-    model and the batch in that memory format; batch_first: the batch is allocated before the
+    """One process's PyTorch run: (mean step seconds, version, parameters, whether the batch and
+    the conv weights were channels_last when it ran). channels_last: the model and the batch in
+    that memory format; batch_first: the batch is allocated before the
     model is converted (the other order otherwise)."""
     import torch
     import torch.nn.functional as F
@@ -152,8 +153,8 @@ def pytorch_step(model_name, image, cores, steps, device="cpu", allow_tf32=False
     in_channels_last = x.is_contiguous(memory_format=torch.channels_last) and all(
         p.is_contiguous(memory_format=torch.channels_last) for p in model.parameters()
         if p.dim() == 4)
-    pytorch_step.channels_last = in_channels_last
-    return sum(times) / len(times), torch.__version__, sum(p.numel() for p in model.parameters())
+    return (sum(times) / len(times), torch.__version__,
+            sum(p.numel() for p in model.parameters()), in_channels_last)
 
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -161,15 +162,15 @@ TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 def pytorch_worker(a):
     """--pytorch-worker: one PyTorch run in this process, its result as one JSON line."""
-    s, version, params = pytorch_step(a.model, parse_image(a.image), a.cores, a.steps, a.device,
-                                      a.allow_tf32, channels_last=a.channels_last,
-                                      batch_first=a.batch_first)
+    s, version, params, in_channels_last = pytorch_step(
+        a.model, parse_image(a.image), a.cores, a.steps, a.device, a.allow_tf32,
+        channels_last=a.channels_last, batch_first=a.batch_first)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with open("/proc/self/maps") as f:
         tcmalloc = "libtcmalloc" in f.read()
     print("RESULT " + json.dumps({"step_seconds": s, "version": version, "parameters": params,
                                   "peak_mib": peak_mib, "tcmalloc": tcmalloc,
-                                  "channels_last": pytorch_step.channels_last}), flush=True)
+                                  "channels_last": in_channels_last}), flush=True)
     return 0
 
 

@@ -127,6 +127,10 @@ class Predictor {
   void progress(std::int64_t done, bool last);
   void report();
   bool root() const { return world_.rank() == 0; }
+  // Bytes of one stored probability (--probabilities-type).
+  std::int64_t probability_size() const {
+    return o_.probabilities_type == "float16" ? 2 : o_.probabilities_type == "float32" ? 4 : 8;
+  }
   bool wants(const std::string& what) const {
     return std::find(o_.write.begin(), o_.write.end(), what) != o_.write.end();
   }
@@ -245,11 +249,8 @@ void Predictor<T>::build() {
     batch_ = std::min(batch_, std::max<std::int64_t>(images_, g.n));
     const Shape4 image{batch_, info.channels, info.height, info.width};
     // Before anything the size of the image is allocated or computed.
-    const bool probabilities = wants("probabilities") && !o_.output.empty();
-    const std::int64_t probability_bytes = !probabilities                       ? 0
-                                           : o_.probabilities_type == "float16" ? 2
-                                           : o_.probabilities_type == "float32" ? 4
-                                                                                : 8;
+    const std::int64_t probability_bytes =
+        wants("probabilities") && !o_.output.empty() ? probability_size() : 0;
     check_run_memory(
         spec_,
         {.grid = g,
@@ -296,10 +297,7 @@ void Predictor<T>::create_output() {
     const std::int64_t pixels = saturating_mul(images_, segmentation_ ? y.h * y.w : 1);
     const std::int64_t per_pixel =
         (wants("labels") ? (classes_ <= 256 ? 1 : 2) : 0) +
-        (wants("probabilities") ? classes_ * (o_.probabilities_type == "float16"   ? 2
-                                              : o_.probabilities_type == "float32" ? 4
-                                                                                   : 8)
-                                : 0) +
+        (wants("probabilities") ? classes_ * probability_size() : 0) +
         (wants("logits") ? classes_ * static_cast<std::int64_t>(sizeof(T)) : 0);
     const std::int64_t needed = saturating_add(saturating_mul(pixels, per_pixel), 1 << 20);
     std::error_code ec;
