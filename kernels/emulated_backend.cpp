@@ -39,6 +39,7 @@ class EmulatedConv final : public ConvKernel<T> {
     in_kernel([&] { k_->forward_box(x, x_at, w, bias, y, y_at); });
   }
   std::string name() const override { return "emulated " + k_->name(); }
+  bool applies_activation() const override { return k_->applies_activation(); }
 
  private:
   std::unique_ptr<ConvKernel<T>> k_;
@@ -103,6 +104,16 @@ class EmulatedActivation final : public ActivationKernel<T> {
   }
   void backward(const Tensor<T>& dy, Tensor<T>& dx) const override {
     in_kernel([&] { k_->backward(dy, dx); });
+  }
+  bool works_from_output() const override { return k_->works_from_output(); }
+  void forward_unkept(const Tensor<T>& x, Tensor<T>& y) override {
+    in_kernel([&] { k_->forward_unkept(x, y); });
+  }
+  void keep_output(const Tensor<T>& y) override {
+    in_kernel([&] { k_->keep_output(y); });
+  }
+  void backward_from_output(const Tensor<T>& y, Tensor<T>& grad) const override {
+    in_kernel([&] { k_->backward_from_output(y, grad); });
   }
 
  private:

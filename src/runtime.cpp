@@ -70,6 +70,7 @@ RuntimeOptions runtime_options_from_environment() {
     o.kernels =
         parsed("TESSERA_KERNELS", [](const std::string& v) { return parse_kernel_backend(v); });
   o.overlap = switch_of("TESSERA_OVERLAP", true);
+  o.fuse = switch_of("TESSERA_FUSE", true);
   if (variable("TESSERA_WAIT"))
     o.wait = parsed("TESSERA_WAIT", [](const std::string& v) { return parse_wait_policy(v); });
   if (variable("TESSERA_TIMEOUT"))

@@ -19,6 +19,9 @@ struct RuntimeOptions {
   // Convolutions compute their tile while halos travel, then the border strips (README
   // "Overlap"); off only to measure what it hides.
   bool overlap = true;
+  // Activations computed by their neighbouring layers (README "Fused activations"); off only to
+  // measure what it saves or to compare.
+  bool fuse = true;
   std::optional<WaitPolicy> wait;  // none: detected from ranks and cores per node
   double timeout = 600;            // seconds any one wait may take (the watchdog)
   // How the host serves large blocks (allocator.hpp); process-wide, like the heap: main applies it.
@@ -37,7 +40,8 @@ struct RuntimeOptions {
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:
-//   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_WAIT=spin|sleep,
+//   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_FUSE=0|1,
+//   TESSERA_WAIT=spin|sleep,
 //   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated,
 //   TESSERA_CUDNN_SEARCH=measure|heuristic, TESSERA_CUDNN_LOG=0|1;
 //   the kernel threads from OMP_NUM_THREADS, else the cores of this process's affinity mask divided
@@ -57,6 +61,7 @@ class Runtime {
   // is process-wide, set by main from options().host_memory). Local.
   Allocator& allocator() const { return backend_->allocator(); }
   bool overlap() const { return options_.overlap; }
+  bool fuse() const { return options_.fuse; }
   const RuntimeOptions& options() const { return options_; }
 
   // The same options on a 1x1x1 grid of this rank alone (single-rank reference runs). Local.

@@ -23,6 +23,28 @@ void leaky_relu_mask(const T* __restrict x, T* __restrict y, std::uint8_t* __res
   }
 }
 
+// The positives of y = leaky_relu(x) are those of x (slope >= 0): the mask from the output.
+template <typename T>
+void positive_mask(const T* __restrict y, std::uint8_t* __restrict positive, std::int64_t n) {
+  for (std::int64_t k = 0; k < n; ++k)
+    positive[k] = y[k] > T(0);
+}
+
+// y = leaky_relu(x), nothing kept.
+template <typename T>
+void leaky_relu_only(const T* __restrict x, T* __restrict y, std::int64_t n, T slope) {
+  for (std::int64_t k = 0; k < n; ++k)
+    y[k] = elementwise::leaky_relu(x[k], slope);
+}
+
+// grad *= leaky_relu'(x) in place, read from y = leaky_relu(x).
+template <typename T>
+void leaky_relu_grad_from_output(const T* __restrict y, T* __restrict grad, std::int64_t n,
+                                 T slope) {
+  for (std::int64_t k = 0; k < n; ++k)
+    grad[k] = elementwise::leaky_relu_grad(y[k] > T(0), grad[k], slope);
+}
+
 // The rule of reference::leaky_relu_backward, with y > 0 read from the mask.
 template <typename T>
 void leaky_relu_mask_backward(const T* __restrict dy, const std::uint8_t* __restrict positive,
@@ -52,6 +74,46 @@ class CpuActivation final : public ActivationKernel<T> {
     parallel_for(x.numel(), [&](std::int64_t begin, std::int64_t end) {
       leaky_relu_mask(x.data() + begin, y.data() + begin, positive_.data() + begin, end - begin,
                       slope_);
+    });
+  }
+
+  bool works_from_output() const override { return true; }
+
+  void forward_unkept(const Tensor<T>& x, Tensor<T>& y) override {
+    TESSERA_CHECK(y.span().size() == x.span().size(), "activation: y's storage is not x's");
+    if (kind_ == ActivationKind::sigmoid) {
+      reference::sigmoid_forward<T>(x.span(), y.span());
+      return;
+    }
+    parallel_for(x.numel(), [&](std::int64_t begin, std::int64_t end) {
+      leaky_relu_only(x.data() + begin, y.data() + begin, end - begin, slope_);
+    });
+  }
+
+  void keep_output(const Tensor<T>& y) override {
+    if (kind_ == ActivationKind::sigmoid) {
+      y_ = y;
+      return;
+    }
+    if (!(positive_.shape() == y.shape()))
+      positive_ = Tensor<std::uint8_t>(y.shape(), uninitialized);
+    parallel_for(y.numel(), [&](std::int64_t begin, std::int64_t end) {
+      positive_mask(y.data() + begin, positive_.data() + begin, end - begin);
+    });
+  }
+
+  void backward_from_output(const Tensor<T>& y, Tensor<T>& grad) const override {
+    TESSERA_CHECK(
+        y.shape() == grad.shape() && y.layout() == grad.layout() &&
+            y.span().size() == grad.span().size(),
+        "activation: a gradient of " + grad.shape().str() + " for an output of " + y.shape().str());
+    const auto n = static_cast<std::int64_t>(grad.span().size());
+    if (kind_ == ActivationKind::sigmoid) {
+      reference::sigmoid_backward<T>(y.span(), grad.span(), grad.span());
+      return;
+    }
+    parallel_for(n, [&](std::int64_t begin, std::int64_t end) {
+      leaky_relu_grad_from_output(y.data() + begin, grad.data() + begin, end - begin, slope_);
     });
   }
 

@@ -190,11 +190,22 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     const memory::desc no_bias;
     const primitive_attr attr = onednn::user_scratchpad();
     plan->bias = shapes.bias ? memory::desc({w.n}, f32, Tag::x) : no_bias;
+    // A fused (leaky) ReLU is oneDNN's eltwise_relu post-op: x > 0 ? x : alpha * x, computed in
+    // float32 on the accumulator as elementwise::leaky_relu computes it on the stored output.
+    primitive_attr fwd_attr = onednn::user_scratchpad();
+    if (const std::optional<FusedActivation>& f = shapes.activation) {
+      if (f->kind == ActivationKind::sigmoid) return nullptr;
+      post_ops ops;
+      ops.append_eltwise(
+          1.0f, algorithm::eltwise_relu,
+          f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f, 0.0f);
+      fwd_attr.set_post_ops(ops);
+    }
 
     const convolution_forward::desc fwd(prop_kind::forward_training, algorithm::convolution_direct,
                                         x_low, w_any, plan->bias, y_any, strides, dilates, pad_l,
                                         pad_r);
-    plan->fwd_pd = convolution_forward::primitive_desc(fwd, attr, cpu_engine(), true);
+    plan->fwd_pd = convolution_forward::primitive_desc(fwd, fwd_attr, cpu_engine(), true);
     if (!plan->fwd_pd) return nullptr;
     if (shapes.is_box()) {
       // Box kernels run forward only.
@@ -381,6 +392,10 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
     for (std::size_t k = 0; k < dbias.size(); ++k)
       dbias[k] += b[k];
   }
+}
+
+bool OneDnnConv::applies_activation() const {
+  return plan_->shapes.activation.has_value();
 }
 
 std::string OneDnnConv::name() const {

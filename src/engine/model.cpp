@@ -96,6 +96,30 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
            (!nodes_[c].layer->passes_layout() || blocked_ok[c]);
     blocked_ok[k] = ok;
   }
+  // Activations their neighbours compute: the producer applies f as it writes its output when
+  // the activation is its only consumer; the consumer applies f' to its input gradient when it is
+  // the activation's only one (a halo layer, from the window it keeps). The activation then
+  // moves tensors through. Offered before bind(), where kernels are planned for it.
+  struct Fusion {
+    std::size_t activation;
+    std::optional<std::size_t> producer, consumer;
+  };
+  std::vector<Fusion> fusions;
+  for (std::size_t k = 0; k < nodes_.size() && runtime.fuse(); ++k) {
+    const std::optional<FusedActivation> f = nodes_[k].layer->fusable_activation(runtime.backend());
+    if (!f || nodes_[k].inputs.size() != 1) continue;
+    Fusion u{.activation = k, .producer = {}, .consumer = {}};
+    if (const int i = nodes_[k].inputs[0];
+        i >= 0 && consumers[static_cast<std::size_t>(i)].size() == 1) {
+      u.producer = static_cast<std::size_t>(i);
+      nodes_[*u.producer].layer->offer_output_activation(*f);
+    }
+    if (consumers[k].size() == 1) {
+      u.consumer = consumers[k][0];
+      nodes_[*u.consumer].layer->offer_input_activation_grad(*f);
+    }
+    fusions.push_back(u);
+  }
   Allocator& memory = runtime.allocator();
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
@@ -109,6 +133,15 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
         p->grad = copy_to(p->grad, memory);
       }
     nodes_[k].layer->bind(runtime);
+  }
+  for (const Fusion& u : fusions) {
+    const bool by_producer = u.producer && nodes_[*u.producer].layer->output_activation_fused();
+    const bool by_consumer = u.consumer && nodes_[*u.consumer].layer->input_activation_grad_fused();
+    nodes_[u.activation].layer->set_fused(by_producer, by_consumer);
+    if (by_producer || by_consumer)
+      fused_.push_back({.activation = nodes_[u.activation].layer->name(),
+                        .producer = by_producer ? nodes_[*u.producer].layer->name() : "",
+                        .consumer = by_consumer ? nodes_[*u.consumer].layer->name() : ""});
   }
   build_buckets();
   const Distribution& out = nodes_.back().out;
@@ -160,7 +193,16 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
     {
       PassTimer timer(timings_[k].forward, timing_sync());
       try {
-        outputs[k] = nodes_[k].layer->forward(ins, state_);
+        Layer<T>& layer = *nodes_[k].layer;
+        const int i = nodes_[k].inputs.front();
+        if (!layer.forward_identity()) {
+          outputs[k] = layer.forward(ins, state_);
+        } else if (layer.keep_forward(*ins[0], state_);
+                   i >= 0 && pending[i] == 1 && static_cast<std::size_t>(i) + 1 != nodes_.size()) {
+          outputs[k] = std::move(outputs[i]);  // its last consumer: moved through
+        } else {
+          outputs[k] = *ins[0];
+        }
       } catch (const OutOfDeviceMemory& e) {
         throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (forward): " + e.what());
       }
@@ -191,7 +233,10 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
       PassTimer timer(timings_[k].backward, timing_sync());
       std::vector<DistTensor<T>> g;
       try {
-        g = nodes_[k].layer->backward(*grads[k], state_);
+        if (nodes_[k].layer->backward_identity())
+          g.push_back(std::move(*grads[k]));
+        else
+          g = nodes_[k].layer->backward(*grads[k], state_);
       } catch (const OutOfDeviceMemory& e) {
         throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (backward): " + e.what());
       }

@@ -111,19 +111,26 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
   const Layout y_fast =
       this->blocked_output_allowed() && y.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
-  for (auto [xl, yl] : {std::pair{x_fast, y_fast}, std::pair{Layout::nchw, Layout::nchw}}) {
-    kernel_ = backend.conv<T>({.x = x,
-                               .w = weight_.value.shape(),
-                               .y = y,
-                               .bias = spec_.bias,
-                               .x_layout = xl,
-                               .y_layout = yl},
-                              geometry_);
-    if (kernel_ && plan_regions(window, x, y, xl, yl, backend)) {
-      this->set_window_layout(xl);
-      out_layout_ = yl;
-      return;
+  // An activation offered (Layer::offer_output_activation) is taken where a kernel applies it;
+  // else the layers compute it apart, as without the offer.
+  for (bool fused : {offered_.has_value(), false}) {
+    activation_ = fused ? offered_ : std::nullopt;
+    for (auto [xl, yl] : {std::pair{x_fast, y_fast}, std::pair{Layout::nchw, Layout::nchw}}) {
+      kernel_ = backend.conv<T>({.x = x,
+                                 .w = weight_.value.shape(),
+                                 .y = y,
+                                 .bias = spec_.bias,
+                                 .x_layout = xl,
+                                 .y_layout = yl,
+                                 .activation = activation_},
+                                geometry_);
+      if (kernel_ && plan_regions(window, x, y, xl, yl, backend)) {
+        this->set_window_layout(xl);
+        out_layout_ = yl;
+        return;
+      }
     }
+    if (!fused) break;
   }
   TESSERA_CHECK(kernel_ != nullptr, "no conv kernel for layer '" + this->name() + "'");
 }
@@ -165,7 +172,8 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
                                         .x_layout = x_layout,
                                         .y_layout = y_layout,
                                         .x_at = at,
-                                        .y_at = out},
+                                        .y_at = out,
+                                        .activation = activation_},
                                        geometry_)};
     if (!r.kernel) {
       regions_.clear();

@@ -149,7 +149,10 @@ DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const Ru
   auto bias_grad = [&] {
     if (spec_.bias) bias_kernel_->add_bias_grad(dy.local, bias_.grad.span_in(space));
   };
-  if (!kernel_) return this->accumulate_window(this->window_grad_zeros(), bias_grad);
+  if (!kernel_) {
+    Tensor<T> zeros = this->window_grad_zeros();
+    return this->accumulate_window(zeros, bias_grad);
+  }
   Tensor<T> window_grad = this->window_grad_uninitialized();
   kernel_->forward(dy.local, weight_.value, {}, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange. The conv's backward-filter

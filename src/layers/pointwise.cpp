@@ -22,15 +22,38 @@ ActivationSpec parse_activation(const LayerSpec& spec) {
 }
 
 template <typename T>
-DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState&) {
+std::optional<FusedActivation> Activation<T>::fusable_activation(const Backend& backend) const {
+  if (spec_.kind == ActivationKind::sigmoid ||
+      !backend.activation<T>(spec_.kind, spec_.slope)->works_from_output())
+    return std::nullopt;
+  return FusedActivation{.kind = spec_.kind, .slope = spec_.slope};
+}
+
+template <typename T>
+DistTensor<T> Activation<T>::forward(const DistTensor<T>& x, const RunState& state) {
   TESSERA_CHECK(kernel_ != nullptr, "layer '" + this->name() + "': forward before bind");
+  if (by_producer_) {  // a caller that did not move x through gets a copy
+    keep_forward(x, state);
+    return x;
+  }
   DistTensor<T> y(x.dist, x.layout(), uninitialized, this->allocator());
-  kernel_->forward(x.local, y.local);
+  if (by_consumer_)
+    kernel_->forward_unkept(x.local, y.local);
+  else
+    kernel_->forward(x.local, y.local);
   return y;
 }
 
 template <typename T>
+void Activation<T>::keep_forward(const DistTensor<T>& x, const RunState&) {
+  // x is f's output already; backward needs it unless the consumer applies f' (evaluation keeps
+  // it too: gradcheck --mode eval runs backward).
+  if (!by_consumer_) kernel_->keep_output(x.local);
+}
+
+template <typename T>
 DistTensor<T> Activation<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  if (by_consumer_) return dy;  // a caller that did not move dy through gets a copy
   DistTensor<T> dx(dy.dist, dy.layout(), uninitialized, this->allocator());
   kernel_->backward(dy.local, dx.local);
   return dx;

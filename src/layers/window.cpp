@@ -91,6 +91,12 @@ void WindowLayer<T>::bind(const Runtime& runtime) {
   exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), runtime.comm(), tag_,
                                        "layer '" + this->name() + "'", runtime.backend()));
   bind_kernel(exchange_->plan().window, runtime.backend());
+  input_activation_grad_.reset();
+  if (input_activation_) {
+    input_activation_grad_ =
+        runtime.backend().activation<T>(input_activation_->kind, input_activation_->slope);
+    if (!input_activation_grad_->works_from_output()) input_activation_grad_.reset();
+  }
 }
 
 template <typename T>
@@ -132,8 +138,12 @@ Tensor<T> WindowLayer<T>::window_grad_uninitialized() const {
 }
 
 template <typename T>
-DistTensor<T> WindowLayer<T>::accumulate_window(const Tensor<T>& grad,
+DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
                                                 const std::function<void()>& overlap) {
+  // The window holds f(x) wherever the image is (the padding's gradient is dropped anyway), and
+  // f' applies to each contribution to an element as well as to their sum (to rounding, for
+  // leaky ReLU's slope, where halos add up).
+  if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, grad);
   // dL/dx lies as x did; the exchange writes all of it.
   DistTensor<T> dx(in_, in_layout_, uninitialized, this->allocator());
   auto request = exchange_->start_accumulate(grad, dx.local, Into::overwrite);

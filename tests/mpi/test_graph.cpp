@@ -3,6 +3,7 @@
 
 #include "check_model.hpp"
 #include "mpi_test.hpp"
+#include "tessera/batch.hpp"
 
 namespace tessera {
 namespace {
@@ -57,6 +58,96 @@ TEST(BuiltinModels, UnetSmallAndConvnetSmallMatchOneRankInTrainingAndEvaluation)
     test::check_model<double>(convnet, {3, 3, 33, 31}, "convnet-small float64" + m, {.mode = mode});
     test::check_model<float>(convnet, {4, 3, 17, 20}, "convnet-small float32" + m, {.mode = mode});
   }
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Activations fused into their neighbours: (leaky) ReLU after a conv applied by the conv's kernel
+// (oneDNN, float32), f' applied by the halo layer that consumes it (conv, pooling, transposed
+// conv), and the cases that stay apart: a producer that is not a conv, an activation with two
+// consumers, the last layer. The same results, on the test grid, as with fusion off.
+const char* kFusions = R"({"input_channels": 3, "layers": [
+  {"name": "c1", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
+  {"name": "a1", "type": "leaky_relu", "slope": 0.2},
+  {"name": "c2", "type": "conv2d", "out_channels": 16, "kernel": 3, "stride": 2, "padding": 1},
+  {"name": "a2", "type": "relu"},
+  {"name": "p1", "type": "maxpool2d", "kernel": 2},
+  {"name": "a3", "type": "relu"},
+  {"name": "t1", "type": "conv_transpose2d", "out_channels": 5, "kernel": 2, "stride": 2},
+  {"name": "a4", "type": "relu"},
+  {"name": "c3", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+  {"name": "cat", "type": "concat", "inputs": ["a4", "c3"]},
+  {"name": "c4", "type": "conv2d", "out_channels": 3, "kernel": 1},
+  {"name": "a5", "type": "relu"}],
+  "loss": "pixel_cross_entropy"})";
+
+template <typename T>
+void check_fusions(const std::vector<typename Model<T>::ActivationFusion>& expected,
+                   const std::string& what) {
+  const ModelSpec spec = parse_model(kFusions);
+  const Shape4 input{2, 3, 18, 22};  // p1's output is 4x5
+  RuntimeOptions off = test::world_runtime().options();
+  off.fuse = false;
+  const Runtime unfused_runtime = test::make_test_runtime(off);
+  Model<T> fused(spec, test::world_runtime(), input), unfused(spec, unfused_runtime, input);
+  EXPECT_TRUE(unfused.fused_activations().empty()) << what;
+  const auto& got = fused.fused_activations();
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].activation, expected[k].activation) << what;
+    EXPECT_EQ(got[k].producer, expected[k].producer) << what << ": " << got[k].activation;
+    EXPECT_EQ(got[k].consumer, expected[k].consumer) << what << ": " << got[k].activation;
+  }
+  std::vector<StepResult<T>> results;
+  for (Model<T>* m : {&fused, &unfused}) {
+    m->init_params(5);
+    DistTensor<T> x(m->input_distribution());
+    x.local = random_image_tile<T>(x.dist, 5);
+    results.push_back(forward_backward(*m, x, random_label_tile(m->output_distribution(), 5)));
+  }
+  // The same operations, but for leaky ReLU's f' on the window gradient: applied to each
+  // contribution to an element of a halo rather than to their sum, it rounds differently there.
+  const double tolerance = std::is_same_v<T, double> ? 1e-14 : 1e-6;
+  EXPECT_NEAR(results[0].loss, results[1].loss, tolerance * std::abs(results[1].loss)) << what;
+  const auto same = [&](const Tensor<T>& a, const Tensor<T>& b) {
+    const Tensor<T> ha = to_host(a), hb = to_host(b);
+    return ha.shape() == hb.shape() && test::rel_error(ha.span(), hb.span()) <= tolerance;
+  };
+  EXPECT_TRUE(same(results[0].output.local, results[1].output.local)) << what << ": output";
+  EXPECT_TRUE(same(results[0].input_grad.local, results[1].input_grad.local))
+      << what << ": input gradient";
+  auto pf = fused.params(), pu = unfused.params();
+  ASSERT_EQ(pf.size(), pu.size());
+  for (std::size_t k = 0; k < pf.size(); ++k)
+    EXPECT_TRUE(same(pf[k].param->grad, pu[k].param->grad)) << what << ": " << pf[k].key();
+}
+
+TEST(FusedActivations, WhereTheyFuseAndTheSameResultsAsApart) {
+  const KernelBackend kind = test::world_runtime().backend().kind();
+  // a1: leaky ReLU after c1 into c2; a2 after c2 into the pooling; a3 after pooling (no producer
+  // fuses) into the transposed conv; a4 has two consumers; a5 is the last layer. CPU activations
+  // work from outputs (f' fused everywhere but cuda); only oneDNN's convs apply f.
+  const bool f_prime = kind != KernelBackend::cuda;
+  const auto expect = [&](bool f) {
+    using F = Model<float>::ActivationFusion;
+    std::vector<F> v;
+    if (f || f_prime) {
+      v = {F{"a1", f ? "c1" : "", f_prime ? "c2" : ""},
+           F{"a2", f ? "c2" : "", f_prime ? "p1" : ""}};
+      if (f_prime) v.push_back(F{"a3", "", "t1"});
+      if (f) v.push_back(F{"a5", "c4", ""});
+    }
+    return v;
+  };
+  std::vector<Model<double>::ActivationFusion> f64;
+  for (const auto& f : expect(false))
+    f64.push_back({f.activation, f.producer, f.consumer});
+  check_fusions<double>(f64, "float64");
+  check_fusions<float>(expect(kind == KernelBackend::onednn), "float32");
 }
 
 }  // namespace

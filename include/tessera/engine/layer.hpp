@@ -103,6 +103,31 @@ class Layer {
   void allow_blocked_output(bool allowed) { blocked_output_allowed_ = allowed; }
   bool blocked_output_allowed() const { return blocked_output_allowed_; }
 
+  // Activations fused into their neighbours (engine/model.cpp decides before bind(); every rank
+  // decides the same). A producer offered f applies it to its output as it computes it (oneDNN's
+  // post-op) where its kernels can; a halo layer offered f applies f' to its input gradient, read
+  // from the window it keeps, which holds f's output. bind() takes what it can; the *_fused()
+  // say, after bind(), what it took. Local.
+  virtual void offer_output_activation(const FusedActivation&) {}
+  virtual bool output_activation_fused() const { return false; }
+  virtual void offer_input_activation_grad(const FusedActivation&) {}
+  virtual bool input_activation_grad_fused() const { return false; }
+  // An activation its neighbours may compute says which (on `backend`'s kernels; before bind),
+  // and is told after the neighbours' bind whether its producer applies f and its consumer f'.
+  // Local.
+  virtual std::optional<FusedActivation> fusable_activation(const Backend&) const {
+    return std::nullopt;
+  }
+  virtual void set_fused(bool /*by_producer*/, bool /*by_consumer*/) {}
+  // An activation whose neighbours compute it: with forward_identity(), its output is its one
+  // input as it is (the model moves the tensor through and calls keep_forward, where the layer
+  // keeps what its backward needs, instead of forward); with backward_identity(), its input
+  // gradient is its output gradient as it is (the model moves it through, calling nothing). Fixed
+  // after the model's bind. Local.
+  virtual bool forward_identity() const { return false; }
+  virtual void keep_forward(const DistTensor<T>& /*x*/, const RunState&) {}
+  virtual bool backward_identity() const { return false; }
+
   // Whether backward() must return dL/dinput. The model clears it for the layers that read only
   // the model's input when nobody asks for its gradient (training): such a layer may then return
   // empty tensors (DistTensor{}) for its inputs and skip the work. Every rank sets the same.

@@ -92,6 +92,14 @@ class Model {
   // next. Off by default (tessera bench --layer-sync). Local.
   void set_synchronized_timings(bool on) { synchronized_timings_ = on; }
 
+  // The activations their neighbours compute (README "Fused activations"), in layer order: the
+  // layer that applies f as it writes its output and the one that applies f' to its input
+  // gradient, each empty where the activation does it itself. Same on every rank. Local.
+  struct ActivationFusion {
+    std::string activation, producer, consumer;
+  };
+  const std::vector<ActivationFusion>& fused_activations() const { return fused_; }
+
   std::vector<NamedParam<T>> params();
   std::vector<NamedBuffer<T>> buffers();
   std::vector<NamedBuffer<T>> masks();  // dropout masks of the last forward, this rank's tile
@@ -141,6 +149,7 @@ class Model {
   std::vector<Bucket> buckets_;  // in backward order: the last layers first
   std::vector<LayerTiming> timings_;
   PassTiming reduce_timing_;
+  std::vector<ActivationFusion> fused_;
 };
 
 // The loss over the global batch and its gradient. `labels` is this rank's part of the labels:

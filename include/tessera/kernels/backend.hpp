@@ -52,15 +52,19 @@ class Backend {
   virtual std::string description() const;
 
   // A conv kernel planned for `shapes` and `g`: the backend's own when it accepts the case, else
-  // the reference. Never null for an NCHW x and y; with nchw16c (which only fast kernels take)
-  // null when no fast kernel accepts it. Local.
+  // the reference. Never null for an NCHW x and y without an activation; with nchw16c (which only
+  // fast kernels take) or a fused activation, null when no kernel that takes it accepts the case.
+  // Local.
   template <typename T>
   std::unique_ptr<ConvKernel<T>> conv(const ConvShapes& shapes,
                                       const reference::ConvGeometry& g) const {
+    std::unique_ptr<ConvKernel<T>> k;
     if constexpr (std::is_same_v<T, float>)
-      return conv_float(shapes, g);
+      k = conv_float(shapes, g);
     else
-      return conv_double(shapes, g);
+      k = conv_double(shapes, g);
+    if (k && shapes.activation && !k->applies_activation()) return nullptr;
+    return k;
   }
   // A pooling kernel planned for `shapes` and `g` (no geometry padding: a window with its image
   // box), as conv() decides. Never null for NCHW; with nchw16c null when no fast kernel accepts

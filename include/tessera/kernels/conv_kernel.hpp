@@ -4,9 +4,11 @@
 // about ranks.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 
+#include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/tensor.hpp"
 
@@ -39,6 +41,10 @@ struct ConvShapes {
   Layout x_layout = Layout::nchw, y_layout = Layout::nchw;
   // Box kernels with nchw16c boxes: where the boxes are (fixed when planned).
   BoxAt x_at{}, y_at{};
+  // (Leaky) ReLU applied to y as the forward writes it (a fused activation, engine/model.cpp);
+  // the backward passes take dy of the conv's own output (the activation's backward is done).
+  // Only kernels whose applies_activation() says so take it (Backend::conv).
+  std::optional<FusedActivation> activation{};
   bool is_box() const { return x_outer.numel() > 0; }
 };
 
@@ -61,6 +67,8 @@ class ConvKernel {
                            std::span<const T> bias, Tensor<T>& y, BoxAt y_at) = 0;
   // Which implementation runs ("reference", "onednn jit:avx512_core", ...), for logs and tests.
   virtual std::string name() const = 0;
+  // Whether forward and forward_box apply ConvShapes::activation (planned with one). Local.
+  virtual bool applies_activation() const { return false; }
 };
 
 // The plain-loop oracle; it accepts every case.

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "tessera/error.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/random.hpp"
@@ -19,6 +20,14 @@
 namespace tessera {
 
 enum class ActivationKind { relu, leaky_relu, sigmoid };
+
+// An activation that neighbouring layers compute for its layer (engine/model.cpp fuses them): the
+// producer applies f to its output as it writes it, the consumer applies f' to its input gradient.
+struct FusedActivation {
+  ActivationKind kind = ActivationKind::relu;
+  double slope = 0;  // leaky_relu's
+  friend bool operator==(const FusedActivation&, const FusedActivation&) = default;
+};
 
 // An elementwise activation planned for one layer: it keeps what its backward needs (ReLU: which
 // inputs were positive, a byte each; sigmoid: its output), so each layer holds its own. Works on
@@ -32,7 +41,30 @@ class ActivationKernel {
   virtual void forward(const Tensor<T>& x, Tensor<T>& y) = 0;
   // dx = f'(x) * dy from what the last forward kept.
   virtual void backward(const Tensor<T>& dy, Tensor<T>& dx) const = 0;
+
+  // For fused activations: whether the three below compute from f's output alone (y > 0 tells
+  // (leaky) ReLU's f'; sigmoid's f' is y (1 - y)). Backends that cannot say false, and the model
+  // then fuses nothing with this activation.
+  virtual bool works_from_output() const { return false; }
+  // y = f(x) with nothing kept: its consumer applies f' (backward_from_output). Same contract as
+  // forward otherwise.
+  virtual void forward_unkept(const Tensor<T>& x, Tensor<T>& y) { forward(x, y); }
+  // The producer already wrote y = f(x): keep from y what backward() needs, as forward would.
+  virtual void keep_output(const Tensor<T>& y);
+  // grad *= f'(x) in place, where y = f(x): y and grad of one shape and storage (a halo layer's
+  // window and its gradient, any layout).
+  virtual void backward_from_output(const Tensor<T>& y, Tensor<T>& grad) const;
 };
+
+// Only called where works_from_output() is true; these say so where it is not.
+template <typename T>
+void ActivationKernel<T>::keep_output(const Tensor<T>&) {
+  throw Error("the " + name() + " activation cannot keep what its backward needs from its output");
+}
+template <typename T>
+void ActivationKernel<T>::backward_from_output(const Tensor<T>&, Tensor<T>&) const {
+  throw Error("the " + name() + " activation cannot take its gradient from its output");
+}
 
 // Softmax cross-entropy over the channels of a tile of logits [N, C, H, W] (H = W = 1 for a
 // classifier's vectors) with labels [N, H, W] (values in [0, C), checked): the sum of

@@ -41,6 +41,8 @@ class OneDnnConv final : public ConvKernel<float> {
   // "onednn " and the implementations oneDNN chose for forward / backward-data /
   // backward-weights, e.g. "onednn jit:avx512_core/jit:avx512_core/jit:avx512_core".
   std::string name() const override;
+  // Planned with ConvShapes::activation: the forward applies it as oneDNN's post-op.
+  bool applies_activation() const override;
 
  private:
   struct Plan;

@@ -48,6 +48,9 @@ class Conv2d final : public WindowLayer<T> {
   LayerFlops flops() const override;
   // Any input layout: the exchange converts into the window's.
   bool takes_blocked() const override { return true; }
+  // (Leaky) ReLU as the kernels' post-op, where they take it (oneDNN). Local.
+  void offer_output_activation(const FusedActivation& f) override { offered_ = f; }
+  bool output_activation_fused() const override { return activation_.has_value(); }
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
   const ConvKernel<T>* kernel() const { return kernel_.get(); }
@@ -76,6 +79,7 @@ class Conv2d final : public WindowLayer<T> {
   };
   std::vector<Region> regions_;
   Layout out_layout_ = Layout::nchw;
+  std::optional<FusedActivation> offered_, activation_;  // activation_: taken by the kernels
 };
 
 }  // namespace tessera

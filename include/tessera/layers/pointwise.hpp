@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "tessera/engine/layer.hpp"
@@ -35,9 +36,22 @@ class Activation final : public UnaryLayer<T> {
     kernel_ = runtime.backend().activation<T>(spec_.kind, spec_.slope);
   }
 
+  // (Leaky) ReLU, whose f' its output tells, where the backend's kernel works from outputs.
+  std::optional<FusedActivation> fusable_activation(const Backend& backend) const override;
+  // `by_producer`: its input is already f(x); `by_consumer`: the gradient it receives is already
+  // multiplied by f'.
+  void set_fused(bool by_producer, bool by_consumer) override {
+    by_producer_ = by_producer;
+    by_consumer_ = by_consumer;
+  }
+  bool forward_identity() const override { return by_producer_; }
+  void keep_forward(const DistTensor<T>& x, const RunState& state) override;
+  bool backward_identity() const override { return by_consumer_; }
+
  private:
   ActivationSpec spec_;
   std::unique_ptr<ActivationKernel<T>> kernel_;
+  bool by_producer_ = false, by_consumer_ = false;
 };
 
 struct DropoutSpec {

@@ -57,6 +57,10 @@ class WindowLayer : public UnaryLayer<T> {
   // Builds this rank's exchange from window() and the distributions of the last setup(), then
   // hands the window box to bind_kernel. Local.
   void bind(const Runtime& runtime) final;
+  // Takes f' from the backend's activation when that works from f's output: accumulate_window
+  // then applies it to the window's gradient (Layer::offer_input_activation_grad). Local.
+  void offer_input_activation_grad(const FusedActivation& f) final { input_activation_ = f; }
+  bool input_activation_grad_fused() const final { return input_activation_grad_ != nullptr; }
   // Pure in the spec: `tessera plan` asks for it after setup() alone, with no grid bound.
   std::optional<WindowMap> window() const override = 0;
 
@@ -100,10 +104,11 @@ class WindowLayer : public UnaryLayer<T> {
   // to add into; or one for a kernel that overwrites it. Local.
   Tensor<T> window_grad_zeros() const;
   Tensor<T> window_grad_uninitialized() const;
-  // Returns dL/dx: `grad` (shaped like the window) added into the tiles that own it. `overlap`
-  // is local work needing no halo (backward-filter): it runs while the exchange is in flight.
-  // Neighbour-wise collective over the spatial communicator.
-  DistTensor<T> accumulate_window(const Tensor<T>& grad, const std::function<void()>& overlap = {});
+  // Returns dL/dx: `grad` (shaped like the window) added into the tiles that own it; with a fused
+  // input activation, `grad` is first multiplied by its f' in place. `overlap` is local work
+  // needing no halo (backward-filter): it runs while the exchange is in flight. Neighbour-wise
+  // collective over the spatial communicator.
+  DistTensor<T> accumulate_window(Tensor<T>& grad, const std::function<void()>& overlap = {});
 
  private:
   int tag_;
@@ -111,7 +116,9 @@ class WindowLayer : public UnaryLayer<T> {
   Distribution in_, out_;
   std::optional<HaloExchange<T>> exchange_;
   Tensor<T> window_;
-  Layout in_layout_ = Layout::nchw;  // of the last forward's x
+  Layout in_layout_ = Layout::nchw;                             // of the last forward's x
+  std::optional<FusedActivation> input_activation_;             // offered
+  std::unique_ptr<ActivationKernel<T>> input_activation_grad_;  // taken: its f' from the window
 };
 
 }  // namespace tessera
