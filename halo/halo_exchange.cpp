@@ -99,6 +99,14 @@ void HaloExchange<T>::set_window_layout(Layout layout) {
 }
 
 template <typename T>
+void HaloExchange<T>::clear_halos(Tensor<T>& window) const {
+  TESSERA_CHECK(window.shape() == with_box(window.shape(), plan_.window) &&
+                    window.layout() == window_layout_ && window.space() == copies_->space(),
+                "halo exchange of " + name_ + ": clear_halos on a tensor that is not its window");
+  copies_->fill_outside(planes_of(window, plan_.window), plan_.owned, T(0));
+}
+
+template <typename T>
 HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target,
                                       Into into) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");

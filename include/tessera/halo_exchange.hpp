@@ -94,6 +94,12 @@ class HaloExchange {
     return start(Direction::accumulate, window_grad, tile_grad, into);
   }
 
+  // Sets every element of `window` (sized to plan.window, in window_layout()) outside the rank's
+  // own tile to zero: what peers send before a fill delivers it, for a freshly allocated window
+  // whose kernel reads those parts before they arrive (and computes them again after). Local;
+  // the strips only.
+  void clear_halos(Tensor<T>& window) const;
+
   // Completes the exchange. Local wait (Comm::wait, with its deadline).
   void finish(HaloRequest<T>& request);
 

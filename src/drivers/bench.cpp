@@ -320,6 +320,15 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
         << "  waiting: " << to_string(runtime.comm().wait_settings().policy) << "; " << o.warmup
         << " warm-up step" << (o.warmup == 1 ? "" : "s") << ", then " << o.steps
         << " timed; SGD lr " << o.lr << "\n";
+    out << "  fused activations (applied by / f' by): ";
+    if (model->fused_activations().empty())
+      out << (runtime.fuse() ? "none" : "none (TESSERA_FUSE=0)");
+    for (std::size_t k = 0; k < model->fused_activations().size(); ++k) {
+      const auto& f = model->fused_activations()[k];
+      out << (k > 0 ? ", " : "") << f.activation << " (" << (f.producer.empty() ? "-" : f.producer)
+          << " / " << (f.consumer.empty() ? "-" : f.consumer) << ")";
+    }
+    out << "\n";
     if (runtime.backend().kind() == KernelBackend::cuda)
       out << "  per-layer times: "
           << (o.layer_sync ? "the GPU's (--layer-sync: waits at every layer, no overlap between "

@@ -49,7 +49,8 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
   mode_ = state.mode;
   layout_ = x.layout();
-  // Kept for backward: a threaded copy into a buffer reused from step to step.
+  // Kept for backward: a threaded copy into a buffer reused from forward to forward unless a
+  // backward released it.
   if (x_.shape() != x.local.shape() || x_.layout() != layout_)
     x_ = Tensor<T>(x.local.shape(), layout_, uninitialized, this->allocator());
   if (x_.storage().host_accessible())
@@ -127,6 +128,7 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   kernel_->backward_data(
       x_, dy.local, layout_, stats, std::as_const(weight_.value).span_in(this->allocator().space()),
       std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat), dx.local);
+  x_ = Tensor<T>();  // one backward per forward: the copy goes back as the pass proceeds
   return dx;
 }
 

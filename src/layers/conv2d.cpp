@@ -211,6 +211,7 @@ DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) 
     // The first layer in training: no input gradient, no exchange, only the filter gradient.
     kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad,
                              bias_.grad.span_in(this->allocator().space()));
+    this->release_window();
     return {};
   }
   // backward_data overwrites it.

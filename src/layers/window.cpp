@@ -108,13 +108,20 @@ const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
 template <typename T>
 HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   // The exchange writes every element: the tiles' values and the padding value outside the image.
-  // The buffer is reused from step to step.
+  // The buffer is reused from forward to forward unless a backward released it.
   const Shape4 shape = window_shape(in_, exchange_->plan());
-  // Zeroed when first allocated: a conv computes from the halo part before the halos arrive
-  // (and then recomputes what read it), so it holds old values, never indeterminate ones.
   const Layout layout = exchange_->window_layout();
-  if (window_.shape() != shape || window_.layout() != layout)
-    window_ = Tensor<T>(shape, layout, this->allocator());
+  if (window_.shape() != shape || window_.layout() != layout) {
+    if (layout == Layout::nchw16c && shape.c % kBlock != 0) {
+      // The padding channels, which the exchange does not write, must read as zeros.
+      window_ = Tensor<T>(shape, layout, this->allocator());
+    } else {
+      window_ = Tensor<T>(shape, layout, uninitialized, this->allocator());
+      // A conv computes from the halo part before the halos arrive (and then recomputes what
+      // read it): zeros there, never indeterminate values.
+      if (overlap_ && !exchange_->plan().recv.empty()) exchange_->clear_halos(window_);
+    }
+  }
   in_layout_ = x.layout();
   return exchange_->start_fill(x.local, window_);
 }
@@ -144,11 +151,23 @@ DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
   // f' applies to each contribution to an element as well as to their sum (to rounding, for
   // leaky ReLU's slope, where halos add up).
   if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, grad);
+  // A window that is the tile itself (a 1x1 conv's, with nothing to send or receive) in x's
+  // layout is dL/dx as it is: taken over, with no copy and no second buffer.
+  const HaloPlan& p = exchange_->plan();
+  if (p.window == p.owned && p.recv.empty() && p.send.empty() && grad.layout() == in_layout_) {
+    if (overlap) overlap();
+    release_window();
+    DistTensor<T> dx;
+    dx.dist = in_;
+    dx.local = std::move(grad);
+    return dx;
+  }
   // dL/dx lies as x did; the exchange writes all of it.
   DistTensor<T> dx(in_, in_layout_, uninitialized, this->allocator());
   auto request = exchange_->start_accumulate(grad, dx.local, Into::overwrite);
   if (overlap) overlap();
   exchange_->finish(request);
+  release_window();
   return dx;
 }
 

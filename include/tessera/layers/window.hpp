@@ -99,15 +99,20 @@ class WindowLayer : public UnaryLayer<T> {
   void set_window_padding(T value) { exchange_->set_window_padding(value); }
   // The window the last fill_window filled (backward-filter reads it). Local.
   const Tensor<T>& kept_window() const { return window_; }
+  // Frees the kept window once backward is done with it (accumulate_window does, as its last
+  // step): one backward per forward, and the memory goes back as the backward pass proceeds,
+  // as PyTorch frees saved tensors. The next forward allocates it again. Local.
+  void release_window() { window_ = Tensor<T>(); }
 
   // A zero gradient shaped like the window (with the storage of its layout), for backward-data
   // to add into; or one for a kernel that overwrites it. Local.
   Tensor<T> window_grad_zeros() const;
   Tensor<T> window_grad_uninitialized() const;
   // Returns dL/dx: `grad` (shaped like the window) added into the tiles that own it; with a fused
-  // input activation, `grad` is first multiplied by its f' in place. `overlap` is local work
-  // needing no halo (backward-filter): it runs while the exchange is in flight. Neighbour-wise
-  // collective over the spatial communicator.
+  // input activation, `grad` is first multiplied by its f' in place. Releases the kept window;
+  // may take `grad` over (then empty) when the window is the tile.
+  // `overlap` is local work needing no halo (backward-filter): it runs while the exchange is in
+  // flight. Neighbour-wise collective over the spatial communicator.
   DistTensor<T> accumulate_window(Tensor<T>& grad, const std::function<void()>& overlap = {});
 
  private:
