@@ -194,14 +194,16 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
       PassTimer timer(timings_[k].forward, timing_sync());
       try {
         Layer<T>& layer = *nodes_[k].layer;
-        const int i = nodes_[k].inputs.front();
-        if (!layer.forward_identity()) {
-          outputs[k] = layer.forward(ins, state_);
-        } else if (layer.keep_forward(*ins[0], state_);
-                   i >= 0 && pending[i] == 1 && static_cast<std::size_t>(i) + 1 != nodes_.size()) {
-          outputs[k] = std::move(outputs[i]);  // its last consumer: moved through
+        if (layer.forward_identity()) {
+          // Fused only when it is its producer's one consumer (the constructor): moved through.
+          const int i = nodes_[k].inputs.front();
+          TESSERA_CHECK(
+              i >= 0 && pending[i] == 1,
+              "layer '" + layer.name() + "': fused, but not its producer's last consumer");
+          layer.keep_forward(*ins[0], state_);
+          outputs[k] = std::move(outputs[i]);
         } else {
-          outputs[k] = *ins[0];
+          outputs[k] = layer.forward(ins, state_);
         }
       } catch (const OutOfDeviceMemory& e) {
         throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (forward): " + e.what());

@@ -151,10 +151,10 @@ DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
   // f' applies to each contribution to an element as well as to their sum (to rounding, for
   // leaky ReLU's slope, where halos add up).
   if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, grad);
-  // A window that is the tile itself (a 1x1 conv's, with nothing to send or receive) in x's
-  // layout is dL/dx as it is: taken over, with no copy and no second buffer.
+  // A window that is the tile itself (a 1x1 conv's: it receives nothing) in x's layout, with
+  // nothing to send, is dL/dx as it is: taken over, with no copy and no second buffer.
   const HaloPlan& p = exchange_->plan();
-  if (p.window == p.owned && p.recv.empty() && p.send.empty() && grad.layout() == in_layout_) {
+  if (p.window == p.owned && p.send.empty() && grad.layout() == in_layout_) {
     if (overlap) overlap();
     release_window();
     DistTensor<T> dx;

@@ -26,7 +26,6 @@ enum class ActivationKind { relu, leaky_relu, sigmoid };
 struct FusedActivation {
   ActivationKind kind = ActivationKind::relu;
   double slope = 0;  // leaky_relu's
-  friend bool operator==(const FusedActivation&, const FusedActivation&) = default;
 };
 
 // An elementwise activation planned for one layer: it keeps what its backward needs (ReLU: which
