@@ -236,6 +236,7 @@ const Backend& backend_of(KernelBackend kind) {
 
 namespace {
 bool g_conv_bf16 = false;
+bool g_conv_winograd = true;
 }  // namespace
 
 void set_conv_bf16(bool on) {
@@ -244,6 +245,14 @@ void set_conv_bf16(bool on) {
 
 bool conv_bf16() {
   return g_conv_bf16;
+}
+
+void set_conv_winograd(bool on) {
+  g_conv_winograd = on;
+}
+
+bool conv_winograd() {
+  return g_conv_winograd;
 }
 
 bool bf16_supported() {

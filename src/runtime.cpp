@@ -71,6 +71,7 @@ RuntimeOptions runtime_options_from_environment() {
         parsed("TESSERA_KERNELS", [](const std::string& v) { return parse_kernel_backend(v); });
   o.overlap = switch_of("TESSERA_OVERLAP", true);
   o.fuse = switch_of("TESSERA_FUSE", true);
+  o.winograd = switch_of("TESSERA_WINOGRAD", true);
   if (variable("TESSERA_WAIT"))
     o.wait = parsed("TESSERA_WAIT", [](const std::string& v) { return parse_wait_policy(v); });
   if (variable("TESSERA_TIMEOUT"))
@@ -104,6 +105,7 @@ Runtime::Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options)
 
 Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options) {
   set_conv_bf16(options.bf16);  // before the model plans its kernels
+  set_conv_winograd(options.winograd);
   const WaitSettings wait{options.wait.value_or(world.wait_settings().policy), options.timeout};
   return Runtime(with_transport(world.host().make_grid(grid, wait), options.transport), options);
 }

@@ -37,11 +37,14 @@ struct RuntimeOptions {
   // --precision bf16: the oneDNN backend's convolutions compute with bfloat16 products (see
   // set_conv_bf16, kernels/backend.hpp); make_runtime applies it.
   bool bf16 = false;
+  // Winograd convolutions where they are faster (set_conv_winograd, kernels/backend.hpp); off
+  // only to compare with direct convolutions.
+  bool winograd = true;
 };
 
 // The documented environment defaults, the one place Tessera reads the environment:
 //   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_FUSE=0|1,
-//   TESSERA_WAIT=spin|sleep,
+//   TESSERA_WINOGRAD=0|1, TESSERA_WAIT=spin|sleep,
 //   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated,
 //   TESSERA_CUDNN_SEARCH=measure|heuristic, TESSERA_CUDNN_LOG=0|1;
 //   the kernel threads from OMP_NUM_THREADS, else the cores of this process's affinity mask divided

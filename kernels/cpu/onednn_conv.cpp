@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -128,6 +129,15 @@ std::optional<AxisPad> axis_pad(std::int64_t in, std::int64_t out, std::int64_t 
   return AxisPad{begin, std::max<std::int64_t>(end, 0)};
 }
 
+// A Winograd primitive whose scratchpad is larger than this is planned direct instead: oneDNN
+// 2.6 gives some shapes (32 channels at 1024x1024 on backward-data) a schedule that transforms
+// the whole tensor at once, 587 MiB of scratchpad against the 6-9 MiB of its tiled schedule.
+constexpr std::size_t kWinogradScratchLimit = std::size_t{64} << 20;
+
+bool is_winograd(const dnnl::primitive_desc& pd) {
+  return pd && std::string(pd.impl_info_str()).find("wino") != std::string::npos;
+}
+
 }  // namespace
 
 struct OneDnnConv::Plan {
@@ -180,8 +190,16 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     // --precision bf16 (set_conv_bf16): the primitives read bf16 inputs, weights and output
     // gradients (the Ports convert Tessera's float32 on the way in) and write float32.
     const auto low = conv_bf16() ? memory::data_type::bf16 : f32;
-    const memory::desc x_any(dims_of(x), f32, Tag::any), y_any(dims_of(y), f32, Tag::any);
-    const memory::desc x_low(dims_of(x), low, Tag::any), y_low(dims_of(y), low, Tag::any);
+    // 8 channels in and out: oneDNN's own choice (16-channel blocks, half of them padding, for
+    // the output and both gradients) takes 2-3x the time of its 8-channel blocked kernels, which
+    // the Ports then feed with converted copies (8 -> 8 3x3 at 2048x2048, the three passes:
+    // 420 -> 190 ms, the conversions included; README.md "Winograd convolutions").
+    // A 24 -> 8 conv gains less than its converted 24-channel window costs in peak memory.
+    const bool eight_channel_blocks =
+        !shapes.is_box() && g.groups == 1 && x.c == 8 && y.c == 8 && low == f32;
+    const Tag xt = eight_channel_blocks ? Tag::nChw8c : Tag::any;
+    const memory::desc x_any(dims_of(x), f32, xt), y_any(dims_of(y), f32, xt);
+    const memory::desc x_low(dims_of(x), low, xt), y_low(dims_of(y), low, xt);
     const memory::desc w_any = weight_desc(w, g.groups, Tag::any, low);
     const memory::desc dw_any = weight_desc(w, g.groups, Tag::any);
     const memory::desc x_user = user_desc(x, shapes.x_layout, shapes.x_outer, shapes.x_at);
@@ -202,11 +220,38 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
       fwd_attr.set_post_ops(ops);
     }
 
-    const convolution_forward::desc fwd(prop_kind::forward_training, algorithm::convolution_direct,
-                                        x_low, w_any, plan->bias, y_any, strides, dilates, pad_l,
-                                        pad_r);
-    plan->fwd_pd = convolution_forward::primitive_desc(fwd, fwd_attr, cpu_engine(), true);
+    // Winograd's F(4x4, 3x3) (oneDNN's jit_wino_4x3: 2.25x fewer products, float32 only) where it
+    // pays: 3x3, stride 1, no dilation, no groups, and channels it is faster on than the direct
+    // kernel on every pass measured (README.md "Winograd convolutions"). Box kernels recompute
+    // thin strips: direct. Each pass takes it where oneDNN plans it with a small scratchpad (some
+    // shapes get a schedule that transforms the whole tensor at once: direct then).
+    const bool winograd = conv_winograd() && !shapes.is_box() && low == f32 && g.groups == 1 &&
+                          w.h == 3 && w.w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+                          g.dilation_h == 1 && g.dilation_w == 1 && std::min(x.c, y.c) >= 16 &&
+                          std::max(x.c, y.c) >= 32;
+    auto planned = [&](auto make) {
+      if (winograd) {
+        auto pd = make(algorithm::convolution_winograd);
+        if (pd && !onednn::is_reference(pd) &&
+            pd.scratchpad_desc().get_size() <= kWinogradScratchLimit)
+          return pd;
+      }
+      return make(algorithm::convolution_direct);
+    };
+    auto forward_pd = [&](const primitive_attr& a) {
+      return planned([&](algorithm alg) {
+        const convolution_forward::desc fwd(prop_kind::forward_training, alg, x_low, w_any,
+                                            plan->bias, y_any, strides, dilates, pad_l, pad_r);
+        return convolution_forward::primitive_desc(fwd, a, cpu_engine(), true);
+      });
+    };
+    plan->fwd_pd = forward_pd(fwd_attr);
     if (!plan->fwd_pd) return nullptr;
+    // Winograd takes ReLU as its post-op but not leaky ReLU: rather than lose it for the fusion,
+    // decline the activation (the conv is planned again without it, README "Fused activations").
+    if (winograd && shapes.activation && !is_winograd(plan->fwd_pd) &&
+        is_winograd(forward_pd(attr)))
+      return nullptr;
     if (shapes.is_box()) {
       // Box kernels run forward only.
       if (onednn::is_reference(plan->fwd_pd)) return nullptr;
@@ -217,16 +262,19 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
       if (plan->fwd_weights.reorder) plan->fwd_w = memory(plan->fwd_weights.prim, cpu_engine());
       return std::unique_ptr<OneDnnConv>(new OneDnnConv(std::move(plan)));
     }
-    const convolution_backward_data::desc data(algorithm::convolution_direct, x_any, w_any, y_low,
-                                               strides, dilates, pad_l, pad_r);
-    plan->data_pd =
-        convolution_backward_data::primitive_desc(data, attr, cpu_engine(), plan->fwd_pd, true);
+    plan->data_pd = planned([&](algorithm alg) {
+      const convolution_backward_data::desc data(alg, x_any, w_any, y_low, strides, dilates, pad_l,
+                                                 pad_r);
+      return convolution_backward_data::primitive_desc(data, attr, cpu_engine(), plan->fwd_pd,
+                                                       true);
+    });
     if (!plan->data_pd) return nullptr;
-    const convolution_backward_weights::desc weights(algorithm::convolution_direct, x_low, dw_any,
-                                                     plan->bias, y_low, strides, dilates, pad_l,
-                                                     pad_r);
-    plan->weights_pd = convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(),
-                                                                    plan->fwd_pd, true);
+    plan->weights_pd = planned([&](algorithm alg) {
+      const convolution_backward_weights::desc weights(alg, x_low, dw_any, plan->bias, y_low,
+                                                       strides, dilates, pad_l, pad_r);
+      return convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(), plan->fwd_pd,
+                                                          true);
+    });
     if (!plan->weights_pd) return nullptr;
     if (onednn::is_reference(plan->fwd_pd) || onednn::is_reference(plan->data_pd) ||
         onednn::is_reference(plan->weights_pd))

@@ -4,6 +4,7 @@
 // the reference. Single process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/batch.hpp"
@@ -548,6 +550,145 @@ TEST(OneDnnConv, DeclinesWhatItCannotExpress) {
   ConvGeometry groups = base.geometry();
   groups.groups = 3;
   EXPECT_EQ(OneDnnConv::create(base.shapes(), groups), nullptr);
+}
+
+// oneDNN's Winograd kernels (jit_wino_4x3) need AVX-512 (its avx512_core: F, BW, VL, DQ).
+bool cpu_has_avx512_core() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+bool plans_winograd(const ConvShapes& s, const ConvGeometry& g) {
+  std::unique_ptr<OneDnnConv> k = OneDnnConv::create(s, g);
+  return k && k->name().find("wino") != std::string::npos;
+}
+
+Case winograd_case(std::int64_t c, std::int64_t o) {
+  return {.n = 1,
+          .c = c,
+          .o = o,
+          .groups = 1,
+          .kernel = 3,
+          .stride = 1,
+          .dilation = 1,
+          .pad = 0,
+          .out_h = 21,
+          .out_w = 18,
+          .trailing = 0,
+          .bias = true};
+}
+
+// Resets the process-wide switch however the test ends.
+struct WinogradSwitch {
+  explicit WinogradSwitch(bool on) { set_conv_winograd(on); }
+  ~WinogradSwitch() { set_conv_winograd(true); }
+};
+
+// 3x3 convolutions, stride 1, with >= 16 channels on both sides and >= 32 on one take Winograd's
+// F(4x4, 3x3) on all three passes (README.md "Winograd convolutions") and match the float64
+// reference within float32's tolerance, NCHW or nchw16c; everything else, box kernels and
+// TESSERA_WINOGRAD=0 stay direct. A fused ReLU rides along as the post-op; a fused leaky ReLU,
+// which oneDNN's Winograd kernel does not take, is declined so that the conv plans without it.
+TEST(OneDnnConv, WinogradWhereItPaysAndTheReferenceResults) {
+  if (!cpu_has_avx512_core()) GTEST_SKIP() << "this CPU has no AVX-512: oneDNN has no Winograd";
+  for (auto [c, o] : {std::pair{32, 32}, {16, 32}, {32, 16}, {48, 40}}) {
+    const Case k3 = winograd_case(c, o);
+    for (Layout layout : {Layout::nchw, Layout::nchw16c}) {
+      if (layout == Layout::nchw16c && c % kBlock != 0) continue;
+      ConvShapes shapes = k3.shapes();
+      shapes.x_layout = layout;
+      std::unique_ptr<OneDnnConv> k = OneDnnConv::create(shapes, k3.geometry());
+      ASSERT_NE(k, nullptr) << k3.str();
+      const std::string name = k->name();
+      // "onednn <forward>/<backward-data>/<backward-weights>": each one Winograd.
+      std::size_t passes = 0;
+      for (std::size_t at = name.find("wino"); at != std::string::npos;
+           at = name.find("wino", at + 1))
+        ++passes;
+      EXPECT_EQ(passes, 3u) << name << ", " << k3.str();
+      if (layout == Layout::nchw) {
+        expect_matches_reference(*k, k3);
+        continue;
+      }
+      const Tensor<float> x = random_tensor(k3.x(), 1), w = random_tensor(k3.w(), 2);
+      const Tensor<float> b = random_tensor({o, 1, 1, 1}, 4);
+      Tensor<float> y(k3.y());
+      k->forward(to_layout(x, Layout::nchw16c), w, b.span(), y);
+      Tensor<double> yd(k3.y());
+      const Tensor<double> bd = to_double(b);
+      reference::conv2d_forward(to_double(x), to_double(w), bd.span(), yd, k3.geometry());
+      EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "nchw16c forward, " << k3.str();
+    }
+  }
+
+  const Case k3 = winograd_case(32, 32);
+  {
+    WinogradSwitch off(false);
+    EXPECT_FALSE(plans_winograd(k3.shapes(), k3.geometry()));
+  }
+  ASSERT_TRUE(plans_winograd(k3.shapes(), k3.geometry()));
+  Case narrow = winograd_case(8, 32), strided = k3, dilated = k3, wide = k3, grouped = k3;
+  strided.stride = 2;
+  dilated.dilation = 2;
+  wide.kernel = 5;
+  grouped.groups = 2;
+  for (const Case& c : {narrow, winograd_case(16, 16), strided, dilated, wide, grouped})
+    EXPECT_FALSE(plans_winograd(c.shapes(), c.geometry())) << c.str();
+  ConvShapes box = k3.shapes();
+  box.x_outer = {1, 32, k3.x().h + 4, k3.x().w + 4};
+  box.y_outer = {1, 32, k3.y().h + 4, k3.y().w + 4};
+  EXPECT_FALSE(plans_winograd(box, k3.geometry()));
+
+  ConvShapes relu = k3.shapes();
+  relu.activation = FusedActivation{.kind = ActivationKind::relu};
+  std::unique_ptr<OneDnnConv> fused = OneDnnConv::create(relu, k3.geometry());
+  ASSERT_NE(fused, nullptr);
+  EXPECT_TRUE(fused->applies_activation());
+  EXPECT_NE(fused->name().find("wino"), std::string::npos) << fused->name();
+  const Tensor<float> x = random_tensor(k3.x(), 1), w = random_tensor(k3.w(), 2);
+  const Tensor<float> b = random_tensor({32, 1, 1, 1}, 4);
+  Tensor<float> y(k3.y());
+  fused->forward(x, w, b.span(), y);
+  Tensor<double> yd(k3.y());
+  const Tensor<double> bd = to_double(b);
+  reference::conv2d_forward(to_double(x), to_double(w), bd.span(), yd, k3.geometry());
+  for (double& v : yd.span())
+    v = std::max(v, 0.0);
+  EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward with ReLU";
+
+  ConvShapes leaky = k3.shapes();
+  leaky.activation = FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.1};
+  EXPECT_EQ(OneDnnConv::create(leaky, k3.geometry()), nullptr);
+  WinogradSwitch off(false);
+  std::unique_ptr<OneDnnConv> direct = OneDnnConv::create(leaky, k3.geometry());
+  ASSERT_NE(direct, nullptr);
+  EXPECT_TRUE(direct->applies_activation());
+}
+
+// An 8 -> 8 channel conv computes in oneDNN's 8-channel blocks (converting Tessera's NCHW window,
+// output and gradients on the way) rather than in the half-padded 16-channel blocks oneDNN picks
+// itself: the reference's results, whole tensor or box (which stays with oneDNN's choice).
+TEST(OneDnnConv, EightChannelConvsComputeInEightChannelBlocks) {
+  for (std::int64_t stride : {1, 2}) {
+    Case c = winograd_case(8, 8);
+    c.stride = stride;
+    std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
+    ASSERT_NE(k, nullptr) << c.str();
+    // oneDNN's 8-channel blocked kernels are its AVX2 ones; on an AVX-512 CPU its own choice for
+    // these shapes is an avx512_core kernel in 16-channel blocks for forward and backward-data.
+    if (cpu_has_avx512_core()) {
+      const std::string name = k->name();
+      std::size_t avx2 = 0;
+      for (std::size_t at = name.find("avx2"); at != std::string::npos;
+           at = name.find("avx2", at + 1))
+        ++avx2;
+      EXPECT_EQ(avx2, 3u) << name;
+    }
+    expect_matches_reference(*k, c);
+    expect_box_kernel_matches(c, [&](const ConvShapes& s) -> std::unique_ptr<ConvKernel<float>> {
+      return OneDnnConv::create(s, c.geometry());
+    });
+  }
 }
 
 TEST(OneDnnConv, RefusesTensorsOfOtherShapes) {

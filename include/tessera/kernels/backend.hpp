@@ -206,6 +206,12 @@ double sgemm_gflops(std::int64_t n = 2048, int repeats = 5);
 // Convolutions oneDNN declines run the float32 reference either way. Local.
 void set_conv_bf16(bool on);
 bool conv_bf16();
+// Whether the oneDNN backend's float32 3x3 convolutions may use Winograd's F(4x4, 3x3) where it
+// is faster than the direct kernel (README.md "Winograd convolutions"): on (the default) or off
+// (TESSERA_WINOGRAD=0, every convolution direct). Process-wide like set_conv_bf16: make_runtime
+// sets it from RuntimeOptions::winograd before a model plans its kernels. Local.
+void set_conv_winograd(bool on);
+bool conv_winograd();
 // Whether this CPU runs oneDNN's bfloat16 convolutions with its own instructions (AVX512_BF16 or
 // AMX): a small bfloat16 convolution planned here is not oneDNN's reference implementation.
 // False in a build without oneDNN. Local.
