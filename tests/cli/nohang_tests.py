@@ -24,12 +24,19 @@ QUICK_S = 10
 
 def mpmd(env, *commands):
     """`mpiexec -n 1 tessera A : -n 1 tessera B ...`: one rank per command, each rank's exit code
-    reported as env.tessera does."""
+    reported as env.tessera does. A command given as (variables, args) runs with those
+    environment variables set on its rank alone (Hydra's per-section -env)."""
     argv = [env.mpiexec]
     for k, args in enumerate(commands):
         if k:
             argv.append(":")
-        argv += ["-n", "1", "/bin/sh", "-c", base.RANK_WRAPPER, env.exe, *args]
+        variables = {}
+        if isinstance(args, tuple):
+            variables, args = args
+        argv += ["-n", "1"]
+        for name, value in variables.items():
+            argv += ["-env", name, value]
+        argv += ["/bin/sh", "-c", base.RANK_WRAPPER, env.exe, *args]
     r = env.run_cmd(argv, timeout=LIMIT_S)
     r.ranks = len(commands)
     r.rank_rcs = [int(m) for m in base.RANK_EXIT.findall(r.output)]
@@ -82,6 +89,10 @@ def nohang_mixed_options(env):
     r = quickly(lambda: mpmd(env, ["gradcheck", "--grid", "1x1x2"], ["gradcheck", "--help"]))
     expect_error(r, "--grid: rank 0 1x1x2, rank 1 (not given)",
                  "--help: rank 0 (not given), rank 1 (given)")
+    # The documented environment switches are agreed too (one rank with direct convolutions
+    # only would give another model's rounding).
+    r = quickly(lambda: mpmd(env, ({"TESSERA_WINOGRAD": "0"}, bench), bench))
+    expect_error(r, "ranks disagree on TESSERA_WINOGRAD: rank 0 0, rank 1 1")
     # Agreeing ranks are unaffected.
     expect_ok(env.tessera(2, *train, "--dtype", "float64"), "step 1/1")
 
