@@ -229,12 +229,17 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
                           w.h == 3 && w.w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
                           g.dilation_h == 1 && g.dilation_w == 1 && std::min(x.c, y.c) >= 16 &&
                           std::max(x.c, y.c) >= 32;
+    // A Winograd plan oneDNN rejects, even by throwing, leaves the pass direct: never the whole
+    // conv declined to the reference for it.
     auto planned = [&](auto make) {
       if (winograd) {
-        auto pd = make(algorithm::convolution_winograd);
-        if (pd && !onednn::is_reference(pd) &&
-            pd.scratchpad_desc().get_size() <= kWinogradScratchLimit)
-          return pd;
+        try {
+          auto pd = make(algorithm::convolution_winograd);
+          if (pd && !onednn::is_reference(pd) &&
+              pd.scratchpad_desc().get_size() <= kWinogradScratchLimit)
+            return pd;
+        } catch (const dnnl::error&) {
+        }
       }
       return make(algorithm::convolution_direct);
     };
