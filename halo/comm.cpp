@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tessera/error.hpp"
+#include "tessera/profile.hpp"
 
 namespace tessera {
 namespace {
@@ -125,19 +126,32 @@ void Comm::wait_all(std::span<Request> requests) const {
                                          ? start + std::chrono::duration_cast<clock::duration>(
                                                        std::chrono::duration<double>(wait_.timeout))
                                          : clock::time_point::max();
+  // Looks at the clock are microseconds apart while the rank runs: a long gap is time it was
+  // stopped or not scheduled, which the straggler monitor must not read as waiting for a peer.
+  clock::time_point looked = start;
+  const auto look = [&looked] {
+    const clock::time_point now = clock::now();
+    if (const double gap = std::chrono::duration<double>(now - looked).count();
+        gap >= kStallSeconds)
+      add_stalled(gap);
+    looked = now;
+    return now;
+  };
   std::size_t next = 0;  // requests before it are complete
   for (std::uint64_t polls = 1;; ++polls) {
     while (next < requests.size() && test(requests[next]))
       ++next;
-    if (next == requests.size()) return;
+    if (next == requests.size()) {
+      look();  // a rank stopped in its first test finds everything arrived
+      return;
+    }
     if (wait_.policy == WaitPolicy::sleep)
       std::this_thread::sleep_for(kPollSleep);
     else if (polls % kSpinPolls != 0)
       continue;
     answer_watchdog();
-    if (!bounded) continue;
-    const clock::time_point now = clock::now();
-    if (now >= deadline)
+    const clock::time_point now = look();
+    if (bounded && now >= deadline)
       time_out(requests[next], std::chrono::duration<double>(now - start).count());
   }
 }

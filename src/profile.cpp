@@ -15,4 +15,8 @@ void add_activity(Activity a, double seconds) {
   g_totals.seconds[static_cast<int>(a)] += seconds;
 }
 
+void add_stalled(double seconds) {
+  g_totals.stalled += seconds;
+}
+
 }  // namespace tessera

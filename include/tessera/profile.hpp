@@ -20,6 +20,10 @@ inline constexpr int kActivities = 4;
 
 struct ActivityTimes {
   std::array<double, kActivities> seconds{};
+  // Of `waiting` and `allreduce`: the time this rank was not running while it waited (stopped,
+  // swapped out or unscheduled for kStallSeconds or more at once). Its own delay, not a peer's:
+  // the straggler monitor of `tessera train` takes it out of the rank's waiting.
+  double stalled = 0;
 
   double operator[](Activity a) const { return seconds[static_cast<int>(a)]; }
   // Everything but compute: window assembly and communication.
@@ -27,11 +31,13 @@ struct ActivityTimes {
   ActivityTimes& operator+=(const ActivityTimes& o) {
     for (int k = 0; k < kActivities; ++k)
       seconds[k] += o.seconds[k];
+    stalled += o.stalled;
     return *this;
   }
   friend ActivityTimes operator-(ActivityTimes a, const ActivityTimes& b) {
     for (int k = 0; k < kActivities; ++k)
       a.seconds[k] -= b.seconds[k];
+    a.stalled -= b.stalled;
     return a;
   }
 };
@@ -39,6 +45,10 @@ struct ActivityTimes {
 // The running totals since the process started. Local.
 const ActivityTimes& activity_totals();
 void add_activity(Activity a, double seconds);
+// A gap this long between two looks at the clock of one wait means the rank was not running.
+inline constexpr double kStallSeconds = 0.1;
+// Adds to ActivityTimes::stalled. Local.
+void add_stalled(double seconds);
 
 // Adds the wall time of its scope to `a`. Scopes of different activities must not nest.
 class Timed {

@@ -177,8 +177,9 @@ class Trainer {
     return o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0;
   }
   void log(std::int64_t done, double lr);
-  // This window's Monitor: what every rank waited and held. Collective over the world group.
-  Monitor monitor(double elapsed);
+  // This window's Monitor from its length and this rank's activity in it: what every rank
+  // waited and held. Collective over the world group.
+  Monitor monitor(double elapsed, const ActivityTimes& activity);
   void report_validation(std::int64_t done, double lr);
   void finish();
   // After step `done`, when a rank received `signal`: a checkpoint (unless one was just written)
@@ -702,7 +703,12 @@ void Trainer<T>::log(std::int64_t done, double lr) {
   const std::int64_t epoch = (done - 1) / steps_per_epoch_;
   Confusion& window_confusion = *window_confusion_;
   window_confusion.reduce(grid());
-  const double elapsed = seconds_since(window_began_);
+  // Windows are contiguous: the next one begins where this one's time and activity are taken,
+  // so a wait in the monitoring below (a peer stopped after this rank's snapshot) is counted in
+  // the next window, not lost between two.
+  const auto window_ended = clock_type::now();
+  const ActivityTimes activity_at_end = activity_totals();
+  const double elapsed = std::chrono::duration<double>(window_ended - window_began_).count();
   // Epochs count from 1 in the metrics, as on the console.
   Record rec{.step = done,
              .epoch = epoch + 1,
@@ -712,7 +718,7 @@ void Trainer<T>::log(std::int64_t done, double lr) {
              .mean_iou = window_confusion.mean_iou(),
              .lr = lr,
              .images_per_s = static_cast<double>(timed_steps_ * o_.batch) / elapsed,
-             .monitor = monitor(elapsed)};
+             .monitor = monitor(elapsed, activity_at_end - window_activity_)};
   metrics_->write(rec, segmentation_);
   if (root()) {
     const double per_step = seconds_since(began_) / static_cast<double>(done - start_);
@@ -738,23 +744,26 @@ void Trainer<T>::log(std::int64_t done, double lr) {
   window_steps_ = 0;
   timed_steps_ = 0;
   window_confusion = Confusion(classes_);
-  window_began_ = clock_type::now();
-  window_activity_ = activity_totals();
+  window_began_ = window_ended;
+  window_activity_ = activity_at_end;
 }
 
 template <typename T>
-Monitor Trainer<T>::monitor(double elapsed) {
-  const ActivityTimes a = activity_totals() - window_activity_;
+Monitor Trainer<T>::monitor(double elapsed, const ActivityTimes& a) {
   const double share = std::clamp(
-      (a[Activity::waiting] + a[Activity::allreduce]) / std::max(elapsed, 1e-9), 0.0, 1.0);
+      (a[Activity::waiting] + a[Activity::allreduce] - a.stalled) / std::max(elapsed, 1e-9), 0.0,
+      1.0);
   const auto ranks = static_cast<std::size_t>(world_.size(Group::world));
   std::vector<long long> shares(ranks), peaks(ranks);
-  Request r = world_.start_allgather(std::llround(share * 1e6), shares, Group::world,
-                                     "straggler monitoring");
-  world_.wait(r);
-  r = world_.start_allgather(std::llround(interval_peak_memory_mib() * 1024), peaks, Group::world,
-                             "memory monitoring");
-  world_.wait(r);
+  {
+    Timed timed(Activity::waiting);  // for a stopped peer: counted in the next window
+    Request r = world_.start_allgather(std::llround(share * 1e6), shares, Group::world,
+                                       "straggler monitoring");
+    world_.wait(r);
+    r = world_.start_allgather(std::llround(interval_peak_memory_mib() * 1024), peaks, Group::world,
+                               "memory monitoring");
+    world_.wait(r);
+  }
   Monitor m;
   const auto least = std::min_element(shares.begin(), shares.end());
   const auto most_memory = std::max_element(peaks.begin(), peaks.end());
