@@ -128,10 +128,11 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                     " do not match the plan's " + to_string(from) + " / " + to_string(to));
   const Tensor<T>& window = fill ? target : source;
   const Tensor<T>& tile = fill ? source : target;
-  // An nchw16c window may pad its channels (its storage holds them); tiles in nchw16c do not.
-  TESSERA_CHECK(
-      tile.layout() == Layout::nchw || tile.shape().c % kBlock == 0,
-      "halo exchange: an nchw16c tile needs channels divisible by 16, got " + tile.shape().str());
+  // A blocked window may pad its channels (its storage holds them); blocked tiles do not.
+  TESSERA_CHECK(tile.shape().c % block_of(tile.layout()) == 0,
+                std::string("halo exchange: an ") + to_string(tile.layout()) +
+                    " tile needs channels divisible by " + std::to_string(block_of(tile.layout())) +
+                    ", got " + tile.shape().str());
   TESSERA_CHECK(window.layout() == window_layout_,
                 std::string("halo exchange: the window lies in ") + to_string(window.layout()) +
                     ", the exchange assembles it in " + to_string(window_layout_));
@@ -139,7 +140,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                 std::string("halo exchange of ") + name_ + ": tensors in " +
                     to_string(source.space()) + " and " + to_string(target.space()) +
                     " memory, copies for " + to_string(copies_->space()) + " memory");
-  // Either side may be nchw16c: the copies convert.
+  // Either side may be blocked: the copies convert.
   const Planes<const T> in = planes_of(source, from);
   const Planes<T> out = planes_of(target, to);
   size_buffers(source.shape().n * source.shape().c);

@@ -10,7 +10,7 @@ std::string Shape4::str() const {
 }
 
 std::size_t checked_storage_size(const Shape4& s, Layout layout, std::size_t element_bytes) {
-  const std::int64_t c = layout == Layout::nchw ? s.c : channel_blocks(s.c) * kBlock;
+  const std::int64_t b = block_of(layout), c = channel_blocks(s.c, b) * b;
   std::int64_t n = 0, bytes = 0;
   // The message is built only on failure: this runs for every tensor.
   if (__builtin_mul_overflow(s.n, c, &n) || __builtin_mul_overflow(n, s.h, &n) ||
@@ -21,9 +21,15 @@ std::size_t checked_storage_size(const Shape4& s, Layout layout, std::size_t ele
   return static_cast<std::size_t>(n);
 }
 
-Range Distribution::samples() const { return samples_of(me.n); }
-Range Distribution::rows() const { return tile_of(me.i, me.j).h; }
-Range Distribution::cols() const { return tile_of(me.i, me.j).w; }
+Range Distribution::samples() const {
+  return samples_of(me.n);
+}
+Range Distribution::rows() const {
+  return tile_of(me.i, me.j).h;
+}
+Range Distribution::cols() const {
+  return tile_of(me.i, me.j).w;
+}
 
 Shape4 Distribution::local_shape() const {
   return {samples().size(), global.c, rows().size(), cols().size()};
@@ -34,7 +40,9 @@ Box Distribution::tile_of(int i, int j) const {
   return {block_range(global.h, grid.h, i), block_range(global.w, grid.w, j)};
 }
 
-Range Distribution::samples_of(int n) const { return block_range(global.n, grid.n, n); }
+Range Distribution::samples_of(int n) const {
+  return block_range(global.n, grid.n, n);
+}
 
 bool Distribution::has_empty_tile() const {
   return (!replicated && (global.h < grid.h || global.w < grid.w)) || global.n < grid.n;

@@ -23,32 +23,56 @@ struct Shape4 {
   friend bool operator==(const Shape4&, const Shape4&) = default;
 };
 
-// How a tensor's elements lie in memory: NCHW, or nChw16c ([N][ceil(C/16)][H][W][16], the
-// channel-blocked layout oneDNN's convolutions compute in), which conv windows and the
-// activations between convs use (DistTensor::layout). The shape is the logical [N, C, H, W]
-// either way. With C not a multiple of 16 the last block of each sample is padded with channels
-// that hold zeros: only conv windows and their gradients are padded (Conv2d); activations in
-// nchw16c have a multiple of 16 channels.
-enum class Layout { nchw, nchw16c };
+// How a tensor's elements lie in memory: NCHW, or channel-blocked, the layouts oneDNN's
+// convolutions compute in: nChw16c ([N][ceil(C/16)][H][W][16]), which conv windows and the
+// activations between convs use (DistTensor::layout), and nChw8c ([N][ceil(C/8)][H][W][8]), which
+// only conv windows and their gradients use, for channels that are a multiple of 8 but not of 16
+// (Conv2d::bind_kernel). The shape is the logical [N, C, H, W] either way. With C not a multiple
+// of the block the last block of each sample is padded with channels that hold zeros: only conv
+// windows and their gradients are padded (Conv2d); activations in nchw16c have a multiple of 16
+// channels.
+enum class Layout { nchw, nchw16c, nchw8c };
 inline constexpr std::int64_t kBlock = 16;  // channels per block in nchw16c
 inline const char* to_string(Layout layout) {
-  return layout == Layout::nchw ? "nchw" : "nchw16c";
+  switch (layout) {
+    case Layout::nchw16c:
+      return "nchw16c";
+    case Layout::nchw8c:
+      return "nchw8c";
+    case Layout::nchw:
+      break;
+  }
+  return "nchw";
 }
 
-// Channel blocks of nchw16c: ceil(c / 16).
-inline std::int64_t channel_blocks(std::int64_t c) {
-  return (c + kBlock - 1) / kBlock;
+// Channels per block of `layout`: 16, 8, or 1 for NCHW.
+inline constexpr std::int64_t block_of(Layout layout) {
+  return layout == Layout::nchw16c ? kBlock : layout == Layout::nchw8c ? 8 : 1;
 }
 
-// Where element (n, c, h, w) of a tensor of shape `s` lies in nchw16c.
-inline std::int64_t nchw16c_offset(const Shape4& s, std::int64_t n, std::int64_t c, std::int64_t h,
-                                   std::int64_t w) {
-  return (((n * channel_blocks(s.c) + c / kBlock) * s.h + h) * s.w + w) * kBlock + c % kBlock;
+// Channel blocks of `block` channels: ceil(c / block).
+inline std::int64_t channel_blocks(std::int64_t c, std::int64_t block = kBlock) {
+  return (c + block - 1) / block;
 }
 
-// The elements a tensor of shape `s` holds in `layout`: numel, or with nchw16c's padding.
+// Where element (n, c, h, w) of a tensor of shape `s` lies in the blocked layout of `block`
+// channels per block.
+inline std::int64_t blocked_offset(const Shape4& s, std::int64_t block, std::int64_t n,
+                                   std::int64_t c, std::int64_t h, std::int64_t w) {
+  return (((n * channel_blocks(s.c, block) + c / block) * s.h + h) * s.w + w) * block + c % block;
+}
+
+// Where element (n, c, h, w) of a tensor of shape `s` lies in `layout`.
+inline std::int64_t layout_offset(const Shape4& s, Layout layout, std::int64_t n, std::int64_t c,
+                                  std::int64_t h, std::int64_t w) {
+  if (layout == Layout::nchw) return ((n * s.c + c) * s.h + h) * s.w + w;
+  return blocked_offset(s, block_of(layout), n, c, h, w);
+}
+
+// The elements a tensor of shape `s` holds in `layout`: numel, or with the blocks' padding.
 inline std::int64_t storage_size(const Shape4& s, Layout layout) {
-  return layout == Layout::nchw ? s.numel() : s.n * channel_blocks(s.c) * kBlock * s.h * s.w;
+  const std::int64_t b = block_of(layout);
+  return s.n * channel_blocks(s.c, b) * b * s.h * s.w;
 }
 
 // The elements of storage_size(s, layout), checked: an Error naming the shape when they, or their
@@ -223,23 +247,20 @@ class HostValues {
 };
 
 // The same tensor in another layout, element by element (for tests and rare fallbacks: the hot
-// paths convert while they copy); nchw16c pads the channels to a multiple of 16. Local.
+// paths convert while they copy); blocked layouts pad the channels to a multiple of the block.
+// Local.
 template <typename T>
 Tensor<T> to_layout(const Tensor<T>& t, Layout to) {
   const Layout from = t.layout();
   if (from == to) return t;
   const Shape4& s = t.shape();
-  Tensor<T> out(s, to);  // nchw16c padding channels zero
+  Tensor<T> out(s, to);  // padding channels zero
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t c = 0; c < s.c; ++c)
       for (std::int64_t h = 0; h < s.h; ++h)
-        for (std::int64_t w = 0; w < s.w; ++w) {
-          const std::int64_t plain = t.offset(n, c, h, w), blocked = nchw16c_offset(s, n, c, h, w);
-          if (to == Layout::nchw16c)
-            out.data()[blocked] = t.data()[plain];
-          else
-            out.data()[plain] = t.data()[blocked];
-        }
+        for (std::int64_t w = 0; w < s.w; ++w)
+          out.data()[layout_offset(s, to, n, c, h, w)] =
+              t.data()[layout_offset(s, from, n, c, h, w)];
   return out;
 }
 

@@ -39,6 +39,7 @@ struct Units {
 };
 
 Units units_of(const Shape4& s, Layout layout) {
+  TESSERA_CHECK(layout != Layout::nchw8c, "batch norm: nchw8c is a conv window's layout only");
   if (layout == Layout::nchw16c) {
     TESSERA_CHECK(s.c % kLanes == 0,
                   "batch norm: nchw16c needs channels divisible by 16, got " + s.str());

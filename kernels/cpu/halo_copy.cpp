@@ -27,41 +27,88 @@ void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, 
   }
 }
 
+// One row of a full block of B planes between NCHW (B rows, `plain`) and a blocked layout of B
+// channels (one interleaved row, `blocked`), through tiles of 16 columns: the B plain rows are
+// read and the interleaved row written contiguously, with sizes the compiler knows.
+template <std::int64_t B, typename T>
+void interleave_row(const T* const* plain, T* blocked, std::int64_t n, Direction how) {
+  constexpr std::int64_t kTile = 16;
+  T tile[kTile * B];
+  for (std::int64_t w0 = 0; w0 < n; w0 += kTile) {
+    const std::int64_t m = std::min(kTile, n - w0);
+    for (std::int64_t p = 0; p < B; ++p)
+      for (std::int64_t k = 0; k < m; ++k)
+        tile[k * B + p] = plain[p][w0 + k];
+    move_row(static_cast<const T*>(tile), 1, blocked + w0 * B, 1, m * B, how);
+  }
+}
+template <std::int64_t B, typename T>
+void deinterleave_row(const T* blocked, T* const* plain, std::int64_t n, Direction how) {
+  for (std::int64_t p = 0; p < B; ++p)
+    move_row(blocked + p, B, plain[p], 1, n, how);
+}
+
 // Copies (fill) or adds (accumulate) `box` of every plane from `from` to `to`, converting the
-// layout on the way; planes go to the kernel threads in groups (the channels of a block) when the
-// box is large. In one layout a row of a group is contiguous. Between layouts, tiles of 16
-// columns of the 16 channels of a block, so that the strided side stays within 16 cache lines (a
-// plane at a time would stride over a whole row per channel: 5x slower here).
-// A group is a block of 16 channels of one sample (fewer in the last block when an nchw16c side
-// pads its channels; the padding channels are never read or written), or one plane when both
-// sides are NCHW.
+// layout on the way; the rows of groups of planes go to the kernel threads when the box is large.
+// A group is a block of channels of one sample, the larger block of the two sides (fewer in the
+// last block when a blocked side pads its channels; the padding channels are never read or
+// written), or one plane when both sides are NCHW. In one layout a row of a group is contiguous.
+// Between NCHW and a block of 8 or 16, a full block's row is interleaved through tiles of 16
+// columns (interleave_row); other conversions go plane by plane in tiles of 16 columns, so that
+// the strided side stays within 16 cache lines (a plane at a time would stride over a whole row
+// per channel: 5x slower here).
 template <typename T>
 void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, Direction how) {
   if (box.empty()) return;
   const std::int64_t group = std::max(from.block(), to.block()), width = box.w.size();
   const std::int64_t channels = from.shape.c, per_sample = (channels + group - 1) / group;
+  const std::int64_t rows = box.h.size();
   const bool same = from.layout == to.layout;
+  // One side NCHW, the other blocked (the conversions of every window assembly).
+  const bool plain_to_blocked = from.block() == 1 && to.block() == group;
+  const bool blocked_to_plain = to.block() == 1 && from.block() == group;
   parallel_for(
-      from.shape.n * per_sample,
+      from.shape.n * per_sample * rows,
       [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t g = first; g < last; ++g) {
+        const T* in[kBlock];
+        T* out[kBlock];
+        for (std::int64_t item = first; item < last; ++item) {
+          const std::int64_t g = item / rows, r = box.h.begin + item % rows;
           const std::int64_t c0 = (g % per_sample) * group;
           const std::int64_t p0 = (g / per_sample) * channels + c0;
           const std::int64_t count = std::min(group, channels - c0);
-          for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
-            if (same && count == group) {
-              move_row(from.at(p0, r, box.w.begin), 1, to.at(p0, r, box.w.begin), 1, width * group,
-                       how);
+          const std::int64_t w = box.w.begin;
+          if (same && count == group) {
+            move_row(from.at(p0, r, w), 1, to.at(p0, r, w), 1, width * group, how);
+            continue;
+          }
+          if (count == group && (group == 8 || group == kBlock)) {
+            if (plain_to_blocked) {
+              for (std::int64_t p = 0; p < group; ++p)
+                in[p] = from.at(p0 + p, r, w);
+              if (group == 8)
+                interleave_row<8>(in, to.at(p0, r, w), width, how);
+              else
+                interleave_row<kBlock>(in, to.at(p0, r, w), width, how);
               continue;
             }
-            for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
-              for (std::int64_t p = p0; p < p0 + count; ++p)
-                move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
-                         std::min(kBlock, box.w.end - w0), how);
+            if (blocked_to_plain) {
+              for (std::int64_t p = 0; p < group; ++p)
+                out[p] = to.at(p0 + p, r, w);
+              if (group == 8)
+                deinterleave_row<8>(from.at(p0, r, w), out, width, how);
+              else
+                deinterleave_row<kBlock>(from.at(p0, r, w), out, width, how);
+              continue;
+            }
           }
+          for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
+            for (std::int64_t p = p0; p < p0 + count; ++p)
+              move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
+                       std::min(kBlock, box.w.end - w0), how);
         }
       },
-      grain_for(group * box.size()));
+      grain_for(group * width));
 }
 
 // A message holds `box` of every plane in NCHW order, whatever the layouts at both ends.
@@ -88,7 +135,7 @@ void fill_outside(const Planes<T>& t, const Box& keep, T value) {
   const Box& origin = t.origin;
   // Physical rows: in nChw16c a row of a channel block holds 16 values per column.
   const std::int64_t v = t.block(), width = s.w * v;
-  const std::int64_t rows_total = s.n * (v == 1 ? s.c : channel_blocks(s.c)) * s.h;
+  const std::int64_t rows_total = s.n * channel_blocks(s.c, v) * s.h;
   const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);
   parallel_for(
       rows_total,

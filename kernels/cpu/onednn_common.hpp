@@ -36,9 +36,11 @@ inline dnnl::memory::dims dims_of(const Shape4& s) {
 
 // A dense float32 tensor of shape `s` in Tessera's `layout`.
 inline dnnl::memory::desc dense_desc(const Shape4& s, Layout layout) {
+  using Tag = dnnl::memory::format_tag;
   return {dims_of(s), dnnl::memory::data_type::f32,
-          layout == Layout::nchw16c ? dnnl::memory::format_tag::nChw16c
-                                    : dnnl::memory::format_tag::nchw};
+          layout == Layout::nchw16c  ? Tag::nChw16c
+          : layout == Layout::nchw8c ? Tag::nChw8c
+                                     : Tag::nchw};
 }
 
 // Every primitive Tessera plans takes its scratchpad from the caller (user mode), and every buffer

@@ -194,10 +194,20 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     // the output and both gradients) takes 2-3x the time of its 8-channel blocked kernels, which
     // the Ports then feed with converted copies (8 -> 8 3x3 at 2048x2048, the three passes:
     // 420 -> 190 ms, the conversions included; README.md "Winograd convolutions").
-    // A 24 -> 8 conv gains less than its converted 24-channel window costs in peak memory.
-    const bool eight_channel_blocks =
-        !shapes.is_box() && g.groups == 1 && x.c == 8 && y.c == 8 && low == f32;
-    const Tag xt = eight_channel_blocks ? Tag::nChw8c : Tag::any;
+    // A window in nchw8c (channels a multiple of 8 but not of 16: Conv2d::bind_kernel) is read
+    // as it lies, by the same kernels: 24 -> 8 3x3 at 2048x2048, the three passes, 629 ms with
+    // the window in 16-channel blocks (a third of them padding), 334 ms.
+    const bool eight_channel_window = shapes.x_layout == Layout::nchw8c;
+    const bool eight_channel_blocks = eight_channel_window || (!shapes.is_box() && g.groups == 1 &&
+                                                               x.c == 8 && y.c == 8 && low == f32);
+    // A 1x1 conv of fewer than 16 channels on each side between NCHW tensors (a segmentation
+    // head's): oneDNN's own choice pads both to 16-channel blocks and converts; as they lie, it is
+    // one GEMM (8 -> 2 at 2048x2048, the three passes: 57 ms before the conversions, 16 ms).
+    const bool plain_1x1 = !shapes.is_box() && g.groups == 1 && low == f32 && w.h == 1 &&
+                           w.w == 1 && g.stride_h == 1 && g.stride_w == 1 &&
+                           shapes.x_layout == Layout::nchw && shapes.y_layout == Layout::nchw &&
+                           x.c < kBlock && y.c < kBlock;
+    const Tag xt = eight_channel_blocks ? Tag::nChw8c : plain_1x1 ? Tag::nchw : Tag::any;
     const memory::desc x_any(dims_of(x), f32, xt), y_any(dims_of(y), f32, xt);
     const memory::desc x_low(dims_of(x), low, xt), y_low(dims_of(y), low, xt);
     const memory::desc w_any = weight_desc(w, g.groups, Tag::any, low);
@@ -225,10 +235,14 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     // kernel on every pass measured (README.md "Winograd convolutions"). Box kernels recompute
     // thin strips: direct. Each pass takes it where oneDNN plans it with a small scratchpad (some
     // shapes get a schedule that transforms the whole tensor at once: direct then).
-    const bool winograd = conv_winograd() && !shapes.is_box() && low == f32 && g.groups == 1 &&
-                          w.h == 3 && w.w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
-                          g.dilation_h == 1 && g.dilation_w == 1 && std::min(x.c, y.c) >= 16 &&
-                          std::max(x.c, y.c) >= 32;
+    const bool winograd_shape = conv_winograd() && low == f32 && g.groups == 1 && w.h == 3 &&
+                                w.w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+                                g.dilation_h == 1 && g.dilation_w == 1 &&
+                                std::min(x.c, y.c) >= 16 && std::max(x.c, y.c) >= 32;
+    const bool winograd = winograd_shape && !shapes.is_box();
+    // Winograd computes from 16-channel blocks, and bf16 has no 8-channel kernels: an nchw8c
+    // window is declined then (the conv takes its next layout, Conv2d::bind_kernel).
+    if (eight_channel_window && (winograd_shape || low != f32)) return nullptr;
     // A Winograd plan oneDNN rejects, even by throwing, leaves the pass direct: never the whole
     // conv declined to the reference for it.
     auto planned = [&](auto make) {
@@ -341,11 +355,11 @@ void OneDnnConv::forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<fl
   TESSERA_CHECK(x_at.h >= 0 && x_at.w >= 0 && x_at.h + xs.h <= xo.h && x_at.w + xs.w <= xo.w &&
                     y_at.h >= 0 && y_at.w >= 0 && y_at.h + ys.h <= yo.h && y_at.w + ys.w <= yo.w,
                 "oneDNN conv forward_box: a box does not fit in its tensor");
-  // An nchw16c box's descriptor holds its offset (planned); an NCHW box is pointed at.
-  const bool x_blocked = p.shapes.x_layout == Layout::nchw16c;
-  const bool y_blocked = p.shapes.y_layout == Layout::nchw16c;
+  // A blocked box's descriptor holds its offset (planned); an NCHW box is pointed at.
+  const bool x_blocked = p.shapes.x_layout != Layout::nchw;
+  const bool y_blocked = p.shapes.y_layout != Layout::nchw;
   TESSERA_CHECK((!x_blocked || x_at == p.shapes.x_at) && (!y_blocked || y_at == p.shapes.y_at),
-                "oneDNN conv forward_box: an nchw16c box must be at its planned place");
+                "oneDNN conv forward_box: a blocked box must be at its planned place");
   run_forward(x_blocked ? x.data() : x.data() + x_at.h * xo.w + x_at.w, w, bias,
               y_blocked ? y.data() : y.data() + y_at.h * yo.w + y_at.w);
 }

@@ -78,7 +78,7 @@ std::unique_ptr<OneDnnPool> OneDnnPool::create(PoolKind kind, const PoolShapes& 
   const Shape4 &x = shapes.x, &y = shapes.y;
   if (g.pad_top != 0 || g.pad_left != 0 || g.kernel_h <= 0 || g.kernel_w <= 0 || g.stride_h <= 0 ||
       g.stride_w <= 0 || x.n != y.n || x.c != y.c || x.numel() == 0 || y.numel() == 0 ||
-      (shapes.layout == Layout::nchw16c && x.c % kBlock != 0) ||
+      shapes.layout == Layout::nchw8c || (shapes.layout == Layout::nchw16c && x.c % kBlock != 0) ||
       !fits(x.h, y.h, g.kernel_h, g.stride_h) || !fits(x.w, y.w, g.kernel_w, g.stride_w) ||
       g.image.empty() || intersect(g.image, Box{{0, x.h}, {0, x.w}}) != g.image)
     return nullptr;

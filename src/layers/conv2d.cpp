@@ -1,6 +1,7 @@
 #include "tessera/layers/conv2d.hpp"
 
 #include <utility>
+#include <vector>
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
@@ -108,14 +109,27 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // NCHW: blocks mostly made of padding measured no faster (8 -> 8: 148 vs 150 ms, with a
   // slower window assembly) or slower (an image's 3 channels, which oneDNN's first-layer kernels
   // read in NCHW).
+  // Before those, a multiple of 8 channels that is not one of 16 (8, 24, 40, ...) is offered in
+  // nchw8c, which oneDNN's 8-channel kernels read without padding (24 -> 8 3x3 at 2048x2048, the
+  // three passes: 629 -> 334 ms; README "Channel blocks"), where the window is assembled anyway:
+  // not where it is the tile itself (a 1x1 conv's, whose gradient is then taken over uncopied).
+  // The kernel declines it where it computes faster from 16-channel blocks (Winograd).
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
   const Layout y_fast =
       this->blocked_output_allowed() && y.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  const HaloPlan& plan = this->plan();
+  const bool assembled = !(plan.window == plan.owned && plan.send.empty());
+  std::vector<std::pair<Layout, Layout>> layouts;
+  if (assembled && in.c % 8 == 0 && in.c % kBlock != 0)
+    layouts.emplace_back(Layout::nchw8c, y_fast);
+  layouts.emplace_back(x_fast, y_fast);
+  if (x_fast != Layout::nchw || y_fast != Layout::nchw)
+    layouts.emplace_back(Layout::nchw, Layout::nchw);
   // An activation offered (Layer::offer_output_activation) is taken where a kernel applies it;
   // else the layers compute it apart, as without the offer.
   for (bool fused : {offered_.has_value(), false}) {
     activation_ = fused ? offered_ : std::nullopt;
-    for (auto [xl, yl] : {std::pair{x_fast, y_fast}, std::pair{Layout::nchw, Layout::nchw}}) {
+    for (auto [xl, yl] : layouts) {
       kernel_ = backend.conv<T>({.x = x,
                                  .w = weight_.value.shape(),
                                  .y = y,

@@ -112,7 +112,7 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   const Shape4 shape = window_shape(in_, exchange_->plan());
   const Layout layout = exchange_->window_layout();
   if (window_.shape() != shape || window_.layout() != layout) {
-    if (layout == Layout::nchw16c && shape.c % kBlock != 0) {
+    if (storage_size(shape, layout) != shape.numel()) {
       // The padding channels, which the exchange does not write, must read as zeros.
       window_ = Tensor<T>(shape, layout, this->allocator());
     } else {

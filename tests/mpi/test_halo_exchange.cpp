@@ -218,8 +218,8 @@ void expect_padded_windows_hold_the_same_values() {
         for (std::int64_t c = ws.c; c < channel_blocks(ws.c) * kBlock; ++c)
           for (std::int64_t h = 0; h < ws.h; ++h)
             for (std::int64_t w = 0; w < ws.w; ++w)
-              touched += padded.data()[nchw16c_offset(ws, n, c, h, w)] != T(-7) &&
-                         padded.data()[nchw16c_offset(ws, n, c, h, w)] != T(0);
+              touched += padded.data()[blocked_offset(ws, kBlock, n, c, h, w)] != T(-7) &&
+                         padded.data()[blocked_offset(ws, kBlock, n, c, h, w)] != T(0);
       EXPECT_EQ(touched, 0) << "padding channels given values, " << what;
       s.exchange->set_window_layout(Layout::nchw);
     }

@@ -13,13 +13,14 @@ namespace tessera {
 namespace {
 
 template <typename T>
-void check_halo_copies() {
-  // 20 channels: nchw16c pads the second block. The tensor holds rows [4, 13) and columns
-  // [10, 21) of its image; the box is a part of that.
+void check_halo_copies(Layout layout) {
+  SCOPED_TRACE(to_string(layout));
+  // 20 channels: a block of 16 pads the second block, one of 8 the third. The tensor holds rows
+  // [4, 13) and columns [10, 21) of its image; the box is a part of that.
   const Shape4 s{2, 20, 9, 11};
   const Box origin{{4, 13}, {10, 21}}, box{{6, 11}, {12, 20}};
   const Tensor<T> plain = test::random_tensor<T>(s, 3, 1);
-  const Tensor<T> blocked = to_layout(plain, Layout::nchw16c);
+  const Tensor<T> blocked = to_layout(plain, layout);
   const std::int64_t box_elements = s.n * s.c * box.size();
   for (KernelBackend backend : test::built_backends()) {
     SCOPED_TRACE(to_string(backend));
@@ -35,7 +36,7 @@ void check_halo_copies() {
           ASSERT_EQ(from_plain[k], plain.at(p / s.c, p % s.c, r - 4, c - 10));
 
     // Unpack adds into a blocked tensor; fill_outside(box) then zeroes everything else.
-    Tensor<T> sum(s, Layout::nchw16c, T(1));
+    Tensor<T> sum(s, layout, T(1));
     copies->unpack(from_plain.data(), box, planes_of(sum, origin), Direction::accumulate);
     copies->fill_outside(planes_of(sum, origin), box, T(0));
     const Tensor<T> back = to_layout(sum, Layout::nchw);
@@ -57,14 +58,29 @@ void check_halo_copies() {
             const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
             ASSERT_EQ(moved.at(n, c, h, w), inside ? plain.at(n, c, h, w) : T(-3));
           }
+
+    // And back: the box of a plain tensor added into a blocked one (a window's gradient path),
+    // full blocks interleaved and the padded last block plane by plane.
+    Tensor<T> target = to_layout(Tensor<T>(s, T(2)), layout);
+    copies->move(planes_of(plain, origin), planes_of(target, origin), box, Direction::accumulate);
+    const Tensor<T> target_plain = to_layout(target, Layout::nchw);
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w) {
+            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
+            ASSERT_EQ(target_plain.at(n, c, h, w), inside ? plain.at(n, c, h, w) + T(2) : T(2));
+          }
   }
 }
 
 TEST(HaloCopy, MessagesMovesAndPaddingDouble) {
-  check_halo_copies<double>();
+  for (Layout layout : {Layout::nchw16c, Layout::nchw8c})
+    check_halo_copies<double>(layout);
 }
 TEST(HaloCopy, MessagesMovesAndPaddingFloat) {
-  check_halo_copies<float>();
+  for (Layout layout : {Layout::nchw16c, Layout::nchw8c})
+    check_halo_copies<float>(layout);
 }
 
 }  // namespace

@@ -393,66 +393,83 @@ TEST(OneDnnConv, BoxKernelsMatchTheReference) {
 // as a box, with the reference's results.
 // Every 16- or 32-channel case of the sweep, and the same with 8 channels more (24, 40: the last
 // block padded with zero channels, as Conv2d's windows of such convs are).
+// Resets the process-wide switch however the test ends.
+struct WinogradSwitch {
+  explicit WinogradSwitch(bool on) { set_conv_winograd(on); }
+  ~WinogradSwitch() { set_conv_winograd(true); }
+};
+
+// A window in nchw16c (channels a multiple of 16, or more padded to one) or in nchw8c (a multiple
+// of 8 that is not one of 16, as Conv2d offers it) gives the reference's results on all three
+// passes, and so does a box of a larger window at its planned place. Winograd stays off here: an
+// nchw8c window is declined where it would apply (EightChannelWindowsDeclineWhereWinogradPays).
 TEST(OneDnnConv, ChannelBlockedInputsMatchTheReference) {
+  const WinogradSwitch direct(false);
   int tested = 0;
-  std::vector<Case> cases;
+  std::vector<std::pair<Case, Layout>> cases;
   for (const Case& c : sweep()) {
-    if (c.c % kBlock != 0 || c.groups != 1) continue;
-    cases.push_back(c);
+    if (c.c % 8 != 0 || c.groups != 1) continue;
     Case padded = c;
     padded.c += 8;
-    cases.push_back(padded);
+    for (const Case& k : {c, padded}) {
+      if (k.c % kBlock == 0 || k.c > kBlock) cases.emplace_back(k, Layout::nchw16c);
+      if (k.c % kBlock != 0) cases.emplace_back(k, Layout::nchw8c);
+    }
   }
-  for (const Case& c : cases) {
-    ++tested;
+  for (const auto& [c, layout] : cases) {
+    const std::string what = c.str() + " " + to_string(layout);
     const ConvGeometry g = c.geometry();
     ConvShapes shapes = c.shapes();
-    shapes.x_layout = Layout::nchw16c;
+    shapes.x_layout = layout;
     std::unique_ptr<OneDnnConv> k = OneDnnConv::create(shapes, g);
-    ASSERT_NE(k, nullptr) << c.str();
+    // oneDNN's 8-channel kernels do not dilate: declined (the conv then takes nchw16c or NCHW,
+    // Conv2d::bind_kernel); they take every other geometry here.
+    if (layout == Layout::nchw8c && c.dilation > 1 && k == nullptr) continue;
+    ASSERT_NE(k, nullptr) << what;
+    ++tested;
     const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
     const Tensor<float> dy = random_tensor(c.y(), 3);
     const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
     const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
     const Tensor<double> bd = to_double(b);
-    const Tensor<float> xb = to_layout(x, Layout::nchw16c);
+    const Tensor<float> xb = to_layout(x, layout);
 
     Tensor<float> y(c.y());
     k->forward(xb, w, b.span(), y);
     Tensor<double> yd(c.y());
     reference::conv2d_forward(xd, wd, bd.span(), yd, g);
-    EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << c.str();
+    EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << what;
 
-    Tensor<float> dxb(c.x(), Layout::nchw16c);
+    Tensor<float> dxb(c.x(), layout);
     k->backward_data(dy, w, dxb);
     Tensor<double> dxd(c.x());
     reference::conv2d_backward_data(dyd, wd, dxd, g);
     const Tensor<float> dx = to_layout(dxb, Layout::nchw);
-    EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << c.str();
+    EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << what;
 
     Tensor<float> dw(c.w()), db({c.o, 1, 1, 1});
     Tensor<double> dwd(c.w()), dbd({c.o, 1, 1, 1});
     k->backward_filter(xb, dy, dw, c.bias ? db.span() : std::span<float>());
     reference::conv2d_backward_filter(xd, dyd, dwd, c.bias ? dbd.span() : std::span<double>(), g);
-    EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << c.str();
+    EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << what;
 
-    // A box of a larger nchw16c window, at the place it was planned for.
+    // A box of a larger blocked window, at the place it was planned for.
     const BoxAt at{2, 3};
     Tensor<float> outer = random_tensor({c.n, c.c, c.x().h + 5, c.x().w + 7}, 8);
     copy_box_in(x, outer, at);
-    const Tensor<float> outer_b = to_layout(outer, Layout::nchw16c);
+    const Tensor<float> outer_b = to_layout(outer, layout);
     ConvShapes box = shapes;
     box.x_outer = outer.shape();
     box.y_outer = c.y();
     box.x_at = at;
     std::unique_ptr<OneDnnConv> kb = OneDnnConv::create(box, g);
-    ASSERT_NE(kb, nullptr) << c.str();
+    ASSERT_NE(kb, nullptr) << what;
     Tensor<float> yb(c.y());
     kb->forward_box(outer_b, at, w, b.span(), yb, {0, 0});
-    EXPECT_LE(rel_error(yb.span(), yd.span()), kTolerance) << "box forward, " << c.str();
+    EXPECT_LE(rel_error(yb.span(), yd.span()), kTolerance) << "box forward, " << what;
     EXPECT_THROW(kb->forward_box(outer_b, {1, 3}, w, b.span(), yb, {0, 0}), Error);
   }
-  EXPECT_GE(tested, 8);
+  EXPECT_GE(tested, 16);
 }
 
 // One training step of `spec` in float32 (oneDNN where it takes the case) and in float64 (the
@@ -503,6 +520,26 @@ TEST(OneDnnConv, ChannelBlockedActivationsGiveTheReferenceResults) {
           {"name": "r3", "type": "sigmoid"},
           {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})");
   expect_float32_matches_float64(spec, {2, 3, 38, 34}, 3, "blocked chain");
+}
+
+// unet-small's full-resolution end: windows of 8 and 24 channels assembled in nchw8c (the 24 from
+// a concat), an 8 -> 16 conv whose nchw8c window feeds a 16-channel blocked output, and an
+// 8 -> 2 head planned as GEMMs: the float64 reference's loss, logits and gradients.
+TEST(OneDnnConv, EightChannelWindowsGiveTheReferenceResults) {
+  const ModelSpec spec = parse_model(
+      R"({"name": "eights", "input_channels": 3, "layers": [
+          {"name": "e1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+          {"name": "e1_relu", "type": "relu"},
+          {"name": "e2", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+          {"name": "up", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "up_bn", "type": "batchnorm2d"},
+          {"name": "cat", "type": "concat", "inputs": ["up_bn", "e2"]},
+          {"name": "d1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "d1_relu", "type": "relu"},
+          {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})");
+  expect_float32_matches_float64(spec, {2, 3, 30, 26}, 5, "8-channel windows");
 }
 
 // Transposed convs run as the adjoint of a planned conv kernel (oneDNN's backward-data for their
@@ -577,12 +614,6 @@ Case winograd_case(std::int64_t c, std::int64_t o) {
           .trailing = 0,
           .bias = true};
 }
-
-// Resets the process-wide switch however the test ends.
-struct WinogradSwitch {
-  explicit WinogradSwitch(bool on) { set_conv_winograd(on); }
-  ~WinogradSwitch() { set_conv_winograd(true); }
-};
 
 // 3x3 convolutions, stride 1, with >= 16 channels on both sides and >= 32 on one take Winograd's
 // F(4x4, 3x3) on all three passes (README.md "Winograd convolutions") and match the float64
@@ -689,6 +720,43 @@ TEST(OneDnnConv, EightChannelConvsComputeInEightChannelBlocks) {
       return OneDnnConv::create(s, c.geometry());
     });
   }
+}
+
+// An nchw8c window is declined where oneDNN computes faster from 16-channel blocks (Winograd's
+// shapes) and under bf16, which has no 8-channel kernels: Conv2d then offers the next layout.
+TEST(OneDnnConv, EightChannelWindowsDeclineWhereWinogradPays) {
+  ConvShapes wino = winograd_case(24, 32).shapes();
+  wino.x_layout = Layout::nchw8c;
+  const ConvGeometry g = winograd_case(24, 32).geometry();
+  if (cpu_has_avx512_core()) {
+    EXPECT_EQ(OneDnnConv::create(wino, g), nullptr);
+  }
+  {
+    const WinogradSwitch off(false);
+    EXPECT_NE(OneDnnConv::create(wino, g), nullptr);
+  }
+  ConvShapes narrow = winograd_case(24, 8).shapes();
+  narrow.x_layout = Layout::nchw8c;
+  EXPECT_NE(OneDnnConv::create(narrow, g), nullptr);
+  set_conv_bf16(true);
+  std::unique_ptr<OneDnnConv> bf16 = OneDnnConv::create(narrow, g);
+  set_conv_bf16(false);
+  EXPECT_EQ(bf16, nullptr);
+}
+
+// A 1x1 conv of fewer than 16 channels on each side between NCHW tensors (a segmentation head)
+// is planned in NCHW, one GEMM per pass with no conversions, and gives the reference's results.
+TEST(OneDnnConv, NarrowPointwiseConvsComputeInPlaceAsGemms) {
+  Case head = winograd_case(8, 2);
+  head.kernel = 1;
+  std::unique_ptr<OneDnnConv> k = OneDnnConv::create(head.shapes(), head.geometry());
+  ASSERT_NE(k, nullptr);
+  const std::string name = k->name();
+  std::size_t gemm = 0;
+  for (std::size_t at = name.find("gemm"); at != std::string::npos; at = name.find("gemm", at + 1))
+    ++gemm;
+  EXPECT_EQ(gemm, 3u) << name;
+  expect_matches_reference(*k, head);
 }
 
 TEST(OneDnnConv, RefusesTensorsOfOtherShapes) {

@@ -1,6 +1,6 @@
 // The copies of a halo exchange as a planned kernel of the Backend: boxes of every channel plane
 // moved between a tile or window and another, or packed into and unpacked from the messages,
-// converting between NCHW and nchw16c on the way; and a window's padding. The exchange
+// converting between NCHW and the blocked layouts on the way; and a window's padding. The exchange
 // (halo/halo_exchange.cpp) decides what moves where; these only move bytes. Every method is local.
 #pragma once
 
@@ -16,7 +16,7 @@ namespace tessera {
 enum class Direction { fill, accumulate };
 
 // Where the elements of one channel plane of a tensor lie: `data` of `shape` with spatial origin
-// `origin` (global coordinates of its first row and column), in NCHW or nchw16c.
+// `origin` (global coordinates of its first row and column), in NCHW or a blocked layout.
 template <typename T>
 struct Planes {
   T* data;
@@ -26,12 +26,12 @@ struct Planes {
 
   // Channels per block: the distance between neighbouring columns of a plane, and how many
   // planes share memory (so go to one thread).
-  std::int64_t block() const { return layout == Layout::nchw16c ? kBlock : 1; }
+  std::int64_t block() const { return block_of(layout); }
   // Element (plane p = n * C + c, global row, global column).
   T* at(std::int64_t p, std::int64_t row, std::int64_t col) const {
     const std::int64_t r = row - origin.h.begin, c = col - origin.w.begin;
     if (layout == Layout::nchw) return data + (p * shape.h + r) * shape.w + c;
-    return data + nchw16c_offset(shape, p / shape.c, p % shape.c, r, c);
+    return data + blocked_offset(shape, block(), p / shape.c, p % shape.c, r, c);
   }
 };
 
@@ -59,7 +59,7 @@ class HaloCopyKernel {
   virtual void unpack(const T* message, const Box& box, const Planes<T>& t,
                       Direction how) const = 0;
   // Sets the elements of `t` outside `keep` (global coordinates) to `value`, padding channels of
-  // nchw16c included.
+  // blocked layouts included.
   virtual void fill_outside(const Planes<T>& t, const Box& keep, T value) const = 0;
 };
 
