@@ -27,7 +27,7 @@ void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, 
   }
 }
 
-// One row of a full block of B planes between NCHW (B rows, `plain`) and a blocked layout of B
+// One row of a full block of B planes from NCHW (B rows, `plain`) into a blocked layout of B
 // channels (one interleaved row, `blocked`), through tiles of 16 columns: the B plain rows are
 // read and the interleaved row written contiguously, with sizes the compiler knows.
 template <std::int64_t B, typename T>
@@ -42,21 +42,16 @@ void interleave_row(const T* const* plain, T* blocked, std::int64_t n, Direction
     move_row(static_cast<const T*>(tile), 1, blocked + w0 * B, 1, m * B, how);
   }
 }
-template <std::int64_t B, typename T>
-void deinterleave_row(const T* blocked, T* const* plain, std::int64_t n, Direction how) {
-  for (std::int64_t p = 0; p < B; ++p)
-    move_row(blocked + p, B, plain[p], 1, n, how);
-}
 
 // Copies (fill) or adds (accumulate) `box` of every plane from `from` to `to`, converting the
 // layout on the way; the rows of groups of planes go to the kernel threads when the box is large.
 // A group is a block of channels of one sample, the larger block of the two sides (fewer in the
 // last block when a blocked side pads its channels; the padding channels are never read or
 // written), or one plane when both sides are NCHW. In one layout a row of a group is contiguous.
-// Between NCHW and a block of 8 or 16, a full block's row is interleaved through tiles of 16
-// columns (interleave_row); other conversions go plane by plane in tiles of 16 columns, so that
-// the strided side stays within 16 cache lines (a plane at a time would stride over a whole row
-// per channel: 5x slower here).
+// From NCHW into blocks of 8 or 16, a full block's row is interleaved (interleave_row); out of a
+// block into NCHW, plane by plane along the group's row; other conversions plane by plane in
+// tiles of 16 columns, so that the strided side stays within 16 cache lines (a plane at a time
+// would stride over a whole row per channel: 5x slower here).
 template <typename T>
 void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, Direction how) {
   if (box.empty()) return;
@@ -64,14 +59,16 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
   const std::int64_t channels = from.shape.c, per_sample = (channels + group - 1) / group;
   const std::int64_t rows = box.h.size();
   const bool same = from.layout == to.layout;
-  // One side NCHW, the other blocked (the conversions of every window assembly).
-  const bool plain_to_blocked = from.block() == 1 && to.block() == group;
-  const bool blocked_to_plain = to.block() == 1 && from.block() == group;
+  // NCHW into 8- or 16-channel blocks (every window assembly from an NCHW tile).
+  void (*const interleave)(const T* const*, T*, std::int64_t, Direction) =
+      from.block() != 1 ? nullptr
+      : group == 8      ? interleave_row<8, T>
+      : group == kBlock ? interleave_row<kBlock, T>
+                        : nullptr;
   parallel_for(
       from.shape.n * per_sample * rows,
       [&](std::int64_t first, std::int64_t last) {
         const T* in[kBlock];
-        T* out[kBlock];
         for (std::int64_t item = first; item < last; ++item) {
           const std::int64_t g = item / rows, r = box.h.begin + item % rows;
           const std::int64_t c0 = (g % per_sample) * group;
@@ -80,32 +77,21 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
           const std::int64_t w = box.w.begin;
           if (same && count == group) {
             move_row(from.at(p0, r, w), 1, to.at(p0, r, w), 1, width * group, how);
-            continue;
-          }
-          if (count == group && (group == 8 || group == kBlock)) {
-            if (plain_to_blocked) {
-              for (std::int64_t p = 0; p < group; ++p)
-                in[p] = from.at(p0 + p, r, w);
-              if (group == 8)
-                interleave_row<8>(in, to.at(p0, r, w), width, how);
-              else
-                interleave_row<kBlock>(in, to.at(p0, r, w), width, how);
-              continue;
-            }
-            if (blocked_to_plain) {
-              for (std::int64_t p = 0; p < group; ++p)
-                out[p] = to.at(p0 + p, r, w);
-              if (group == 8)
-                deinterleave_row<8>(from.at(p0, r, w), out, width, how);
-              else
-                deinterleave_row<kBlock>(from.at(p0, r, w), out, width, how);
-              continue;
-            }
-          }
-          for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
+          } else if (interleave != nullptr && count == group) {
+            for (std::int64_t p = 0; p < group; ++p)
+              in[p] = from.at(p0 + p, r, w);
+            interleave(in, to.at(p0, r, w), width, how);
+          } else if (from.block() == group && to.block() == 1) {
+            // Out of a block into NCHW: each plane's row whole, read with the block's stride
+            // (the group's row is one contiguous run; a few percent faster than tiles here).
             for (std::int64_t p = p0; p < p0 + count; ++p)
-              move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
-                       std::min(kBlock, box.w.end - w0), how);
+              move_row(from.at(p, r, w), group, to.at(p, r, w), 1, width, how);
+          } else {
+            for (std::int64_t w0 = box.w.begin; w0 < box.w.end; w0 += kBlock)
+              for (std::int64_t p = p0; p < p0 + count; ++p)
+                move_row(from.at(p, r, w0), from.block(), to.at(p, r, w0), to.block(),
+                         std::min(kBlock, box.w.end - w0), how);
+          }
         }
       },
       grain_for(group * width));
@@ -133,7 +119,7 @@ template <typename T>
 void fill_outside(const Planes<T>& t, const Box& keep, T value) {
   const Shape4& s = t.shape;
   const Box& origin = t.origin;
-  // Physical rows: in nChw16c a row of a channel block holds 16 values per column.
+  // Physical rows: in a blocked layout a row of a channel block holds `block` values per column.
   const std::int64_t v = t.block(), width = s.w * v;
   const std::int64_t rows_total = s.n * channel_blocks(s.c, v) * s.h;
   const Range rows = intersect(keep.h, origin.h), cols = intersect(keep.w, origin.w);

@@ -169,6 +169,17 @@ struct OneDnnConv::Plan {
 
 std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
                                                const reference::ConvGeometry& g) {
+  // A preferred layout oneDNN has no fast kernel for (its 8-channel kernels do not dilate, for
+  // one) falls back to oneDNN's own choice, not to the reference; an nchw8c window is declined
+  // instead, so that the conv takes its next window layout (Conv2d::bind_kernel). A case oneDNN
+  // declines either way is tried twice, at plan time only.
+  if (std::unique_ptr<OneDnnConv> k = plan_in(shapes, g, true)) return k;
+  if (shapes.x_layout == Layout::nchw8c) return nullptr;
+  return plan_in(shapes, g, false);
+}
+
+std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
+                                                const reference::ConvGeometry& g, bool preferred) {
   const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
   if (g.groups <= 0 || x.c % g.groups != 0 || w.n % g.groups != 0 || w.c * g.groups != x.c ||
       y.c != w.n || y.n != x.n || x.n <= 0 || g.stride_h <= 0 || g.stride_w <= 0 ||
@@ -198,13 +209,14 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
     // as it lies, by the same kernels: 24 -> 8 3x3 at 2048x2048, the three passes, 629 ms with
     // the window in 16-channel blocks (a third of them padding), 334 ms.
     const bool eight_channel_window = shapes.x_layout == Layout::nchw8c;
-    const bool eight_channel_blocks = eight_channel_window || (!shapes.is_box() && g.groups == 1 &&
-                                                               x.c == 8 && y.c == 8 && low == f32);
+    const bool eight_channel_blocks =
+        preferred && (eight_channel_window ||
+                      (!shapes.is_box() && g.groups == 1 && x.c == 8 && y.c == 8 && low == f32));
     // A 1x1 conv of fewer than 16 channels on each side between NCHW tensors (a segmentation
     // head's): oneDNN's own choice pads both to 16-channel blocks and converts; as they lie, it is
     // one GEMM (8 -> 2 at 2048x2048, the three passes: 57 ms before the conversions, 16 ms).
-    const bool plain_1x1 = !shapes.is_box() && g.groups == 1 && low == f32 && w.h == 1 &&
-                           w.w == 1 && g.stride_h == 1 && g.stride_w == 1 &&
+    const bool plain_1x1 = preferred && !shapes.is_box() && g.groups == 1 && low == f32 &&
+                           w.h == 1 && w.w == 1 && g.stride_h == 1 && g.stride_w == 1 &&
                            shapes.x_layout == Layout::nchw && shapes.y_layout == Layout::nchw &&
                            x.c < kBlock && y.c < kBlock;
     const Tag xt = eight_channel_blocks ? Tag::nChw8c : plain_1x1 ? Tag::nchw : Tag::any;

@@ -25,7 +25,7 @@ using dnnl::memory;
 // included, where the reference takes the first image position). One threaded pass.
 bool image_ordinary(const Tensor<float>& x, Layout layout, const Box& image) {
   const Shape4& s = x.shape();
-  const std::int64_t v = layout == Layout::nchw16c ? kBlock : 1;
+  const std::int64_t v = block_of(layout);
   const std::int64_t planes = s.n * s.c / v, rows = image.h.size();
   const std::int64_t segment = image.w.size() * v;
   std::atomic<bool> bad{false};

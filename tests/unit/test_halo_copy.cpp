@@ -12,6 +12,24 @@
 namespace tessera {
 namespace {
 
+// Every element of `t` (any layout; its first row and column at `origin`'s) is want(n, c, h, w)
+// inside `box` and `outside` elsewhere.
+template <typename T, typename Want>
+void expect_box(const Tensor<T>& t, const Box& origin, const Box& box, Want want, T outside,
+                const char* what) {
+  const Tensor<T> plain = to_layout(t, Layout::nchw);
+  const Shape4& s = plain.shape();
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w) {
+          const bool inside =
+              box.h.contains(h + origin.h.begin) && box.w.contains(w + origin.w.begin);
+          ASSERT_EQ(plain.at(n, c, h, w), inside ? want(n, c, h, w) : outside)
+              << what << " at " << n << ", " << c << ", " << h << ", " << w;
+        }
+}
+
 template <typename T>
 void check_halo_copies(Layout layout) {
   SCOPED_TRACE(to_string(layout));
@@ -39,38 +57,23 @@ void check_halo_copies(Layout layout) {
     Tensor<T> sum(s, layout, T(1));
     copies->unpack(from_plain.data(), box, planes_of(sum, origin), Direction::accumulate);
     copies->fill_outside(planes_of(sum, origin), box, T(0));
-    const Tensor<T> back = to_layout(sum, Layout::nchw);
-    for (std::int64_t n = 0; n < s.n; ++n)
-      for (std::int64_t c = 0; c < s.c; ++c)
-        for (std::int64_t h = 0; h < s.h; ++h)
-          for (std::int64_t w = 0; w < s.w; ++w) {
-            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
-            ASSERT_EQ(back.at(n, c, h, w), inside ? plain.at(n, c, h, w) + T(1) : T(0));
-          }
+    expect_box(
+        sum, origin, box, [&](auto... i) { return plain.at(i...) + T(1); }, T(0),
+        "unpack, then fill_outside");
 
     // A move converts layouts: the box of the blocked tensor into a plain one.
     Tensor<T> moved(s, Layout::nchw, T(-3));
     copies->move(planes_of(blocked, origin), planes_of(moved, origin), box, Direction::fill);
-    for (std::int64_t n = 0; n < s.n; ++n)
-      for (std::int64_t c = 0; c < s.c; ++c)
-        for (std::int64_t h = 0; h < s.h; ++h)
-          for (std::int64_t w = 0; w < s.w; ++w) {
-            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
-            ASSERT_EQ(moved.at(n, c, h, w), inside ? plain.at(n, c, h, w) : T(-3));
-          }
+    expect_box(
+        moved, origin, box, [&](auto... i) { return plain.at(i...); }, T(-3), "move out of blocks");
 
     // And back: the box of a plain tensor added into a blocked one (a window's gradient path),
     // full blocks interleaved and the padded last block plane by plane.
     Tensor<T> target = to_layout(Tensor<T>(s, T(2)), layout);
     copies->move(planes_of(plain, origin), planes_of(target, origin), box, Direction::accumulate);
-    const Tensor<T> target_plain = to_layout(target, Layout::nchw);
-    for (std::int64_t n = 0; n < s.n; ++n)
-      for (std::int64_t c = 0; c < s.c; ++c)
-        for (std::int64_t h = 0; h < s.h; ++h)
-          for (std::int64_t w = 0; w < s.w; ++w) {
-            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
-            ASSERT_EQ(target_plain.at(n, c, h, w), inside ? plain.at(n, c, h, w) + T(2) : T(2));
-          }
+    expect_box(
+        target, origin, box, [&](auto... i) { return plain.at(i...) + T(2); }, T(2),
+        "move into blocks");
   }
 }
 

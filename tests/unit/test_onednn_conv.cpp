@@ -699,6 +699,20 @@ TEST(OneDnnConv, WinogradWhereItPaysAndTheReferenceResults) {
 // An 8 -> 8 channel conv computes in oneDNN's 8-channel blocks (converting Tessera's NCHW window,
 // output and gradients on the way) rather than in the half-padded 16-channel blocks oneDNN picks
 // itself: the reference's results, whole tensor or box (which stays with oneDNN's choice).
+// oneDNN's 8-channel kernels do not dilate: a dilated 8 -> 8 conv in NCHW is planned in oneDNN's
+// own layouts instead of falling to the reference, and an nchw8c window is declined (the conv
+// then takes its next window layout).
+TEST(OneDnnConv, DilatedEightChannelConvsStayOnOneDnn) {
+  Case c = winograd_case(8, 8);
+  c.dilation = 2;
+  std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
+  ASSERT_NE(k, nullptr) << c.str();
+  expect_matches_reference(*k, c);
+  ConvShapes window = c.shapes();
+  window.x_layout = Layout::nchw8c;
+  EXPECT_EQ(OneDnnConv::create(window, c.geometry()), nullptr);
+}
+
 TEST(OneDnnConv, EightChannelConvsComputeInEightChannelBlocks) {
   for (std::int64_t stride : {1, 2}) {
     Case c = winograd_case(8, 8);

@@ -47,6 +47,10 @@ class OneDnnConv final : public ConvKernel<float> {
  private:
   struct Plan;
   explicit OneDnnConv(std::unique_ptr<Plan> plan);
+  // create, computing in the layouts Tessera prefers for these shapes (8-channel blocks, NCHW
+  // GEMMs) where `preferred`, else in those oneDNN chooses.
+  static std::unique_ptr<OneDnnConv> plan_in(const ConvShapes& shapes,
+                                             const reference::ConvGeometry& g, bool preferred);
   // x and y point at the first element of the planned (possibly strided) boxes.
   void run_forward(const float* x, const Tensor<float>& w, std::span<const float> bias, float* y);
   std::unique_ptr<Plan> plan_;
