@@ -30,8 +30,8 @@ class OneDnnBackend final : public Backend {
   std::string description() const override {
     return "onednn for float32 convolutions, transposed convolutions and pooling (" +
            onednn_description() +
-           "); threaded loops for batch norm and activations; reference (plain loops) for the "
-           "rest";
+           "); threaded loops for batch norm, activations and max pooling by windows that tile "
+           "the image; reference (plain loops) for the rest";
   }
 
  protected:
@@ -43,6 +43,8 @@ class OneDnnBackend final : public Backend {
   std::unique_ptr<PoolKernel<float>> pool_float(PoolKind kind, const PoolShapes& shapes,
                                                 const reference::PoolGeometry& g) const override {
     if (std::unique_ptr<OneDnnPool> fast = OneDnnPool::create(kind, shapes, g)) return fast;
+    // NCHW max pooling by 2 (an 8-channel tensor's): oneDNN has plain loops only.
+    if (auto tiled = TiledMaxPool<float>::create(kind, shapes, g)) return tiled;
     return Backend::pool_float(kind, shapes, g);
   }
 };

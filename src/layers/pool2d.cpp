@@ -86,27 +86,47 @@ void Pool2d<T>::bind_kernel(const Box& w, const Backend& backend) {
   for (const Layout layout : {blocked ? Layout::nchw16c : Layout::nchw, Layout::nchw}) {
     kernel_ = backend.pool<T>(spec_.kind, {.x = x, .y = y, .layout = layout}, geometry);
     if (kernel_) {
-      this->set_window_layout(layout);
-      this->set_window_padding(kernel_->window_padding());
       out_layout_ = layout;
-      return;
+      break;
     }
   }
   TESSERA_CHECK(kernel_ != nullptr, "no pooling kernel for layer '" + this->name() + "'");
+  // An NCHW input (an activation that feeds a concat too) would be converted into an nchw16c
+  // window and its gradient back, at the input's resolution: the NCHW kernel pools it as it lies
+  // unless that kernel is plain loops.
+  nchw_kernel_.reset();
+  if (out_layout_ == Layout::nchw16c) {
+    nchw_kernel_ = backend.pool<T>(spec_.kind, {.x = x, .y = y, .layout = Layout::nchw}, geometry);
+    if (nchw_kernel_ && nchw_kernel_->plain_loops()) nchw_kernel_.reset();
+  }
+  active_ = nullptr;  // the exchange is new: set its window up again
+  choose_kernel(out_layout_);
+}
+
+template <typename T>
+void Pool2d<T>::choose_kernel(Layout layout) {
+  const bool plain = layout == Layout::nchw && nchw_kernel_ != nullptr;
+  PoolKernel<T>* k = plain ? nchw_kernel_.get() : kernel_.get();
+  if (k == active_) return;
+  active_ = k;
+  active_layout_ = plain ? Layout::nchw : out_layout_;
+  this->set_window_layout(active_layout_);
+  this->set_window_padding(active_->window_padding());
 }
 
 template <typename T>
 DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
+  choose_kernel(x.layout());
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized, this->allocator());
-  kernel_->forward(window, y.local);
+  DistTensor<T> y(this->out_dist(), active_layout_, uninitialized, this->allocator());
+  active_->forward(window, y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> Pool2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   Tensor<T> window_grad = this->window_grad_uninitialized();
-  kernel_->backward(dy.local, window_grad);
+  active_->backward(dy.local, window_grad);
   return this->accumulate_window(window_grad);
 }
 

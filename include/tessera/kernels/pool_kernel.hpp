@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ class PoolKernel {
   virtual T window_padding() const { return T(0); }
   // Which implementation runs ("reference", "onednn jit:avx512_core", ...), for logs and tests.
   virtual std::string name() const = 0;
+  // Whether it is plain per-element loops (the reference), which a layer avoids where a fast
+  // kernel takes another layout.
+  virtual bool plain_loops() const { return false; }
 };
 
 // The plain-loop oracle; it takes every case in NCHW.
@@ -51,11 +55,38 @@ class ReferencePool final : public PoolKernel<T> {
   void forward(const Tensor<T>& x, Tensor<T>& y) override;
   void backward(const Tensor<T>& dy, Tensor<T>& dx) override;
   std::string name() const override { return "reference"; }
+  bool plain_loops() const override { return true; }
 
  private:
   PoolKind kind_;
   reference::PoolGeometry g_;
   std::vector<std::int64_t> argmax_;  // max: per output, its input within x's plane
+};
+
+// Max pooling whose windows tile the image: kernel == stride on both axes, no padding, every
+// window inside the image (NCHW). The windows do not overlap, so each output row reads its own
+// band of input rows and the backward writes each input gradient once; the kernel keeps one byte
+// per output (the winner's place in its window) instead of the reference's 8-byte plane index.
+// Same results as reference::maxpool2d_forward / _backward bit for bit, ties and NaN included
+// (the scan of elementwise::window_max, unrolled for 2x2). Rows after the last window's (a tile
+// of odd height or width) get a zero gradient, as the reference gives them. Local.
+template <typename T>
+class TiledMaxPool final : public PoolKernel<T> {
+ public:
+  // The kernel for the case, or nullptr where the windows do not tile the image so (or kernel_h
+  // * kernel_w > 256, more places than a byte holds). Never throws for a case it declines.
+  static std::unique_ptr<TiledMaxPool> create(PoolKind kind, const PoolShapes& shapes,
+                                              const reference::PoolGeometry& g);
+  void forward(const Tensor<T>& x, Tensor<T>& y) override;
+  void backward(const Tensor<T>& dy, Tensor<T>& dx) override;
+  std::string name() const override { return "tiled max"; }
+
+ private:
+  TiledMaxPool(const PoolShapes& shapes, std::int64_t kernel_h, std::int64_t kernel_w)
+      : shapes_(shapes), kernel_h_(kernel_h), kernel_w_(kernel_w) {}
+  PoolShapes shapes_;
+  std::int64_t kernel_h_, kernel_w_;
+  std::vector<std::uint8_t> place_;  // per output: h * kernel_w + w of its winner in its window
 };
 
 }  // namespace tessera

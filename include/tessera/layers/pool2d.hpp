@@ -41,17 +41,27 @@ class Pool2d final : public WindowLayer<T> {
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override;
   // Any input layout: the exchange converts into the window's (nchw16c when a fast kernel pools
-  // it, with the output in nchw16c too where the model allows).
+  // it, with the output in nchw16c too where the model allows; NCHW inputs stay NCHW where the
+  // backend has a fast NCHW kernel too, so that no conversion runs at the larger resolution).
   bool takes_blocked() const override { return true; }
-  // Which kernel pools ("reference", "onednn ..."); valid after bind(). Local.
+  // Which kernel pools an input in the layout it prefers ("reference", "onednn ...", "tiled
+  // max"), and the one for NCHW inputs where that differs ("none" without); valid after bind().
+  // Local.
   std::string kernel_name() const { return kernel_ ? kernel_->name() : "none"; }
+  std::string nchw_kernel_name() const { return nchw_kernel_ ? nchw_kernel_->name() : "none"; }
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
+  // Points active_ at the kernel for an input in `layout` and sets the window up for it.
+  void choose_kernel(Layout layout);
 
   Pool2dSpec spec_;
-  std::unique_ptr<PoolKernel<T>> kernel_;  // planned for the window, with the image part marked
+  std::unique_ptr<PoolKernel<T>> kernel_;
   Layout out_layout_ = Layout::nchw;
+  // With kernel_ on nchw16c: the backend's NCHW kernel when that one is not plain loops.
+  std::unique_ptr<PoolKernel<T>> nchw_kernel_;
+  PoolKernel<T>* active_ = nullptr;  // the last forward's, for its backward
+  Layout active_layout_ = Layout::nchw;
 };
 
 }  // namespace tessera

@@ -1,0 +1,141 @@
+// TiledMaxPool (include/tessera/kernels/pool_kernel.hpp): max pooling over windows that tile the
+// image, one band of kernel_h input rows per output row, split over the kernel threads.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/pool_kernel.hpp"
+#include "tessera/parallel.hpp"
+
+namespace tessera {
+namespace {
+
+// One step of elementwise::window_max's scan: a strictly greater value or a NaN takes over.
+// Branch-free, so that GCC vectorises the 2x2 loop (winners change at random).
+template <typename T>
+inline void scan(T v, std::uint8_t place, T& best, std::uint8_t& at) {
+  const bool take = v > best || v != v;
+  best = take ? v : best;
+  at = take ? place : at;
+}
+
+// The 2x2 windows of the input rows r0, r1 into `count` outputs.
+template <typename T>
+void pool_2x2(const T* __restrict r0, const T* __restrict r1, T* __restrict out,
+              std::uint8_t* __restrict place, std::int64_t count) {
+  for (std::int64_t ow = 0; ow < count; ++ow) {
+    T best = r0[2 * ow];  // the scan's first step: from -infinity, the first value takes over
+    std::uint8_t at = 0;
+    scan(r0[2 * ow + 1], 1, best, at);
+    scan(r1[2 * ow], 2, best, at);
+    scan(r1[2 * ow + 1], 3, best, at);
+    out[ow] = best;
+    place[ow] = at;
+  }
+}
+
+// Any kernel: the scan over each window in row-major order.
+template <typename T>
+void pool_any(const T* in, std::int64_t row, std::int64_t kh, std::int64_t kw, T* out,
+              std::uint8_t* place, std::int64_t count) {
+  for (std::int64_t ow = 0; ow < count; ++ow) {
+    T best = in[ow * kw];
+    std::uint8_t at = 0;
+    for (std::int64_t i = 0; i < kh; ++i)
+      for (std::int64_t j = 0; j < kw; ++j)
+        if (i + j > 0) scan(in[i * row + ow * kw + j], std::uint8_t(i * kw + j), best, at);
+    out[ow] = best;
+    place[ow] = at;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<TiledMaxPool<T>> TiledMaxPool<T>::create(PoolKind kind, const PoolShapes& shapes,
+                                                         const reference::PoolGeometry& g) {
+  const Shape4 &x = shapes.x, &y = shapes.y;
+  const std::int64_t kh = g.kernel_h, kw = g.kernel_w;
+  if (kind != PoolKind::max || shapes.layout != Layout::nchw || kh <= 0 || kw <= 0 ||
+      g.stride_h != kh || g.stride_w != kw || kh * kw > 256 || g.pad_top != 0 || g.pad_left != 0 ||
+      x.n != y.n || x.c != y.c || y.numel() == 0)
+    return nullptr;
+  // Every window inside x and inside the image.
+  const Box windows{{0, y.h * kh}, {0, y.w * kw}};
+  if (x.h < windows.h.end || x.w < windows.w.end || intersect(g.image, windows) != windows)
+    return nullptr;
+  return std::unique_ptr<TiledMaxPool>(new TiledMaxPool(shapes, kh, kw));
+}
+
+template <typename T>
+void TiledMaxPool<T>::forward(const Tensor<T>& x, Tensor<T>& y) {
+  const Shape4 &xs = shapes_.x, &ys = shapes_.y;
+  TESSERA_CHECK(x.shape() == xs && y.shape() == ys && x.layout() == Layout::nchw &&
+                    y.layout() == Layout::nchw,
+                "tiled max pooling planned for " + xs.str() + " -> " + ys.str() +
+                    " in NCHW, called with " + x.shape().str() + " -> " + y.shape().str());
+  place_.resize(static_cast<std::size_t>(ys.numel()));
+  const std::int64_t kh = kernel_h_, kw = kernel_w_, bands = ys.n * ys.c * ys.h;
+  parallel_for(
+      bands,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t b = first; b < last; ++b) {
+          const std::int64_t plane = b / ys.h, oh = b % ys.h;
+          const T* in = x.data() + (plane * xs.h + oh * kh) * xs.w;
+          T* out = y.data() + b * ys.w;
+          std::uint8_t* place = place_.data() + b * ys.w;
+          if (kh == 2 && kw == 2)
+            pool_2x2(in, in + xs.w, out, place, ys.w);
+          else
+            pool_any(in, xs.w, kh, kw, out, place, ys.w);
+        }
+      },
+      grain_for(kh * xs.w));
+}
+
+template <typename T>
+void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
+  const Shape4 &xs = shapes_.x, &ys = shapes_.y;
+  TESSERA_CHECK(dy.shape() == ys && dx.shape() == xs && dy.layout() == Layout::nchw &&
+                    dx.layout() == Layout::nchw,
+                "tiled max pooling planned for " + xs.str() + " -> " + ys.str() +
+                    " in NCHW, called backward with " + dy.shape().str() + " -> " +
+                    dx.shape().str());
+  TESSERA_CHECK(static_cast<std::int64_t>(place_.size()) == ys.numel(),
+                "tiled max pooling: backward before any forward");
+  const std::int64_t kh = kernel_h_, kw = kernel_w_, bands = ys.n * ys.c * ys.h;
+  parallel_for(
+      bands,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t b = first; b < last; ++b) {
+          const std::int64_t plane = b / ys.h, oh = b % ys.h;
+          T* out = dx.data() + (plane * xs.h + oh * kh) * xs.w;
+          const T* grad = dy.data() + b * ys.w;
+          const std::uint8_t* place = place_.data() + b * ys.w;
+          std::fill(out, out + kh * xs.w, T(0));  // the band, trailing columns included
+          // 0 + g, as the reference's sum into zeros (-0 becomes +0 there too).
+          for (std::int64_t ow = 0; ow < ys.w; ++ow)
+            out[(place[ow] / kw) * xs.w + ow * kw + place[ow] % kw] += grad[ow];
+        }
+      },
+      grain_for(kh * xs.w));
+  // The rows under no window (a tile of odd height pooled by 2).
+  const std::int64_t tail = xs.h - ys.h * kh;
+  if (tail > 0)
+    parallel_for(
+        xs.n * xs.c,
+        [&](std::int64_t first, std::int64_t last) {
+          for (std::int64_t p = first; p < last; ++p) {
+            T* rows = dx.data() + (p * xs.h + ys.h * kh) * xs.w;
+            std::fill(rows, rows + tail * xs.w, T(0));
+          }
+        },
+        grain_for(tail * xs.w));
+}
+
+template class TiledMaxPool<float>;
+template class TiledMaxPool<double>;
+
+}  // namespace tessera

@@ -1,0 +1,203 @@
+// The tiled max-pooling kernel (windows that tile the image) against the reference, bit for bit:
+// ties everywhere, NaN, infinities, signed zeros in the gradient, trailing rows and columns under
+// no window, every kernel shape it takes; the cases it declines; and that the oneDNN backend
+// hands it out for NCHW pooling by 2. Single process.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/pool_kernel.hpp"
+#include "tessera/layers/pool2d.hpp"
+#include "tessera/random.hpp"
+#include "tessera_config.h"
+
+#include "unit_test.hpp"
+
+namespace tessera {
+namespace {
+
+using reference::PoolGeometry;
+
+constexpr std::uint64_t kSeed = 20261125;
+
+struct TiledCase {
+  std::int64_t n, c, kh, kw, out_h, out_w;
+  std::int64_t trailing_h = 0, trailing_w = 0;  // rows / columns after the last window's
+
+  Shape4 x() const { return {n, c, out_h * kh + trailing_h, out_w * kw + trailing_w}; }
+  Shape4 y() const { return {n, c, out_h, out_w}; }
+  PoolGeometry geometry() const {
+    const Shape4 s = x();
+    return reference::pool_geometry(s, kh, kw, kh, kw, 0, 0);
+  }
+  PoolShapes shapes() const { return {.x = x(), .y = y()}; }
+  std::string str() const {
+    return "kernel " + std::to_string(kh) + "x" + std::to_string(kw) + " x" + x().str();
+  }
+};
+
+// Values of -1, 0, 1 (most windows hold several maxima), with `special` at every 7th element.
+template <typename T>
+Tensor<T> tie_data(const Shape4& s, std::uint64_t stream, T special) {
+  Tensor<T> t(s);
+  for (std::int64_t k = 0; k < t.numel(); ++k)
+    t.data()[k] = k % 7 == 3 ? special : T(int(uniform01(kSeed, stream, std::uint64_t(k)) * 3) - 1);
+  return t;
+}
+
+// Bit for bit: the same value and sign, NaN equal to NaN.
+template <typename T>
+std::int64_t mismatches(const Tensor<T>& got, const Tensor<T>& want) {
+  std::int64_t wrong = 0;
+  for (std::int64_t k = 0; k < want.numel(); ++k) {
+    const T a = got.data()[k], b = want.data()[k];
+    if (std::isnan(a) && std::isnan(b)) continue;
+    wrong += !(a == b && std::signbit(a) == std::signbit(b));
+  }
+  return wrong;
+}
+
+template <typename T>
+void expect_reference_results(const TiledCase& c, T special) {
+  std::unique_ptr<TiledMaxPool<T>> tiled =
+      TiledMaxPool<T>::create(PoolKind::max, c.shapes(), c.geometry());
+  ASSERT_NE(tiled, nullptr) << c.str();
+  ReferencePool<T> reference(PoolKind::max, c.geometry());
+  const Tensor<T> x = tie_data<T>(c.x(), 1, special);
+  // Gradients with signed zeros: the reference sums into zeros, so -0 comes back as +0.
+  Tensor<T> dy = tie_data<T>(c.y(), 2, T(-0.0));
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  Tensor<T> y(c.y(), nan), dx(c.x(), nan), want_y(c.y()), want_dx(c.x());
+  for (int pass = 0; pass < 2; ++pass) {  // again into buffers holding the last results
+    tiled->forward(x, y);
+    tiled->backward(dy, dx);
+    reference.forward(x, want_y);
+    reference.backward(dy, want_dx);
+    EXPECT_EQ(mismatches(y, want_y), 0) << "forward, " << c.str() << ", special " << special;
+    EXPECT_EQ(mismatches(dx, want_dx), 0) << "backward, " << c.str() << ", special " << special;
+  }
+}
+
+TEST(TiledMaxPool, GivesTheReferenceResultsBitForBit) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::int64_t i = 0;
+  for (std::int64_t kh : {1, 2, 3})
+    for (std::int64_t kw : {1, 2, 4})
+      for (double special : {0.0, std::numeric_limits<double>::quiet_NaN(), inf, -inf, 1e30}) {
+        ++i;
+        const TiledCase c{.n = 1 + i % 2,
+                          .c = 1 + i % 3,
+                          .kh = kh,
+                          .kw = kw,
+                          .out_h = 3 + i % 4,
+                          .out_w = 5 + i % 9,
+                          .trailing_h = i % kh,
+                          .trailing_w = (i + 1) % kw};
+        expect_reference_results<float>(c, static_cast<float>(special));
+        expect_reference_results<double>(c, special);
+      }
+}
+
+TEST(TiledMaxPool, DeclinesWindowsThatDoNotTileTheImage) {
+  const TiledCase base{.n = 1, .c = 2, .kh = 2, .kw = 2, .out_h = 4, .out_w = 4};
+  EXPECT_NE(TiledMaxPool<float>::create(PoolKind::max, base.shapes(), base.geometry()), nullptr);
+  EXPECT_EQ(TiledMaxPool<float>::create(PoolKind::avg, base.shapes(), base.geometry()), nullptr);
+  // Overlapping windows (3x3, stride 2) and gaps between them (2x2, stride 3).
+  const Shape4 x = base.x();
+  EXPECT_EQ(TiledMaxPool<float>::create(PoolKind::max, {.x = x, .y = {1, 2, 3, 3}},
+                                        reference::pool_geometry(x, 3, 3, 2, 2, 0, 0)),
+            nullptr);
+  EXPECT_EQ(TiledMaxPool<float>::create(PoolKind::max, {.x = x, .y = {1, 2, 3, 3}},
+                                        reference::pool_geometry(x, 2, 2, 3, 3, 0, 0)),
+            nullptr);
+  // Padding, and an image that leaves out the window's first row (a window reading padding).
+  PoolGeometry padded = base.geometry();
+  padded.pad_left = 1;
+  EXPECT_EQ(TiledMaxPool<float>::create(PoolKind::max, base.shapes(), padded), nullptr);
+  PoolGeometry margin = base.geometry();
+  margin.image.h.begin = 1;
+  EXPECT_EQ(TiledMaxPool<float>::create(PoolKind::max, base.shapes(), margin), nullptr);
+  // More outputs than x holds windows; nchw16c.
+  EXPECT_EQ(
+      TiledMaxPool<float>::create(PoolKind::max, {.x = x, .y = {1, 2, 5, 4}}, base.geometry()),
+      nullptr);
+  PoolShapes blocked = base.shapes();
+  blocked.layout = Layout::nchw16c;
+  EXPECT_EQ(TiledMaxPool<float>::create(PoolKind::max, blocked, base.geometry()), nullptr);
+  // Wrong shapes at run time, and a backward with no forward before it.
+  auto k = TiledMaxPool<float>::create(PoolKind::max, base.shapes(), base.geometry());
+  Tensor<float> y(base.y()), dx(base.x());
+  EXPECT_THROW(k->backward(y, dx), Error);
+  EXPECT_THROW(k->forward(Tensor<float>({1, 2, 9, 8}), y), Error);
+}
+
+#if TESSERA_HAVE_ONEDNN
+// oneDNN has plain loops only for NCHW pooling on most CPUs: the backend then hands out the tiled
+// kernel (8 channels pooled by 2, as unet-small's first pool). The reference backend keeps the
+// reference.
+TEST(TiledMaxPool, IsWhatTheOneDnnBackendGivesForNchwPoolingByTwo) {
+  const Shape4 x{1, 8, 64, 64}, y{1, 8, 32, 32};
+  const PoolGeometry g = reference::pool_geometry(x, 2, 2, 2, 2, 0, 0);
+  auto k = backend_of(KernelBackend::onednn).pool<float>(PoolKind::max, {.x = x, .y = y}, g);
+  ASSERT_NE(k, nullptr);
+  EXPECT_TRUE(k->name() == "tiled max" || k->name().starts_with("onednn jit")) << k->name();
+  EXPECT_EQ(
+      backend_of(KernelBackend::reference).pool<float>(PoolKind::max, {.x = x, .y = y}, g)->name(),
+      "reference");
+}
+
+DistTensor<float> distributed(const Distribution& d, Tensor<float> local) {
+  DistTensor<float> t;
+  t.dist = d;
+  t.local = std::move(local);
+  return t;
+}
+
+// A 16-channel pool whose output may go on nchw16c pools an nchw16c input in nchw16c and an NCHW
+// one (a ReLU output that feeds a concat too) in NCHW: its output and input gradient stay NCHW, no
+// conversion at the input's resolution. The same values either way.
+TEST(TiledMaxPool, Pool2dPoolsNchwInputsAsTheyLie) {
+  const Runtime& single = test::single_runtime(KernelBackend::onednn);
+  const Distribution in{{2, 16, 12, 10}, single.comm().shape(), single.comm().coords()};
+  LayerSpec spec;
+  spec.name = "p";
+  spec.type = "maxpool2d";
+  spec.fields = {{"kernel", 2}};
+  spec.where = "layer 'p' (maxpool2d)";
+  Pool2d<float> pool("p", parse_pool2d(spec), 1);
+  const Distribution out = pool.setup(in);
+  pool.allow_blocked_output(true);
+  pool.bind(single);
+  ASSERT_TRUE(pool.kernel_name().starts_with("onednn")) << pool.kernel_name();
+  // oneDNN's JIT takes 16 NCHW channels through its own transposition; 8 it leaves to the tiled
+  // kernel.
+  EXPECT_TRUE(pool.nchw_kernel_name() == "tiled max" ||
+              pool.nchw_kernel_name().starts_with("onednn jit"))
+      << pool.nchw_kernel_name();
+  const TiledCase c{.n = 2, .c = 16, .kh = 2, .kw = 2, .out_h = 6, .out_w = 5};
+  ReferencePool<float> reference(PoolKind::max, c.geometry());
+  const Tensor<float> x = tie_data<float>(c.x(), 3, 0.5f);
+  const Tensor<float> dy = tie_data<float>(c.y(), 4, 2.0f);
+  Tensor<float> want_y(c.y()), want_dx(c.x());
+  reference.forward(x, want_y);
+  reference.backward(dy, want_dx);
+  for (Layout layout : {Layout::nchw, Layout::nchw16c, Layout::nchw}) {
+    const DistTensor<float> y = pool.forward(distributed(in, to_layout(x, layout)), RunState{});
+    EXPECT_EQ(y.layout(), layout);
+    EXPECT_EQ(mismatches(to_layout(y.local, Layout::nchw), want_y), 0);
+    const DistTensor<float> dx =
+        pool.backward_one(distributed(out, to_layout(dy, layout)), RunState{});
+    EXPECT_EQ(dx.layout(), layout);
+    EXPECT_EQ(mismatches(to_layout(dx.local, Layout::nchw), want_dx), 0);
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace tessera
