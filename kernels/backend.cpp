@@ -30,8 +30,8 @@ class OneDnnBackend final : public Backend {
   std::string description() const override {
     return "onednn for float32 convolutions, transposed convolutions and pooling (" +
            onednn_description() +
-           "); threaded loops for batch norm, activations and max pooling by windows that tile "
-           "the image; reference (plain loops) for the rest";
+           "); threaded loops for batch norm, activations, the loss, upsampling by 2 and max "
+           "pooling by windows that tile the image; reference (plain loops) for the rest";
   }
 
  protected:
@@ -46,6 +46,13 @@ class OneDnnBackend final : public Backend {
     // NCHW max pooling by 2 (an 8-channel tensor's): oneDNN has plain loops only.
     if (auto tiled = TiledMaxPool<float>::create(kind, shapes, g)) return tiled;
     return Backend::pool_float(kind, shapes, g);
+  }
+  std::unique_ptr<UpsampleKernel<float>> make_upsample(const reference::UpsampleGeometry& g,
+                                                       float) const override {
+    return make_cpu_upsample<float>(g);
+  }
+  std::unique_ptr<LossKernel<float>> make_loss(float) const override {
+    return make_cpu_loss<float>();
   }
 };
 #endif

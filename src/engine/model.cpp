@@ -123,6 +123,9 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   Allocator& memory = runtime.allocator();
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
+    const std::vector<int>& in = nodes_[k].inputs;
+    nodes_[k].layer->hand_over_input(in.size() == 1 && in[0] >= 0 &&
+                                     consumers[static_cast<std::size_t>(in[0])].size() == 1);
     nodes_[k].layer->use_allocator(memory);
     // Parameters and their gradients live where the kernels compute (layers make them in host
     // memory at setup); buffers (batch norm's running statistics) stay on the host, which alone
@@ -204,6 +207,11 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
           outputs[k] = std::move(outputs[i]);
         } else {
           outputs[k] = layer.forward(ins, state_);
+          if (layer.input_handed_over()) {  // its only consumer: kept by the layer, or freed
+            const int i = nodes_[k].inputs.front();
+            layer.take_input(std::move(*outputs[i]));
+            outputs[i].reset();
+          }
         }
       } catch (const OutOfDeviceMemory& e) {
         throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (forward): " + e.what());

@@ -49,14 +49,19 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
   mode_ = state.mode;
   layout_ = x.layout();
-  // Kept for backward: a threaded copy into a buffer reused from forward to forward unless a
+  // Kept for backward: taken over after this forward where the model hands the input over
+  // (take_input), else a threaded copy into a buffer reused from forward to forward unless a
   // backward released it.
-  if (x_.shape() != x.local.shape() || x_.layout() != layout_)
-    x_ = Tensor<T>(x.local.shape(), layout_, uninitialized, this->allocator());
-  if (x_.storage().host_accessible())
-    parallel_copy(x.local.data(), x.local.numel(), x_.data());
-  else
-    x_ = x.local;  // the device's copy
+  if (this->input_handed_over()) {
+    x_ = Tensor<T>();
+  } else {
+    if (x_.shape() != x.local.shape() || x_.layout() != layout_)
+      x_ = Tensor<T>(x.local.shape(), layout_, uninitialized, this->allocator());
+    if (x_.storage().host_accessible())
+      parallel_copy(x.local.data(), x.local.numel(), x_.data());
+    else
+      x_ = x.local;  // the device's copy
+  }
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
   T* running_mean = running_mean_.value.data();
@@ -97,7 +102,14 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
 }
 
 template <typename T>
+void BatchNorm2d<T>::take_input(DistTensor<T>&& x) {
+  if (this->input_handed_over()) x_ = std::move(x.local);
+}
+
+template <typename T>
 DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  TESSERA_CHECK(x_.shape() == dy.local.shape() && x_.layout() == dy.layout(),
+                "layer '" + this->name() + "' (batchnorm2d): backward without its forward's input");
   const std::size_t channels = mean_.size();
   const reference::BatchNormStats stats{mean_, invstd_};
   // [sum of dy | sum of dy * xhat] over this rank's tile, then over the grid: one message.

@@ -128,6 +128,15 @@ class Layer {
   virtual void keep_forward(const DistTensor<T>& /*x*/, const RunState&) {}
   virtual bool backward_identity() const { return false; }
 
+  // Handing over: where this layer is its one input's only consumer (and that input is another
+  // layer's output), the model moves the input into take_input() right after forward(), so that a
+  // layer keeping its input for backward (batch norm; a window that is the tile itself) takes the
+  // tensor over instead of copying it. Set by the model before bind(), the same on every rank;
+  // take_input drops the tensor unless the layer keeps it. Local.
+  void hand_over_input(bool handed) { input_handed_over_ = handed; }
+  bool input_handed_over() const { return input_handed_over_; }
+  virtual void take_input(DistTensor<T>&& /*x*/) {}
+
   // Whether backward() must return dL/dinput. The model clears it for the layers that read only
   // the model's input when nobody asks for its gradient (training): such a layer may then return
   // empty tensors (DistTensor{}) for its inputs and skip the work. Every rank sets the same.
@@ -178,6 +187,7 @@ class Layer {
   std::string name_;
   bool input_grad_ = true;
   bool blocked_output_allowed_ = false;
+  bool input_handed_over_ = false;
 };
 
 // A layer with one input.

@@ -204,6 +204,16 @@ std::unique_ptr<ActivationKernel<T>> make_cpu_activation(ActivationKind kind, do
 template <typename T>
 std::unique_ptr<DropoutKernel<T>> make_cpu_dropout(double p);
 
+// Nearest upsampling: by 2 across the columns, contiguous loops over the kernel threads (same
+// results as the reference bit for bit, kernels/cpu/upsample_kernels.cpp); else the reference.
+template <typename T>
+std::unique_ptr<UpsampleKernel<T>> make_cpu_upsample(const reference::UpsampleGeometry& g);
+
+// Softmax cross-entropy over the kernel threads: the reference's arithmetic per pixel, partial
+// sums over fixed chunks of pixels (kernels/cpu/loss_kernels.cpp).
+template <typename T>
+std::unique_ptr<LossKernel<T>> make_cpu_loss();
+
 // The reference implementations (plain loops of kernels/reference_*.hpp). Local.
 template <typename T>
 std::unique_ptr<UpsampleKernel<T>> make_reference_upsample(const reference::UpsampleGeometry& g);

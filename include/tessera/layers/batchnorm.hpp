@@ -46,6 +46,8 @@ class BatchNorm2d final : public UnaryLayer<T> {
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
+  // Keeps a handed-over input for backward instead of the forward's copy. Local.
+  void take_input(DistTensor<T>&& x) override;
   std::vector<Param<T>*> params() override { return {&weight_, &bias_}; }
   std::vector<Buffer<T>*> buffers() override { return {&running_mean_, &running_var_}; }
   // Pointwise: takes nchw16c and gives its output (and input gradient) in its input's layout.

@@ -61,6 +61,8 @@ class WindowLayer : public UnaryLayer<T> {
   // then applies it to the window's gradient (Layer::offer_input_activation_grad). Local.
   void offer_input_activation_grad(const FusedActivation& f) final { input_activation_ = f; }
   bool input_activation_grad_fused() const final { return input_activation_grad_ != nullptr; }
+  // Keeps x as the window where fill_window computed from it in place. Local.
+  void take_input(DistTensor<T>&& x) final;
   // Pure in the spec: `tessera plan` asks for it after setup() alone, with no grid bound.
   std::optional<WindowMap> window() const override = 0;
 
@@ -83,7 +85,9 @@ class WindowLayer : public UnaryLayer<T> {
   bool overlap() const { return overlap_; }
 
   // Allocates the window, fills it from x's tiles (zeros outside the image) and keeps it until
-  // the next forward. Neighbour-wise collective over the spatial communicator.
+  // the next forward; where the window is x's tile in x's layout and the model hands x over,
+  // returns x itself and keeps it from take_input. Neighbour-wise collective over the spatial
+  // communicator.
   const Tensor<T>& fill_window(const DistTensor<T>& x);
   // fill_window in two phases: when start_window returns, the window holds the rank's own tile
   // and the zero padding (the box of ready_without_halo on each axis); finish_window waits for
@@ -121,6 +125,7 @@ class WindowLayer : public UnaryLayer<T> {
   Distribution in_, out_;
   std::optional<HaloExchange<T>> exchange_;
   Tensor<T> window_;
+  bool adopting_ = false;  // the last fill_window returned x: take_input keeps it as the window
   Layout in_layout_ = Layout::nchw;                             // of the last forward's x
   std::optional<FusedActivation> input_activation_;             // offered
   std::unique_ptr<ActivationKernel<T>> input_activation_grad_;  // taken: its f' from the window

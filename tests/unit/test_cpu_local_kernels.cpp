@@ -1,0 +1,116 @@
+// The CPU backend's threaded local kernels against the reference: nearest upsampling by 2 across
+// the columns (bit for bit, every phase and row scale, odd widths) and the threaded softmax
+// cross-entropy (gradient bit for bit, loss to double rounding and the same on 1 and 2 threads).
+// Single process.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/local_kernels.hpp"
+#include "tessera/kernels/reference.hpp"
+#include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/random.hpp"
+#include "tessera/tensor.hpp"
+
+#include "../common/test_helpers.hpp"
+
+namespace tessera {
+namespace {
+
+using reference::UpsampleGeometry;
+
+constexpr std::uint64_t kSeed = 20261125;
+
+// Bit for bit: the same value and sign.
+template <typename T>
+std::int64_t mismatches(const Tensor<T>& got, const Tensor<T>& want) {
+  std::int64_t wrong = 0;
+  for (std::int64_t k = 0; k < want.numel(); ++k)
+    wrong += !(got.data()[k] == want.data()[k] &&
+               std::signbit(got.data()[k]) == std::signbit(want.data()[k]));
+  return wrong;
+}
+
+// The kernel's threads for one scope.
+struct Threads {
+  KernelThreads before = kernel_threads();
+  explicit Threads(int n) { set_kernel_threads({n, "test"}); }
+  ~Threads() { set_kernel_threads(before); }
+};
+
+template <typename T>
+void expect_upsample_matches(std::int64_t sh, std::int64_t ph, std::int64_t pw, std::int64_t out_h,
+                             std::int64_t out_w, std::uint64_t stream) {
+  const UpsampleGeometry g{.scale_h = sh, .scale_w = 2, .phase_h = ph, .phase_w = pw};
+  // x holds exactly the rows and columns y reads, plus one unread column.
+  const Shape4 x{2, 3, (out_h - 1 + ph) / sh + 1, (out_w - 1 + pw) / 2 + 2};
+  const Shape4 y{2, 3, out_h, out_w};
+  const std::string what = "scale " + std::to_string(sh) + "x2, phase " + std::to_string(ph) + "," +
+                           std::to_string(pw) + ", y " + y.str();
+  std::unique_ptr<UpsampleKernel<T>> k = make_cpu_upsample<T>(g);
+  ASSERT_EQ(k->name(), "threaded pairs");
+  const Tensor<T> xv = test::random_tensor<T>(x, kSeed, stream);
+  const Tensor<T> dy = test::random_tensor<T>(y, kSeed, stream + 1);
+  Tensor<T> got_y(y, T(7)), want_y(y), got_dx(x, T(7)), want_dx(x);
+  k->forward(xv, got_y);
+  k->backward(dy, got_dx);
+  reference::upsample_nearest_forward(xv, want_y, g);
+  reference::upsample_nearest_backward(dy, want_dx, g);
+  EXPECT_EQ(mismatches(got_y, want_y), 0) << "forward, " << what;
+  EXPECT_EQ(mismatches(got_dx, want_dx), 0) << "backward, " << what;
+}
+
+TEST(CpuUpsample, ByTwoAcrossColumnsGivesTheReferenceBitForBit) {
+  std::uint64_t stream = 0;
+  for (std::int64_t sh : {1, 2, 3})
+    for (std::int64_t ph = 0; ph <= sh; ++ph)
+      for (std::int64_t pw : {0, 1, 2, 3})
+        for (std::int64_t out_w : {1, 2, 7, 40}) {
+          stream += 2;
+          expect_upsample_matches<float>(sh, ph, pw, 5 + ph, out_w, stream);
+          expect_upsample_matches<double>(sh, ph, pw, 4, out_w, stream);
+        }
+}
+
+TEST(CpuUpsample, OtherScalesAndTheReferenceBackendKeepTheReference) {
+  EXPECT_EQ(make_cpu_upsample<float>(UpsampleGeometry{.scale_h = 2, .scale_w = 3})->name(),
+            "reference");
+  EXPECT_EQ(backend_of(KernelBackend::reference)
+                .upsample<float>(UpsampleGeometry{.scale_h = 2, .scale_w = 2})
+                ->name(),
+            "reference");
+}
+
+TEST(CpuLoss, ThreadedCrossEntropyMatchesTheReference) {
+  // More pixels than one chunk, over two samples, with labels of every class.
+  const Shape4 s{2, 3, 129, 131};
+  const Tensor<float> logits = test::random_tensor<float>(s, kSeed, 1, -4, 4);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(s.n * s.h * s.w));
+  for (std::size_t k = 0; k < labels.size(); ++k)
+    labels[k] = static_cast<std::int32_t>(uniform01(kSeed, 2, k) * 3);
+  const float scale = 1.0f / static_cast<float>(labels.size());
+  Tensor<float> want_d(s);
+  const double want = reference::pixel_cross_entropy(logits, labels, scale, &want_d);
+  std::unique_ptr<LossKernel<float>> k = make_cpu_loss<float>();
+  double got[2];
+  for (int threads : {1, 2}) {
+    Threads scope(threads);
+    Tensor<float> d(s, 7.0f);
+    got[threads - 1] = k->cross_entropy(logits, labels, scale, &d);
+    EXPECT_EQ(mismatches(d, want_d), 0) << threads << " threads";
+    EXPECT_NEAR(got[threads - 1], want, 1e-12 * std::abs(want)) << threads << " threads";
+    // Without a gradient, the same loss.
+    EXPECT_EQ(k->cross_entropy(logits, labels, scale, nullptr), got[threads - 1]);
+  }
+  EXPECT_EQ(got[0], got[1]) << "the loss does not depend on the thread count";
+  labels[17] = 3;
+  EXPECT_THROW(k->cross_entropy(logits, labels, scale, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,127 @@
+// Inputs handed over (Layer::hand_over_input / take_input): a batch norm, and a pooling layer
+// whose window is its tile, keep the tensor the model moves into them instead of a copy, with the
+// same results as the copy; a handed-over batch norm whose input never came refuses its backward.
+// Single process.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "tessera/allocator.hpp"
+#include "tessera/error.hpp"
+#include "tessera/layers/batchnorm.hpp"
+#include "tessera/layers/pool2d.hpp"
+#include "tessera/random.hpp"
+
+#include "../common/test_helpers.hpp"
+#include "unit_test.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr std::uint64_t kSeed = 20261125;
+
+// 4 x 256 x 256 floats: 1 MiB, a large block of the host allocator.
+const Shape4 kShape{1, 4, 256, 256};
+
+DistTensor<float> distributed(const Distribution& d, Tensor<float> local) {
+  DistTensor<float> t;
+  t.dist = d;
+  t.local = std::move(local);
+  return t;
+}
+
+// Elements that differ in any bit.
+std::int64_t differences(const Tensor<float>& a, const Tensor<float>& b) {
+  std::int64_t n = 0;
+  for (std::int64_t k = 0; k < a.numel(); ++k)
+    n += std::memcmp(a.data() + k, b.data() + k, sizeof(float)) != 0;
+  return n;
+}
+
+std::int64_t large_allocations() {
+  const HostMemoryStats s = host_memory_stats();
+  return s.reused + s.assembled + s.fresh;
+}
+
+LayerSpec spec_of(const char* type) {
+  LayerSpec spec;
+  spec.name = "l";
+  spec.type = type;
+  spec.where = std::string("layer 'l' (") + type + ")";
+  if (std::string(type) == "maxpool2d") spec.fields = {{"kernel", 2}};
+  return spec;
+}
+
+struct Run {
+  Tensor<float> y, dx;
+  std::int64_t forward_allocations = 0;
+};
+
+// One forward and backward of `layer` on x; with `handed`, x is moved into take_input after the
+// forward, as the model does.
+template <typename L>
+Run run(L& layer, const Distribution& in, const Distribution& out, bool handed,
+        const Tensor<float>& x, const Tensor<float>& dy) {
+  Run r;
+  DistTensor<float> input = distributed(in, x);
+  reset_host_memory_stats();
+  const std::int64_t before = large_allocations();
+  const RunState train{.mode = Mode::train, .seed = 1, .step = 0};
+  DistTensor<float> y = layer.forward(input, train);
+  r.forward_allocations = large_allocations() - before;
+  if (handed) layer.take_input(std::move(input));
+  r.y = y.local;
+  r.dx = layer.backward_one(distributed(out, dy), train).local;
+  return r;
+}
+
+template <typename L, typename Make>
+void expect_taken_over(Make make) {
+  const Runtime& single = test::single_runtime();
+  const Distribution in{kShape, single.comm().shape(), single.comm().coords()};
+  const Tensor<float> x = test::random_tensor<float>(kShape, kSeed, 1);
+  Run runs[2];
+  for (bool handed : {false, true}) {
+    L layer = make();
+    const Distribution out = layer.setup(in);
+    layer.hand_over_input(handed);
+    layer.bind(single);
+    const Tensor<float> dy = test::random_tensor<float>(out.local_shape(), kSeed, 2);
+    runs[handed] = run(layer, in, out, handed, x, dy);
+  }
+  ASSERT_EQ(runs[1].y.shape(), runs[0].y.shape());
+  ASSERT_EQ(runs[1].dx.shape(), kShape);
+  EXPECT_EQ(differences(runs[0].y, runs[1].y), 0);
+  EXPECT_EQ(differences(runs[0].dx, runs[1].dx), 0);
+  // Handed over: one large block fewer (the copy; the pool's output is below a large block).
+  EXPECT_GE(runs[1].forward_allocations, 0);
+  EXPECT_EQ(runs[0].forward_allocations - runs[1].forward_allocations, 1);
+}
+
+TEST(HandOver, BatchNormKeepsItsInputInsteadOfACopy) {
+  expect_taken_over<BatchNorm2d<float>>(
+      [] { return BatchNorm2d<float>("l", parse_batchnorm(spec_of("batchnorm2d"))); });
+}
+
+TEST(HandOver, APoolWhoseWindowIsItsTileKeepsItsInput) {
+  expect_taken_over<Pool2d<float>>(
+      [] { return Pool2d<float>("l", parse_pool2d(spec_of("maxpool2d")), 1); });
+}
+
+TEST(HandOver, ABatchNormWhoseInputNeverCameRefusesItsBackward) {
+  const Runtime& single = test::single_runtime();
+  const Distribution in{kShape, single.comm().shape(), single.comm().coords()};
+  BatchNorm2d<float> bn("l", parse_batchnorm(spec_of("batchnorm2d")));
+  bn.setup(in);
+  bn.hand_over_input(true);
+  bn.bind(single);
+  const RunState train{.mode = Mode::train, .seed = 1, .step = 0};
+  bn.forward(distributed(in, test::random_tensor<float>(kShape, kSeed, 1)), train);
+  EXPECT_THROW(bn.backward_one(distributed(in, Tensor<float>(kShape)), train), Error);
+}
+
+}  // namespace
+}  // namespace tessera
