@@ -78,6 +78,12 @@ class EmulatedBatchNorm final : public BatchNormKernel<T> {
                std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const override {
     in_kernel([&] { k_->forward(x, layout, stats, weight, bias, y); });
   }
+  bool applies(const FusedActivation& f) const override { return k_->applies(f); }
+  void forward_activated(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
+                         std::span<const T> weight, std::span<const T> bias,
+                         const FusedActivation& f, Tensor<T>& y) const override {
+    in_kernel([&] { k_->forward_activated(x, layout, stats, weight, bias, f, y); });
+  }
   void backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                      const reference::BatchNormStats& stats, std::span<double> sum_dy,
                      std::span<double> sum_dy_xhat) const override {

@@ -144,7 +144,8 @@ void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<
 
 template <typename T>
 void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& stats,
-                       std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) {
+                       std::span<const T> weight, std::span<const T> bias, Tensor<T>& y,
+                       std::optional<T> leaky_slope) {
   const Shape4& s = x.shape();
   statistics("batchnorm_forward", s, stats);
   channels("batchnorm_forward", s, weight.size(), "weight");
@@ -158,10 +159,19 @@ void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& 
     const Lanes shift = u.per_lane(unit, [&](std::size_t c) { return double(bias[c]); });
     const T* p = x.data() + unit * u.length;
     T* q = y.data() + unit * u.length;
-    lane_apply(u, [&](std::int64_t k, std::int64_t j) {
-      const std::size_t l = std::size_t(j);
-      q[k] = elementwise::batchnorm_apply(p[k], m[l], scale[l], shift[l]);
-    });
+    if (leaky_slope) {
+      const T slope = *leaky_slope;
+      lane_apply(u, [&](std::int64_t k, std::int64_t j) {
+        const std::size_t l = std::size_t(j);
+        q[k] = elementwise::leaky_relu(elementwise::batchnorm_apply(p[k], m[l], scale[l], shift[l]),
+                                       slope);
+      });
+    } else {
+      lane_apply(u, [&](std::int64_t k, std::int64_t j) {
+        const std::size_t l = std::size_t(j);
+        q[k] = elementwise::batchnorm_apply(p[k], m[l], scale[l], shift[l]);
+      });
+    }
   });
 }
 
@@ -222,7 +232,8 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
   template void batchnorm_centered_square_sum<T>(const Tensor<T>&, Layout,                    \
                                                  std::span<const double>, std::span<double>); \
   template void batchnorm_forward<T>(const Tensor<T>&, Layout, const BatchNormStats&,         \
-                                     std::span<const T>, std::span<const T>, Tensor<T>&);     \
+                                     std::span<const T>, std::span<const T>, Tensor<T>&,      \
+                                     std::optional<T>);                                       \
   template void batchnorm_backward_sums<T>(const Tensor<T>&, const Tensor<T>&, Layout,        \
                                            const BatchNormStats&, std::span<double>,          \
                                            std::span<double>);                                \
@@ -252,6 +263,17 @@ class CpuBatchNorm final : public BatchNormKernel<T> {
   void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const override {
     fast::batchnorm_forward(x, layout, stats, weight, bias, y);
+  }
+  bool applies(const FusedActivation& f) const override {
+    return f.kind == ActivationKind::relu || f.kind == ActivationKind::leaky_relu;
+  }
+  void forward_activated(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
+                         std::span<const T> weight, std::span<const T> bias,
+                         const FusedActivation& f, Tensor<T>& y) const override {
+    TESSERA_CHECK(applies(f), "batch norm: no fused activation of this kind");
+    fast::batchnorm_forward(
+        x, layout, stats, weight, bias, y,
+        std::optional<T>(f.kind == ActivationKind::leaky_relu ? static_cast<T>(f.slope) : T(0)));
   }
   void backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                      const reference::BatchNormStats& stats, std::span<double> sum_dy,

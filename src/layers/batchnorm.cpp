@@ -96,8 +96,13 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   }
   DistTensor<T> y(x.dist, layout_, uninitialized, this->allocator());
   const MemorySpace space = this->allocator().space();
-  kernel_->forward(x.local, layout_, {mean_, invstd_}, std::as_const(weight_.value).span_in(space),
-                   std::as_const(bias_.value).span_in(space), y.local);
+  const std::span<const T> weight = std::as_const(weight_.value).span_in(space);
+  const std::span<const T> bias = std::as_const(bias_.value).span_in(space);
+  if (activation_)
+    kernel_->forward_activated(x.local, layout_, {mean_, invstd_}, weight, bias, *activation_,
+                               y.local);
+  else
+    kernel_->forward(x.local, layout_, {mean_, invstd_}, weight, bias, y.local);
   return y;
 }
 

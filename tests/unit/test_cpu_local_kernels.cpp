@@ -1,16 +1,20 @@
 // The CPU backend's threaded local kernels against the reference: nearest upsampling by 2 across
 // the columns (bit for bit, every phase and row scale, odd widths) and the threaded softmax
 // cross-entropy (gradient bit for bit, loss to double rounding and the same on 1 and 2 threads).
-// Single process.
+// The CPU batch norm's normalisation with the following (leaky) ReLU applied as it writes: bit
+// for bit the two passes apart, both layouts. Single process.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/batchnorm_kernel.hpp"
 #include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
@@ -110,6 +114,39 @@ TEST(CpuLoss, ThreadedCrossEntropyMatchesTheReference) {
   EXPECT_EQ(got[0], got[1]) << "the loss does not depend on the thread count";
   labels[17] = 3;
   EXPECT_THROW(k->cross_entropy(logits, labels, scale, nullptr), Error);
+}
+
+TEST(CpuBatchNorm, AppliesTheFollowingReluAsItWrites) {
+  const std::unique_ptr<BatchNormKernel<float>> k = make_cpu_batch_norm<float>();
+  const std::vector<double> mean{0.1, -0.2, 0.0, 0.3}, invstd{1.5, 0.5, 2.0, 1.0};
+  std::vector<double> mean16(16), invstd16(16);
+  for (std::size_t c = 0; c < 16; ++c) {
+    mean16[c] = mean[c % 4];
+    invstd16[c] = invstd[c % 4];
+  }
+  EXPECT_FALSE(k->applies({.kind = ActivationKind::sigmoid}));
+  for (Layout layout : {Layout::nchw, Layout::nchw16c})
+    for (const FusedActivation f :
+         {FusedActivation{.kind = ActivationKind::relu},
+          FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.2}}) {
+      const std::int64_t c = layout == Layout::nchw ? 4 : 16;
+      const Shape4 s{2, c, 5, 7};
+      const std::vector<float> weight(std::size_t(c), 0.5f), bias(std::size_t(c), -0.1f);
+      Tensor<float> x = to_layout(test::random_tensor<float>(s, kSeed, 3), layout);
+      x.data()[5] = std::numeric_limits<float>::quiet_NaN();
+      const reference::BatchNormStats stats{layout == Layout::nchw ? mean : mean16,
+                                            layout == Layout::nchw ? invstd : invstd16};
+      ASSERT_TRUE(k->applies(f));
+      Tensor<float> fused(s, layout, uninitialized), normalised(s, layout, uninitialized),
+          apart(s, layout, uninitialized);
+      k->forward_activated(x, layout, stats, weight, bias, f, fused);
+      k->forward(x, layout, stats, weight, bias, normalised);
+      make_cpu_activation<float>(f.kind, f.slope)->forward(normalised, apart);
+      std::int64_t wrong = 0;
+      for (std::size_t i = 0; i < fused.span().size(); ++i)
+        wrong += std::memcmp(&fused.span()[i], &apart.span()[i], sizeof(float)) != 0;
+      EXPECT_EQ(wrong, 0) << to_string(layout) << ", slope " << f.slope;
+    }
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <span>
 #include <string>
 
+#include "tessera/error.hpp"
+#include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference_batchnorm.hpp"
 #include "tessera/tensor.hpp"
 
@@ -26,6 +28,15 @@ class BatchNormKernel {
   // y = (x - mean) * invstd * weight + bias, in x's layout.
   virtual void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                        std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const = 0;
+  // Whether forward_activated applies `f` (the layer then computes its following activation).
+  virtual bool applies(const FusedActivation& /*f*/) const { return false; }
+  // forward, then y = f(y) as each value is written: the activation's arithmetic bit for bit.
+  virtual void forward_activated(const Tensor<T>& /*x*/, Layout /*layout*/,
+                                 const reference::BatchNormStats& /*stats*/,
+                                 std::span<const T> /*weight*/, std::span<const T> /*bias*/,
+                                 const FusedActivation& /*f*/, Tensor<T>& /*y*/) const {
+    throw Error("batch norm kernel '" + name() + "' applies no activation");
+  }
   // Per-channel sums of dy and of dy * xhat over this tile.
   virtual void backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                              const reference::BatchNormStats& stats, std::span<double> sum_dy,

@@ -9,6 +9,7 @@
 // reference's sequential sums by double rounding (near 1e-16 relative). All local.
 #pragma once
 
+#include <optional>
 #include <span>
 
 #include "tessera/kernels/reference_batchnorm.hpp"
@@ -27,10 +28,13 @@ template <typename T>
 void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
                                    std::span<double> sum);
 
-// As reference::batchnorm_forward; y in x's layout.
+// As reference::batchnorm_forward; y in x's layout. With `leaky_slope`, y = leaky_relu(y, slope)
+// as each value is written (slope 0: ReLU), bit for bit the activation's own arithmetic
+// (elementwise::leaky_relu).
 template <typename T>
 void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& stats,
-                       std::span<const T> weight, std::span<const T> bias, Tensor<T>& y);
+                       std::span<const T> weight, std::span<const T> bias, Tensor<T>& y,
+                       std::optional<T> leaky_slope = std::nullopt);
 
 // As reference::batchnorm_backward_sums; dy in x's layout.
 template <typename T>

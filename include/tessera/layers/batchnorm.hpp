@@ -3,6 +3,7 @@
 // as on one device, not per tile.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "tessera/engine/layer.hpp"
@@ -42,7 +43,14 @@ class BatchNorm2d final : public UnaryLayer<T> {
   void bind(const Runtime& runtime) override {
     comm_ = &runtime.comm();
     kernel_ = runtime.backend().batch_norm<T>();
+    activation_.reset();
+    if (offered_ && kernel_->applies(*offered_)) activation_ = offered_;
   }
+  // The (leaky) ReLU that follows, applied as the normalised values are written where the
+  // backend's kernel can (CPU); its derivative stays with the activation layer (from the output)
+  // or its consumer. Local.
+  void offer_output_activation(const FusedActivation& f) override { offered_ = f; }
+  bool output_activation_fused() const override { return activation_.has_value(); }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
@@ -58,6 +66,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
   BatchNormSpec spec_;
   const Comm* comm_ = nullptr;
   std::unique_ptr<BatchNormKernel<T>> kernel_;
+  std::optional<FusedActivation> offered_, activation_;  // offered; taken at bind
   std::int64_t count_ = 0;  // values per channel in the global batch: N * H * W
   Param<T> weight_, bias_;
   Buffer<T> running_mean_, running_var_;
