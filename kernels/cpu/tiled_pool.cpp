@@ -51,6 +51,30 @@ void pool_any(const T* in, std::int64_t row, std::int64_t kh, std::int64_t kw, T
   }
 }
 
+// Throws unless a pass gets the tensors it was planned for: `from` -> `to` in NCHW.
+template <typename T>
+void check_call(const PoolShapes& planned, const Tensor<T>& from, const Tensor<T>& to,
+                const Shape4& from_shape, const Shape4& to_shape, const char* pass) {
+  TESSERA_CHECK(from.shape() == from_shape && to.shape() == to_shape &&
+                    from.layout() == Layout::nchw && to.layout() == Layout::nchw,
+                "tiled max pooling planned for " + planned.x.str() + " -> " + planned.y.str() +
+                    " in NCHW, " + pass + " called with " + from.shape().str() + " -> " +
+                    to.shape().str());
+}
+
+// body(b, plane, oh) for every output row oh of every plane (b = plane * rows + oh), split over
+// the kernel threads.
+template <typename Body>
+void for_each_band(const Shape4& y, std::int64_t work_per_band, Body&& body) {
+  parallel_for(
+      y.n * y.c * y.h,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t b = first; b < last; ++b)
+          body(b, b / y.h, b % y.h);
+      },
+      grain_for(work_per_band));
+}
+
 }  // namespace
 
 template <typename T>
@@ -72,55 +96,36 @@ std::unique_ptr<TiledMaxPool<T>> TiledMaxPool<T>::create(PoolKind kind, const Po
 template <typename T>
 void TiledMaxPool<T>::forward(const Tensor<T>& x, Tensor<T>& y) {
   const Shape4 &xs = shapes_.x, &ys = shapes_.y;
-  TESSERA_CHECK(x.shape() == xs && y.shape() == ys && x.layout() == Layout::nchw &&
-                    y.layout() == Layout::nchw,
-                "tiled max pooling planned for " + xs.str() + " -> " + ys.str() +
-                    " in NCHW, called with " + x.shape().str() + " -> " + y.shape().str());
+  check_call(shapes_, x, y, xs, ys, "forward");
   place_.resize(static_cast<std::size_t>(ys.numel()));
-  const std::int64_t kh = kernel_h_, kw = kernel_w_, bands = ys.n * ys.c * ys.h;
-  parallel_for(
-      bands,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t b = first; b < last; ++b) {
-          const std::int64_t plane = b / ys.h, oh = b % ys.h;
-          const T* in = x.data() + (plane * xs.h + oh * kh) * xs.w;
-          T* out = y.data() + b * ys.w;
-          std::uint8_t* place = place_.data() + b * ys.w;
-          if (kh == 2 && kw == 2)
-            pool_2x2(in, in + xs.w, out, place, ys.w);
-          else
-            pool_any(in, xs.w, kh, kw, out, place, ys.w);
-        }
-      },
-      grain_for(kh * xs.w));
+  const std::int64_t kh = kernel_h_, kw = kernel_w_;
+  for_each_band(ys, kh * xs.w, [&](std::int64_t b, std::int64_t plane, std::int64_t oh) {
+    const T* in = x.data() + (plane * xs.h + oh * kh) * xs.w;
+    T* out = y.data() + b * ys.w;
+    std::uint8_t* place = place_.data() + b * ys.w;
+    if (kh == 2 && kw == 2)
+      pool_2x2(in, in + xs.w, out, place, ys.w);
+    else
+      pool_any(in, xs.w, kh, kw, out, place, ys.w);
+  });
 }
 
 template <typename T>
 void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
   const Shape4 &xs = shapes_.x, &ys = shapes_.y;
-  TESSERA_CHECK(dy.shape() == ys && dx.shape() == xs && dy.layout() == Layout::nchw &&
-                    dx.layout() == Layout::nchw,
-                "tiled max pooling planned for " + xs.str() + " -> " + ys.str() +
-                    " in NCHW, called backward with " + dy.shape().str() + " -> " +
-                    dx.shape().str());
+  check_call(shapes_, dy, dx, ys, xs, "backward");
   TESSERA_CHECK(static_cast<std::int64_t>(place_.size()) == ys.numel(),
                 "tiled max pooling: backward before any forward");
-  const std::int64_t kh = kernel_h_, kw = kernel_w_, bands = ys.n * ys.c * ys.h;
-  parallel_for(
-      bands,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t b = first; b < last; ++b) {
-          const std::int64_t plane = b / ys.h, oh = b % ys.h;
-          T* out = dx.data() + (plane * xs.h + oh * kh) * xs.w;
-          const T* grad = dy.data() + b * ys.w;
-          const std::uint8_t* place = place_.data() + b * ys.w;
-          std::fill(out, out + kh * xs.w, T(0));  // the band, trailing columns included
-          // 0 + g, as the reference's sum into zeros (-0 becomes +0 there too).
-          for (std::int64_t ow = 0; ow < ys.w; ++ow)
-            out[(place[ow] / kw) * xs.w + ow * kw + place[ow] % kw] += grad[ow];
-        }
-      },
-      grain_for(kh * xs.w));
+  const std::int64_t kh = kernel_h_, kw = kernel_w_;
+  for_each_band(ys, kh * xs.w, [&](std::int64_t b, std::int64_t plane, std::int64_t oh) {
+    T* out = dx.data() + (plane * xs.h + oh * kh) * xs.w;
+    const T* grad = dy.data() + b * ys.w;
+    const std::uint8_t* place = place_.data() + b * ys.w;
+    std::fill(out, out + kh * xs.w, T(0));  // the band, trailing columns included
+    // 0 + g, as the reference's sum into zeros (-0 becomes +0 there too).
+    for (std::int64_t ow = 0; ow < ys.w; ++ow)
+      out[(place[ow] / kw) * xs.w + ow * kw + place[ow] % kw] += grad[ow];
+  });
   // The rows under no window (a tile of odd height pooled by 2).
   const std::int64_t tail = xs.h - ys.h * kh;
   if (tail > 0)
