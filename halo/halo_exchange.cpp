@@ -108,7 +108,7 @@ void HaloExchange<T>::clear_halos(Tensor<T>& window) const {
 
 template <typename T>
 HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Tensor<T>& target,
-                                      Into into) {
+                                      Into into, std::int64_t window_channel) {
   TESSERA_CHECK(!in_flight_, "halo exchange started while another is in flight on the same plan");
   TESSERA_CHECK(!abandoned_, "the halo exchange of " + name_ +
                                  " was abandoned in flight (an error unwound past it); its "
@@ -121,13 +121,22 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
   const Box& to = fill ? plan_.window : plan_.owned;
   const auto& incoming = fill ? plan_.recv : plan_.send;
   const auto& outgoing = fill ? plan_.send : plan_.recv;
-  TESSERA_CHECK(source.shape() == with_box(source.shape(), from) &&
-                    target.shape() == with_box(source.shape(), to),
-                std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " +
-                    source.shape().str() + " / target " + target.shape().str() +
-                    " do not match the plan's " + to_string(from) + " / " + to_string(to));
   const Tensor<T>& window = fill ? target : source;
   const Tensor<T>& tile = fill ? source : target;
+  // The tile's channels within the window's: all of them, or a slice.
+  const bool slice = window_channel != 0 || window.shape().c != tile.shape().c;
+  Shape4 window_part = window.shape();
+  window_part.c = tile.shape().c;
+  TESSERA_CHECK(
+      tile.shape() == with_box(tile.shape(), plan_.owned) &&
+          window_part == with_box(tile.shape(), plan_.window) &&
+          (!slice ||
+           (window_channel >= 0 && window_channel + tile.shape().c <= window.shape().c &&
+            window_channel % block_of(window.layout()) == 0 && copies_->takes_channel_slices())),
+      std::string("halo ") + (fill ? "fill" : "accumulate") + ": source " + source.shape().str() +
+          " / target " + target.shape().str() +
+          (slice ? " from channel " + std::to_string(window_channel) : std::string()) +
+          " do not match the plan's " + to_string(from) + " / " + to_string(to));
   // A blocked window may pad its channels (its storage holds them); blocked tiles do not.
   TESSERA_CHECK(tile.shape().c % block_of(tile.layout()) == 0,
                 std::string("halo exchange: an ") + to_string(tile.layout()) +
@@ -141,9 +150,15 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
                     to_string(source.space()) + " and " + to_string(target.space()) +
                     " memory, copies for " + to_string(copies_->space()) + " memory");
   // Either side may be blocked: the copies convert.
-  const Planes<const T> in = planes_of(source, from);
-  const Planes<T> out = planes_of(target, to);
-  size_buffers(source.shape().n * source.shape().c);
+  Planes<const T> in = planes_of(source, from);
+  Planes<T> out = planes_of(target, to);
+  if (slice) {
+    if (fill)
+      out = channel_slice(out, window_channel, tile.shape().c);
+    else
+      in = channel_slice(in, window_channel, tile.shape().c);
+  }
+  size_buffers(tile.shape().n * tile.shape().c);
   auto& in_buffers = fill ? recv_buffers_ : send_buffers_;
   auto& out_buffers = fill ? send_buffers_ : recv_buffers_;
   auto& in_staging = fill ? recv_staging_ : send_staging_;
@@ -199,9 +214,7 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
     copies_->move(in, out, plan_.self, how);
   }
   how_ = how;
-  target_ = out.data;
-  target_shape_ = target.shape();
-  target_layout_ = out.layout;
+  target_ = out;
   return request;
 }
 
@@ -219,7 +232,7 @@ void HaloExchange<T>::finish(HaloRequest<T>& request) {
   const auto& incoming = fill ? plan_.recv : plan_.send;
   const auto& buffers = fill ? recv_buffers_ : send_buffers_;
   auto& staging = fill ? recv_staging_ : send_staging_;
-  const Planes<T> out{target_, target_shape_, fill ? plan_.window : plan_.owned, target_layout_};
+  const Planes<T>& out = target_;
   // Received boxes are added in ascending peer order, so results do not depend on timing.
   for (std::size_t k = 0; k < incoming.size(); ++k) {
     if (on_device()) {  // (staged: copied into the device first) unpacked there

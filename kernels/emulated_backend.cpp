@@ -273,6 +273,7 @@ class EmulatedHaloCopy final : public HaloCopyKernel<T> {
   void fill_outside(const Planes<T>& t, const Box& keep, T value) const override {
     in_kernel([&] { k_->fill_outside(t, keep, value); });
   }
+  bool takes_channel_slices() const override { return k_->takes_channel_slices(); }
 
  private:
   std::unique_ptr<HaloCopyKernel<T>> k_;

@@ -76,23 +76,33 @@ class HaloExchange {
   // padding). Max pooling on oneDNN asks for -infinity, which no image value loses to. Local;
   // not while an exchange is in flight.
   void set_window_padding(T value) { window_padding_ = value; }
+  T window_padding() const { return window_padding_; }
 
   // Forward. `tile` holds plan.owned, `window` (same N and C) is sized to plan.window; on
   // finish, window holds the tile's values, the peers' values, and the padding value (zero unless
   // set_window_padding said otherwise) outside the image.
   // Neighbour-wise collective over the spatial communicator (every rank must start one).
   // The tile may lie in any layout (Tensor::layout); the window lies in window_layout().
-  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window) {
-    return start(Direction::fill, tile, window);
+  // With `window_channel`, the tile fills channels [window_channel, window_channel + its C) of a
+  // window of more channels (one input of a concat the window's layer computes from: WindowLayer),
+  // a multiple of the window layout's block; this needs copies that take channel slices
+  // (takes_channel_slices). Exchanges of several such tiles may be in flight together on plans of
+  // one layer: they use the same tag, and messages between two ranks arrive in the order sent.
+  HaloRequest<T> start_fill(const Tensor<T>& tile, Tensor<T>& window,
+                            std::int64_t window_channel = 0) {
+    return start(Direction::fill, tile, window, Into::add, window_channel);
   }
 
   // Backward. Adds each element of `window_grad` (sized to plan.window) into the tile that owns
   // it; parts outside the image are dropped. `tile_grad` is added to, or with Into::overwrite
   // overwritten. Neighbour-wise collective over the spatial communicator.
+  // `window_channel`: the tile's channels start there in the window's (as start_fill).
   HaloRequest<T> start_accumulate(const Tensor<T>& window_grad, Tensor<T>& tile_grad,
-                                  Into into = Into::add) {
-    return start(Direction::accumulate, window_grad, tile_grad, into);
+                                  Into into = Into::add, std::int64_t window_channel = 0) {
+    return start(Direction::accumulate, window_grad, tile_grad, into, window_channel);
   }
+  // Whether start_fill and start_accumulate take a window_channel. Local.
+  bool takes_channel_slices() const { return copies_->takes_channel_slices(); }
 
   // Sets every element of `window` (sized to plan.window, in window_layout()) outside the rank's
   // own tile to zero: what peers send before a fill delivers it, for a freshly allocated window
@@ -114,8 +124,8 @@ class HaloExchange {
 
  private:
   friend class HaloRequest<T>;
-  HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target,
-                       Into into = Into::add);
+  HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target, Into into,
+                       std::int64_t window_channel);
   void size_buffers(std::int64_t planes);
 
   HaloPlan plan_;
@@ -143,9 +153,7 @@ class HaloExchange {
   std::vector<Tensor<T>> recv_staging_, send_staging_;
   // Of the exchange in flight: its direction and where finish() unpacks.
   Direction how_ = Direction::fill;
-  T* target_ = nullptr;
-  Shape4 target_shape_;
-  Layout target_layout_ = Layout::nchw;
+  Planes<T> target_{nullptr, {}, {}, Layout::nchw};
 };
 
 }  // namespace tessera

@@ -127,7 +127,7 @@ void fill_outside(const Planes<T>& t, const Box& keep, T value) {
       rows_total,
       [&](std::int64_t first, std::int64_t last) {
         for (std::int64_t k = first; k < last; ++k) {
-          T* row = t.data + k * width;
+          T* row = t.row(k);
           const std::int64_t global = origin.h.begin + k % s.h;
           if (!rows.contains(global) || cols.empty()) {
             std::fill(row, row + width, value);
@@ -158,6 +158,7 @@ class CpuHaloCopy final : public HaloCopyKernel<T> {
   void fill_outside(const Planes<T>& t, const Box& keep, T value) const override {
     tessera::fill_outside(t, keep, value);
   }
+  bool takes_channel_slices() const override { return true; }
 };
 
 }  // namespace

@@ -329,6 +329,14 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
           << " / " << (f.consumer.empty() ? "-" : f.consumer) << ")";
     }
     out << "\n";
+    if (!model->concats_taken().empty()) {
+      out << "  concats read by their consumer (no concatenated tensor): ";
+      for (std::size_t k = 0; k < model->concats_taken().size(); ++k) {
+        const auto& c = model->concats_taken()[k];
+        out << (k > 0 ? ", " : "") << c.concat << " (" << c.consumer << ")";
+      }
+      out << "\n";
+    }
     if (runtime.backend().kind() == KernelBackend::cuda)
       out << "  per-layer times: "
           << (o.layer_sync ? "the GPU's (--layer-sync: waits at every layer, no overlap between "

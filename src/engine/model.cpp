@@ -120,6 +120,20 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
     }
     fusions.push_back(u);
   }
+  // A concat of other layers' outputs whose only consumer may compute from the inputs directly:
+  // offered before bind(), where a halo layer plans an exchange per input (WindowLayer).
+  std::vector<std::size_t> concats;
+  for (std::size_t k = 0; k < nodes_.size() && runtime.fuse(); ++k) {
+    const std::vector<int>& in = nodes_[k].inputs;
+    if (spec.layers[k].type != "concat" || consumers[k].size() != 1 ||
+        std::any_of(in.begin(), in.end(), [](int i) { return i < 0; }))
+      continue;
+    std::vector<Distribution> dists;
+    for (int i : in)
+      dists.push_back(nodes_[static_cast<std::size_t>(i)].out);
+    nodes_[consumers[k][0]].layer->offer_concat(std::move(dists));
+    concats.push_back(k);
+  }
   Allocator& memory = runtime.allocator();
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
@@ -145,6 +159,18 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
       fused_.push_back({.activation = nodes_[u.activation].layer->name(),
                         .producer = by_producer ? nodes_[*u.producer].layer->name() : "",
                         .consumer = by_consumer ? nodes_[*u.consumer].layer->name() : ""});
+  }
+  // A concat taken: its consumer is given the concat's inputs instead (the same number of
+  // consumers each), and the concat is never run.
+  for (std::size_t c : concats) {
+    Node& consumer = nodes_[consumers[c][0]];
+    if (!consumer.layer->concat_taken()) continue;
+    consumer.inputs = nodes_[c].inputs;
+    consumer.layer->hand_over_input(false);
+    nodes_[c].taken = true;
+    nodes_[c].consumers = 0;
+    concats_taken_.push_back(
+        {.concat = nodes_[c].layer->name(), .consumer = consumer.layer->name()});
   }
   build_buckets();
   const Distribution& out = nodes_.back().out;
@@ -186,6 +212,7 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
   for (std::size_t k = 0; k < nodes_.size(); ++k)
     pending[k] = nodes_[k].consumers;
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    if (nodes_[k].taken) continue;  // its consumer reads its inputs
     std::vector<const DistTensor<T>*> ins;
     for (int i : nodes_[k].inputs) {
       ins.push_back(i >= 0 ? &*outputs[i] : &x);

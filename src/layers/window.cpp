@@ -91,6 +91,33 @@ void WindowLayer<T>::bind(const Runtime& runtime) {
   exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), runtime.comm(), tag_,
                                        "layer '" + this->name() + "'", runtime.backend()));
   bind_kernel(exchange_->plan().window, runtime.backend());
+  parts_.clear();
+  if (!offered_.empty() && reads_input_through_window() && exchange_->takes_channel_slices()) {
+    // Each input starts on a 16-channel block, whatever layout the window takes: the window's
+    // layout may differ between ranks (it is planned for each rank's window box), and every rank
+    // must take the concat or none, since the messages differ.
+    std::int64_t channels = 0;
+    bool aligned = true;
+    for (const Distribution& d : offered_) {
+      aligned = aligned && channels % kBlock == 0;
+      channels += d.global.c;
+    }
+    if (aligned && channels == in_.global.c) {
+      channels = 0;
+      for (const Distribution& d : offered_) {
+        // The same tiles and window as exchange_'s (only the channels differ), the same tag.
+        parts_.push_back(
+            {.dist = d,
+             .first_channel = channels,
+             .exchange = window_exchange<T>(d, out_, *this->window(), runtime.comm(), tag_,
+                                            "layer '" + this->name() + "'", runtime.backend()),
+             .layout = Layout::nchw});
+        parts_.back().exchange.set_window_layout(exchange_->window_layout());
+        parts_.back().exchange.set_window_padding(exchange_->window_padding());
+        channels += d.global.c;
+      }
+    }
+  }
   input_activation_grad_.reset();
   if (input_activation_) {
     input_activation_grad_ =
@@ -104,8 +131,8 @@ const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
   // A window that is the tile itself, in x's layout with no padding channels, is x: the kernel
   // reads x, and the layer keeps x instead of a copy where the model hands it over (take_input).
   const HaloPlan& p = exchange_->plan();
-  adopting_ = this->input_handed_over() && p.window == p.owned && p.send.empty() &&
-              p.recv.empty() && x.layout() == exchange_->window_layout() &&
+  adopting_ = this->input_handed_over() && parts_.empty() && p.window == p.owned &&
+              p.send.empty() && p.recv.empty() && x.layout() == exchange_->window_layout() &&
               x.local.shape() == window_shape(in_, p) &&
               storage_size(x.local.shape(), x.layout()) == x.local.numel();
   if (adopting_) {
@@ -142,13 +169,47 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
     }
   }
   in_layout_ = x.layout();
-  return exchange_->start_fill(x.local, window_);
+  if (parts_.empty()) return exchange_->start_fill(x.local, window_);
+  TESSERA_CHECK(part_inputs_.size() == parts_.size(),
+                "layer '" + this->name() + "' took a concat of " + std::to_string(parts_.size()) +
+                    " inputs, but forward was given " + std::to_string(part_inputs_.size()));
+  part_requests_.clear();
+  for (std::size_t k = 0; k < parts_.size(); ++k) {
+    parts_[k].layout = part_inputs_[k]->layout();
+    part_requests_.push_back(
+        parts_[k].exchange.start_fill(part_inputs_[k]->local, window_, parts_[k].first_channel));
+  }
+  return {};  // the parts' requests are kept here
 }
 
 template <typename T>
 const Tensor<T>& WindowLayer<T>::finish_window(HaloRequest<T>& request) {
-  exchange_->finish(request);
+  if (parts_.empty()) {
+    exchange_->finish(request);
+    return window_;
+  }
+  for (std::size_t k = 0; k < parts_.size(); ++k)
+    parts_[k].exchange.finish(part_requests_[k]);
+  part_requests_.clear();
   return window_;
+}
+
+template <typename T>
+DistTensor<T> WindowLayer<T>::forward(std::span<const DistTensor<T>* const> inputs,
+                                      const RunState& state) {
+  if (parts_.empty()) return UnaryLayer<T>::forward(inputs, state);
+  part_inputs_ = inputs;
+  DistTensor<T> y = this->forward(*inputs[0], state);  // its window from part_inputs_
+  part_inputs_ = {};
+  return y;
+}
+
+template <typename T>
+std::vector<DistTensor<T>> WindowLayer<T>::backward(const DistTensor<T>& dy,
+                                                    const RunState& state) {
+  std::vector<DistTensor<T>> grads = UnaryLayer<T>::backward(dy, state);
+  if (parts_.empty()) return grads;
+  return std::exchange(part_grads_, {});  // accumulate_window's, one per input
 }
 
 template <typename T>
@@ -170,6 +231,21 @@ DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
   // f' applies to each contribution to an element as well as to their sum (to rounding, for
   // leaky ReLU's slope, where halos add up).
   if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, grad);
+  // A concat's inputs: each input's gradient from its channels of the window's.
+  if (!parts_.empty()) {
+    part_grads_.clear();
+    std::vector<HaloRequest<T>> requests;
+    for (Part& part : parts_) {
+      part_grads_.emplace_back(part.dist, part.layout, uninitialized, this->allocator());
+      requests.push_back(part.exchange.start_accumulate(grad, part_grads_.back().local,
+                                                        Into::overwrite, part.first_channel));
+    }
+    if (overlap) overlap();
+    for (std::size_t k = 0; k < parts_.size(); ++k)
+      parts_[k].exchange.finish(requests[k]);
+    release_window();
+    return {};  // backward() returns part_grads_
+  }
   // A window that is the tile itself (a 1x1 conv's: it receives nothing) in x's layout, with
   // nothing to send, is dL/dx as it is: taken over, with no copy and no second buffer.
   const HaloPlan& p = exchange_->plan();

@@ -1,6 +1,8 @@
 // Pointwise layers and the model graph on the test grid against one rank.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "check_model.hpp"
 #include "mpi_test.hpp"
 #include "tessera/batch.hpp"
@@ -88,23 +90,19 @@ const char* kFusions = R"({"input_channels": 3, "layers": [
   {"name": "a5", "type": "relu"}],
   "loss": "pixel_cross_entropy"})";
 
+// One training step of `json` on the test grid with fusion on (the test runtime) and off: the
+// same loss, output, input gradient and parameter gradients (to rounding: leaky ReLU's f' on a
+// window gradient applies to each contribution to an element of a halo rather than to their sum).
+// `inspect` looks at both models after their construction.
 template <typename T>
-void check_fusions(const std::vector<typename Model<T>::ActivationFusion>& expected,
-                   const std::string& what) {
-  const ModelSpec spec = parse_model(kFusions);
-  const Shape4 input{2, 3, 18, 22};  // p1's output is 4x5
+void same_step_as_unfused(const char* json, const Shape4& input, const std::string& what,
+                          const std::function<void(Model<T>&, Model<T>&)>& inspect) {
+  const ModelSpec spec = parse_model(json);
   RuntimeOptions off = test::world_runtime().options();
   off.fuse = false;
   const Runtime unfused_runtime = test::make_test_runtime(off);
   Model<T> fused(spec, test::world_runtime(), input), unfused(spec, unfused_runtime, input);
-  EXPECT_TRUE(unfused.fused_activations().empty()) << what;
-  const auto& got = fused.fused_activations();
-  ASSERT_EQ(got.size(), expected.size()) << what;
-  for (std::size_t k = 0; k < got.size(); ++k) {
-    EXPECT_EQ(got[k].activation, expected[k].activation) << what;
-    EXPECT_EQ(got[k].producer, expected[k].producer) << what << ": " << got[k].activation;
-    EXPECT_EQ(got[k].consumer, expected[k].consumer) << what << ": " << got[k].activation;
-  }
+  inspect(fused, unfused);
   std::vector<StepResult<T>> results;
   for (Model<T>* m : {&fused, &unfused}) {
     m->init_params(5);
@@ -112,8 +110,6 @@ void check_fusions(const std::vector<typename Model<T>::ActivationFusion>& expec
     x.local = random_image_tile<T>(x.dist, 5);
     results.push_back(forward_backward(*m, x, random_label_tile(m->output_distribution(), 5)));
   }
-  // The same operations, but for leaky ReLU's f' on the window gradient: applied to each
-  // contribution to an element of a halo rather than to their sum, it rounds differently there.
   const double tolerance = std::is_same_v<T, double> ? 1e-14 : 1e-6;
   EXPECT_NEAR(results[0].loss, results[1].loss, tolerance * std::abs(results[1].loss)) << what;
   const auto same = [&](const Tensor<T>& a, const Tensor<T>& b) {
@@ -127,6 +123,22 @@ void check_fusions(const std::vector<typename Model<T>::ActivationFusion>& expec
   ASSERT_EQ(pf.size(), pu.size());
   for (std::size_t k = 0; k < pf.size(); ++k)
     EXPECT_TRUE(same(pf[k].param->grad, pu[k].param->grad)) << what << ": " << pf[k].key();
+}
+
+template <typename T>
+void check_fusions(const std::vector<typename Model<T>::ActivationFusion>& expected,
+                   const std::string& what) {
+  // p1's output is 4x5.
+  same_step_as_unfused<T>(kFusions, {2, 3, 18, 22}, what, [&](Model<T>& fused, Model<T>& unfused) {
+    EXPECT_TRUE(unfused.fused_activations().empty()) << what;
+    const auto& got = fused.fused_activations();
+    ASSERT_EQ(got.size(), expected.size()) << what;
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].activation, expected[k].activation) << what;
+      EXPECT_EQ(got[k].producer, expected[k].producer) << what << ": " << got[k].activation;
+      EXPECT_EQ(got[k].consumer, expected[k].consumer) << what << ": " << got[k].activation;
+    }
+  });
 }
 
 TEST(FusedActivations, WhereTheyFuseAndTheSameResultsAsApart) {
@@ -154,6 +166,44 @@ TEST(FusedActivations, WhereTheyFuseAndTheSameResultsAsApart) {
     f64.push_back({f.activation, f.producer, f.consumer});
   check_fusions<double>(f64, "float64");
   check_fusions<float>(expect(kind == KernelBackend::onednn), "float32");
+}
+
+// Concats read by their consumer (README "Memory-bound layers"): a conv fills each input into its
+// channels of its window, exchanging halos per input, and returns each input's gradient; a concat
+// consumed by another layer, or whose inputs do not start on 16-channel blocks, stays a concat. The
+// same results, on the test grid, as with every concat computed (fusion off).
+const char* kConcats = R"({"input_channels": 3, "layers": [
+  {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+  {"name": "c2", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+  {"name": "cat1", "type": "concat", "inputs": ["c1", "c2"]},
+  {"name": "c3", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+  {"name": "cat2", "type": "concat", "inputs": ["c3", "c3"]},
+  {"name": "c4", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": 2, "dilation": 2},
+  {"name": "cat3", "type": "concat", "inputs": ["c4", "c1", "c2"]},
+  {"name": "p1", "type": "maxpool2d", "kernel": 2},
+  {"name": "cat4", "type": "concat", "inputs": ["p1", "p1"]},
+  {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1}],
+  "loss": "pixel_cross_entropy"})";
+
+template <typename T>
+void check_concats(const std::vector<std::string>& expected, const std::string& what) {
+  same_step_as_unfused<T>(kConcats, {2, 3, 20, 26}, what, [&](Model<T>& fused, Model<T>& unfused) {
+    EXPECT_TRUE(unfused.concats_taken().empty()) << what;
+    std::vector<std::string> got;
+    for (const auto& c : fused.concats_taken())
+      got.push_back(c.concat + " -> " + c.consumer);
+    EXPECT_EQ(got, expected) << what;
+  });
+}
+
+TEST(ConcatsTaken, WhereTheyAreAndTheSameResultsAsApart) {
+  // cat1 (16 + 8 channels) into c3's window (NCHW in float64, 8-channel blocks on oneDNN), cat2
+  // (c3's output twice) into c4's (16-channel blocks on oneDNN); cat3 feeds a pooling, and cat4's
+  // second input would start at channel 30. The cuda halo copies take no channel slices.
+  std::vector<std::string> taken = {"cat1 -> c3", "cat2 -> c4"};
+  if (test::world_runtime().backend().kind() == KernelBackend::cuda) taken.clear();
+  check_concats<double>(taken, "float64");
+  check_concats<float>(taken, "float32");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // moves convert layouts, and fill_outside writes exactly the elements outside its box.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "../common/test_helpers.hpp"
@@ -84,6 +85,54 @@ TEST(HaloCopy, MessagesMovesAndPaddingDouble) {
 TEST(HaloCopy, MessagesMovesAndPaddingFloat) {
   for (Layout layout : {Layout::nchw16c, Layout::nchw8c})
     check_halo_copies<float>(layout);
+}
+
+// Channel slices (a concat's input filling its channels of a window, WindowLayer): a move into
+// a slice writes the box of those channels only, fill_outside on a slice writes only its channels
+// (the padding channels of its last block included), a message packed from a slice is the part's;
+// two samples, so the slice's sample stride is that of the whole window.
+template <typename T>
+void check_channel_slices(Layout layout) {
+  SCOPED_TRACE(to_string(layout));
+  // 40 channels: slices at channels 16 (16 of them) and 32 (8: the last, padded block of 16).
+  const Shape4 s{2, 40, 9, 11}, part{2, 16, 9, 11}, last{2, 8, 9, 11};
+  const Box origin{{4, 13}, {10, 21}}, box{{6, 11}, {12, 20}};
+  const Tensor<T> tile = test::random_tensor<T>(part, 5, 1);
+  for (KernelBackend backend : test::built_backends()) {
+    SCOPED_TRACE(to_string(backend));
+    auto copies = backend_of(backend).halo_copy<T>();
+    if (!copies->takes_channel_slices()) continue;
+    Tensor<T> window(s, layout, T(5));
+    copies->move(planes_of(tile, origin), channel_slice(planes_of(window, origin), 16, 16), box,
+                 Direction::fill);
+    copies->fill_outside(channel_slice(planes_of(window, origin), 32, 8), box, T(0));
+    const Tensor<T> plain = to_layout(window, Layout::nchw);
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w) {
+            const bool inside = box.h.contains(h + 4) && box.w.contains(w + 10);
+            const T want = c >= 16 && c < 32 && inside ? tile.at(n, c - 16, h, w)
+                           : c >= 32 && !inside        ? T(0)
+                                                       : T(5);
+            ASSERT_EQ(plain.at(n, c, h, w), want) << n << ", " << c << ", " << h << ", " << w;
+          }
+    std::vector<T> from_slice(part.n * part.c * box.size()), from_tile(from_slice.size());
+    copies->pack(channel_slice(planes_of(std::as_const(window), origin), 16, 16), box,
+                 from_slice.data());
+    copies->pack(planes_of(tile, origin), box, from_tile.data());
+    EXPECT_EQ(from_slice, from_tile);
+    std::vector<T> zeros(last.n * last.c * box.size());
+    copies->pack(channel_slice(planes_of(std::as_const(window), origin), 32, 8), box, zeros.data());
+    EXPECT_EQ(zeros, std::vector<T>(zeros.size(), T(5)));
+  }
+}
+
+TEST(HaloCopy, ChannelSlices) {
+  for (Layout layout : {Layout::nchw, Layout::nchw8c, Layout::nchw16c}) {
+    check_channel_slices<float>(layout);
+    check_channel_slices<double>(layout);
+  }
 }
 
 }  // namespace

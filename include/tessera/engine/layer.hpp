@@ -137,6 +137,15 @@ class Layer {
   bool input_handed_over() const { return input_handed_over_; }
   virtual void take_input(DistTensor<T>&& /*x*/) {}
 
+  // A concat whose only consumer is this layer: the model offers the concat's inputs (their
+  // distributions, in the concat's order) before bind(). A layer that takes them computes from
+  // them as they are — a halo layer fills each into its channels of the window, so the
+  // concatenated tensor is never made — and returns one gradient per input; concat_taken() says,
+  // after bind(), whether it did. The model then gives the layer the concat's inputs in place of
+  // the concat's output and runs the concat no more. Local.
+  virtual void offer_concat(std::vector<Distribution> /*inputs*/) {}
+  virtual bool concat_taken() const { return false; }
+
   // Whether backward() must return dL/dinput. The model clears it for the layers that read only
   // the model's input when nobody asks for its gradient (training): such a layer may then return
   // empty tensors (DistTensor{}) for its inputs and skip the work. Every rank sets the same.
@@ -201,10 +210,11 @@ class UnaryLayer : public Layer<T> {
   virtual DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) = 0;
 
   Distribution setup(std::span<const Distribution> inputs) final { return setup(inputs[0]); }
-  DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs, const RunState& state) final {
+  DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs,
+                        const RunState& state) override {
     return forward(*inputs[0], state);
   }
-  std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) final {
+  std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) override {
     std::vector<DistTensor<T>> out;
     out.push_back(backward_one(dy, state));
     return out;

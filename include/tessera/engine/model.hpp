@@ -99,6 +99,12 @@ class Model {
     std::string activation, producer, consumer;
   };
   const std::vector<ActivationFusion>& fused_activations() const { return fused_; }
+  // The concats whose consumer computes from their inputs directly (Layer::offer_concat; README
+  // "Memory-bound layers"), in layer order, with that consumer. Same on every rank. Local.
+  struct ConcatTaken {
+    std::string concat, consumer;
+  };
+  const std::vector<ConcatTaken>& concats_taken() const { return concats_taken_; }
 
   std::vector<NamedParam<T>> params();
   std::vector<NamedBuffer<T>> buffers();
@@ -115,7 +121,8 @@ class Model {
     std::unique_ptr<Layer<T>> layer;
     std::vector<int> inputs;  // node indices; -1 is the model's input
     Distribution out;
-    int consumers = 0;  // how many inputs name this node (the last node also feeds the loss)
+    int consumers = 0;   // how many inputs name this node (the last node also feeds the loss)
+    bool taken = false;  // a concat its consumer computes from the inputs of: never run
   };
   // Gradients of the layers [first, last) of nodes_, reduced as one message.
   struct Bucket {
@@ -150,6 +157,7 @@ class Model {
   std::vector<LayerTiming> timings_;
   PassTiming reduce_timing_;
   std::vector<ActivationFusion> fused_;
+  std::vector<ConcatTaken> concats_taken_;
 };
 
 // The loss over the global batch and its gradient. `labels` is this rank's part of the labels:

@@ -61,6 +61,7 @@ class Conv2d final : public WindowLayer<T> {
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
   void bind_kernel(const Box& window, const Backend& backend) override;
+  bool reads_input_through_window() const override { return true; }
   // Plans regions_ for the window (box `window`, local shape `x`) and the output tile (local shape
   // `y`) in these layouts; false when some box kernel declines them.
   bool plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,

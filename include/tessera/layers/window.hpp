@@ -4,7 +4,9 @@
 
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "tessera/dist_tensor.hpp"
 #include "tessera/engine/layer.hpp"
@@ -63,6 +65,18 @@ class WindowLayer : public UnaryLayer<T> {
   bool input_activation_grad_fused() const final { return input_activation_grad_ != nullptr; }
   // Keeps x as the window where fill_window computed from it in place. Local.
   void take_input(DistTensor<T>&& x) final;
+  // A concat's inputs (Layer::offer_concat), taken at bind() where the layer reads its input only
+  // through its window (reads_input_through_window), the backend's halo copies take channel
+  // slices, and each input's channels start at a multiple of 16 (a block of every layout): each
+  // input then has an exchange of its own, which fills its channels of the window and returns
+  // their gradient. Local.
+  void offer_concat(std::vector<Distribution> inputs) final { offered_ = std::move(inputs); }
+  bool concat_taken() const final { return !parts_.empty(); }
+  // With a concat taken, the concat's inputs (and one gradient for each); else as UnaryLayer.
+  // Neighbour-wise collective over the spatial communicator.
+  DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs, const RunState& state) final;
+  std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) final;
+  using UnaryLayer<T>::forward;
   // Pure in the spec: `tessera plan` asks for it after setup() alone, with no grid bound.
   std::optional<WindowMap> window() const override = 0;
 
@@ -80,6 +94,10 @@ class WindowLayer : public UnaryLayer<T> {
   // For layers whose kernel geometry depends on where this rank's window lies (global input
   // coordinates, not clipped to the image); plans its kernels with `backend`. Local.
   virtual void bind_kernel(const Box& /*window*/, const Backend& /*backend*/) {}
+  // Whether forward(x) reads x only through fill_window or start_window and backward_one returns
+  // what accumulate_window returns: such a layer can take a concat's inputs (offer_concat), its
+  // forward(x) then being given the first of them as x. Local.
+  virtual bool reads_input_through_window() const { return false; }
   // Whether convolutions compute their tile while halos travel and then recompute the border
   // strips that read them (Runtime::overlap). Valid after bind(). Local.
   bool overlap() const { return overlap_; }
@@ -129,6 +147,19 @@ class WindowLayer : public UnaryLayer<T> {
   Layout in_layout_ = Layout::nchw;                             // of the last forward's x
   std::optional<FusedActivation> input_activation_;             // offered
   std::unique_ptr<ActivationKernel<T>> input_activation_grad_;  // taken: its f' from the window
+  // A concat's inputs: offered, and taken (each with its channels' exchange on the plan of
+  // exchange_, and the layout its gradient lies in: that of the last forward's input).
+  struct Part {
+    Distribution dist;
+    std::int64_t first_channel;
+    HaloExchange<T> exchange;
+    Layout layout = Layout::nchw;
+  };
+  std::vector<Distribution> offered_;
+  std::vector<Part> parts_;
+  std::span<const DistTensor<T>* const> part_inputs_;  // during forward
+  std::vector<HaloRequest<T>> part_requests_;          // between start_window and finish_window
+  std::vector<DistTensor<T>> part_grads_;              // accumulate_window's, for backward
 };
 
 }  // namespace tessera
