@@ -129,13 +129,16 @@ void WindowLayer<T>::bind(const Runtime& runtime) {
 template <typename T>
 const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
   // A window that is the tile itself, in x's layout with no padding channels, is x: the kernel
-  // reads x, and the layer keeps x instead of a copy where the model hands it over (take_input).
+  // reads x, and the layer keeps x instead of a copy where the model hands it over (take_input),
+  // or keeps nothing where its backward does not read the window.
   const HaloPlan& p = exchange_->plan();
-  adopting_ = this->input_handed_over() && parts_.empty() && p.window == p.owned &&
-              p.send.empty() && p.recv.empty() && x.layout() == exchange_->window_layout() &&
-              x.local.shape() == window_shape(in_, p) &&
-              storage_size(x.local.shape(), x.layout()) == x.local.numel();
-  if (adopting_) {
+  const bool tile = parts_.empty() && p.window == p.owned && p.send.empty() && p.recv.empty() &&
+                    x.layout() == exchange_->window_layout() &&
+                    x.local.shape() == window_shape(in_, p) &&
+                    storage_size(x.local.shape(), x.layout()) == x.local.numel();
+  const bool in_place = tile && !backward_reads_window() && !input_activation_grad_;
+  adopting_ = tile && !in_place && this->input_handed_over();
+  if (in_place || adopting_) {
     window_ = Tensor<T>();
     in_layout_ = x.layout();
     return x.local;

@@ -52,6 +52,7 @@ class Pool2d final : public WindowLayer<T> {
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
+  bool backward_reads_window() const override { return false; }
   // Points active_ at the kernel for an input in `layout` and sets the window up for it.
   void choose_kernel(Layout layout);
 

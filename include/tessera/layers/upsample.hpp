@@ -39,6 +39,7 @@ class UpsampleNearest final : public WindowLayer<T> {
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
+  bool backward_reads_window() const override { return false; }
   UpsampleSpec spec_;
   reference::UpsampleGeometry geometry_;
   std::unique_ptr<UpsampleKernel<T>> kernel_;

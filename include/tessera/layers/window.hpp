@@ -98,14 +98,19 @@ class WindowLayer : public UnaryLayer<T> {
   // what accumulate_window returns: such a layer can take a concat's inputs (offer_concat), its
   // forward(x) then being given the first of them as x. Local.
   virtual bool reads_input_through_window() const { return false; }
+  // Whether backward reads the window forward filled (the filter gradient does; pooling keeps
+  // what it needs, upsampling needs nothing): a layer whose backward does not, and that applies
+  // no f' from it, computes from its input in place where the window is the tile, keeping
+  // nothing. Local.
+  virtual bool backward_reads_window() const { return true; }
   // Whether convolutions compute their tile while halos travel and then recompute the border
   // strips that read them (Runtime::overlap). Valid after bind(). Local.
   bool overlap() const { return overlap_; }
 
   // Allocates the window, fills it from x's tiles (zeros outside the image) and keeps it until
-  // the next forward; where the window is x's tile in x's layout and the model hands x over,
-  // returns x itself and keeps it from take_input. Neighbour-wise collective over the spatial
-  // communicator.
+  // the next forward; where the window is x's tile in x's layout, returns x itself, kept from
+  // take_input where the model hands x over and backward reads the window. Neighbour-wise
+  // collective over the spatial communicator.
   const Tensor<T>& fill_window(const DistTensor<T>& x);
   // fill_window in two phases: when start_window returns, the window holds the rank's own tile
   // and the zero padding (the box of ready_without_halo on each axis); finish_window waits for
