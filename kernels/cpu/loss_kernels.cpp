@@ -1,5 +1,5 @@
 // Softmax cross-entropy over the kernel threads (include/tessera/kernels/local_kernels.hpp,
-// make_cpu_loss): the reference's per-pixel arithmetic (elementwise::cross_entropy, in double),
+// make_cpu_loss): the reference's per-pixel loop (reference::pixel_cross_entropy_range),
 // the pixels split into fixed chunks whose sums are added in chunk order, so that the loss does
 // not depend on the thread count. The gradient is the reference's bit for bit; the loss differs
 // from the reference's one sequential sum by double rounding.
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/local_kernels.hpp"
+#include "tessera/kernels/reference.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera {
@@ -26,24 +26,16 @@ class ThreadedLoss final : public LossKernel<T> {
                        Tensor<T>* dlogits) const override {
     const Shape4& s = logits.shape();
     check_cross_entropy(s, labels, dlogits != nullptr ? &dlogits->shape() : nullptr);
-    const std::int64_t plane = s.h * s.w, pixels = s.n * plane;
+    const std::int64_t pixels = s.n * s.h * s.w;
     const std::int64_t chunks = (pixels + kChunk - 1) / kChunk;
     std::vector<double> partial(static_cast<std::size_t>(chunks), 0.0);
     parallel_for(
         chunks,
         [&](std::int64_t first, std::int64_t last) {
-          for (std::int64_t chunk = first; chunk < last; ++chunk) {
-            double total = 0;
-            const std::int64_t end = std::min(pixels, (chunk + 1) * kChunk);
-            for (std::int64_t k = chunk * kChunk; k < end; ++k) {
-              const std::int64_t n = k / plane, p = k % plane;
-              const std::int64_t at = n * s.c * plane + p;
-              total += elementwise::cross_entropy(
-                  logits.data() + at, s.c, plane, labels[static_cast<std::size_t>(k)], scale,
-                  dlogits != nullptr ? dlogits->data() + at : nullptr);
-            }
-            partial[static_cast<std::size_t>(chunk)] = total;
-          }
+          for (std::int64_t chunk = first; chunk < last; ++chunk)
+            partial[static_cast<std::size_t>(chunk)] =
+                reference::pixel_cross_entropy_range(logits, labels, scale, dlogits, chunk * kChunk,
+                                                     std::min(pixels, (chunk + 1) * kChunk));
         },
         1);
     double total = 0;

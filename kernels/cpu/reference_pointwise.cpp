@@ -33,29 +33,38 @@ void sigmoid_backward(std::span<const T> y, std::span<const T> dy, std::span<T> 
 }
 
 template <typename T>
-double pixel_cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
-                           Tensor<T>* dlogits) {
+double pixel_cross_entropy_range(const Tensor<T>& logits, std::span<const std::int32_t> labels,
+                                 T scale, Tensor<T>* dlogits, std::int64_t first,
+                                 std::int64_t last) {
   const Shape4& s = logits.shape();
   const std::int64_t plane = s.h * s.w;
-  check_cross_entropy(s, labels, dlogits != nullptr ? &dlogits->shape() : nullptr);
   double total = 0;
-  for (std::int64_t n = 0; n < s.n; ++n)
-    for (std::int64_t p = 0; p < plane; ++p) {
-      const std::int32_t label = labels[static_cast<std::size_t>(n * plane + p)];
-      const std::int64_t at = n * s.c * plane + p;
-      total += elementwise::cross_entropy(logits.data() + at, s.c, plane, label, scale,
-                                          dlogits != nullptr ? dlogits->data() + at : nullptr);
-    }
+  for (std::int64_t k = first; k < last; ++k) {
+    const std::int64_t at = k / plane * s.c * plane + k % plane;
+    total += elementwise::cross_entropy(logits.data() + at, s.c, plane,
+                                        labels[static_cast<std::size_t>(k)], scale,
+                                        dlogits != nullptr ? dlogits->data() + at : nullptr);
+  }
   return total;
 }
 
-#define TESSERA_INSTANTIATE(T)                                                                   \
-  template void leaky_relu_forward<T>(std::span<const T>, T, std::span<T>);                      \
-  template void leaky_relu_backward<T>(std::span<const T>, std::span<const T>, T, std::span<T>); \
-  template void sigmoid_forward<T>(std::span<const T>, std::span<T>);                            \
-  template void sigmoid_backward<T>(std::span<const T>, std::span<const T>, std::span<T>);       \
-  template double pixel_cross_entropy<T>(const Tensor<T>&, std::span<const std::int32_t>, T,     \
-                                         Tensor<T>*);
+template <typename T>
+double pixel_cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
+                           Tensor<T>* dlogits) {
+  const Shape4& s = logits.shape();
+  check_cross_entropy(s, labels, dlogits != nullptr ? &dlogits->shape() : nullptr);
+  return pixel_cross_entropy_range(logits, labels, scale, dlogits, 0, s.n * s.h * s.w);
+}
+
+#define TESSERA_INSTANTIATE(T)                                                                     \
+  template void leaky_relu_forward<T>(std::span<const T>, T, std::span<T>);                        \
+  template void leaky_relu_backward<T>(std::span<const T>, std::span<const T>, T, std::span<T>);   \
+  template void sigmoid_forward<T>(std::span<const T>, std::span<T>);                              \
+  template void sigmoid_backward<T>(std::span<const T>, std::span<const T>, std::span<T>);         \
+  template double pixel_cross_entropy<T>(const Tensor<T>&, std::span<const std::int32_t>, T,       \
+                                         Tensor<T>*);                                              \
+  template double pixel_cross_entropy_range<T>(const Tensor<T>&, std::span<const std::int32_t>, T, \
+                                               Tensor<T>*, std::int64_t, std::int64_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

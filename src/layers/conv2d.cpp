@@ -117,10 +117,8 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
   const Layout y_fast =
       this->blocked_output_allowed() && y.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
-  const HaloPlan& plan = this->plan();
-  const bool assembled = !(plan.window == plan.owned && plan.send.empty());
   std::vector<std::pair<Layout, Layout>> layouts;
-  if (assembled && in.c % 8 == 0 && in.c % kBlock != 0)
+  if (!this->window_is_tile() && in.c % 8 == 0 && in.c % kBlock != 0)
     layouts.emplace_back(Layout::nchw8c, y_fast);
   layouts.emplace_back(x_fast, y_fast);
   if (x_fast != Layout::nchw || y_fast != Layout::nchw)

@@ -109,8 +109,7 @@ void Pool2d<T>::choose_kernel(Layout layout) {
   PoolKernel<T>* k = plain ? nchw_kernel_.get() : kernel_.get();
   if (k == active_) return;
   active_ = k;
-  active_layout_ = plain ? Layout::nchw : out_layout_;
-  this->set_window_layout(active_layout_);
+  this->set_window_layout(active_layout());
   this->set_window_padding(active_->window_padding());
 }
 
@@ -118,7 +117,7 @@ template <typename T>
 DistTensor<T> Pool2d<T>::forward(const DistTensor<T>& x, const RunState&) {
   choose_kernel(x.layout());
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist(), active_layout_, uninitialized, this->allocator());
+  DistTensor<T> y(this->out_dist(), active_layout(), uninitialized, this->allocator());
   active_->forward(window, y.local);
   return y;
 }

@@ -90,7 +90,9 @@ void WindowLayer<T>::bind(const Runtime& runtime) {
   overlap_ = runtime.overlap();
   exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), runtime.comm(), tag_,
                                        "layer '" + this->name() + "'", runtime.backend()));
-  bind_kernel(exchange_->plan().window, runtime.backend());
+  const HaloPlan& plan = exchange_->plan();
+  window_is_tile_ = plan.window == plan.owned && plan.send.empty() && plan.recv.empty();
+  bind_kernel(plan.window, runtime.backend());
   parts_.clear();
   if (!offered_.empty() && reads_input_through_window() && exchange_->takes_channel_slices()) {
     // Each input starts on a 16-channel block, whatever layout the window takes: the window's
@@ -131,10 +133,8 @@ const Tensor<T>& WindowLayer<T>::fill_window(const DistTensor<T>& x) {
   // A window that is the tile itself, in x's layout with no padding channels, is x: the kernel
   // reads x, and the layer keeps x instead of a copy where the model hands it over (take_input),
   // or keeps nothing where its backward does not read the window.
-  const HaloPlan& p = exchange_->plan();
-  const bool tile = parts_.empty() && p.window == p.owned && p.send.empty() && p.recv.empty() &&
-                    x.layout() == exchange_->window_layout() &&
-                    x.local.shape() == window_shape(in_, p) &&
+  const bool tile = parts_.empty() && window_is_tile_ && x.layout() == exchange_->window_layout() &&
+                    x.local.shape() == window_shape(in_, exchange_->plan()) &&
                     storage_size(x.local.shape(), x.layout()) == x.local.numel();
   const bool in_place = tile && !backward_reads_window() && !input_activation_grad_;
   adopting_ = tile && !in_place && this->input_handed_over();
@@ -251,8 +251,7 @@ DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
   }
   // A window that is the tile itself (a 1x1 conv's: it receives nothing) in x's layout, with
   // nothing to send, is dL/dx as it is: taken over, with no copy and no second buffer.
-  const HaloPlan& p = exchange_->plan();
-  if (p.window == p.owned && p.send.empty() && grad.layout() == in_layout_) {
+  if (window_is_tile_ && grad.layout() == in_layout_) {
     if (overlap) overlap();
     release_window();
     DistTensor<T> dx;

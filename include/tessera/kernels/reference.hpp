@@ -53,5 +53,11 @@ void sigmoid_backward(std::span<const T> y, std::span<const T> dy, std::span<T> 
 template <typename T>
 double pixel_cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
                            Tensor<T>* dlogits);
+// The same over the pixels [first, last) of the batch in linear order (n * H * W + row * W + col),
+// their sum in that order; unchecked: the caller has checked the whole (check_cross_entropy).
+template <typename T>
+double pixel_cross_entropy_range(const Tensor<T>& logits, std::span<const std::int32_t> labels,
+                                 T scale, Tensor<T>* dlogits, std::int64_t first,
+                                 std::int64_t last);
 
 }  // namespace tessera::reference

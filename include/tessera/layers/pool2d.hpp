@@ -62,7 +62,10 @@ class Pool2d final : public WindowLayer<T> {
   // With kernel_ on nchw16c: the backend's NCHW kernel when that one is not plain loops.
   std::unique_ptr<PoolKernel<T>> nchw_kernel_;
   PoolKernel<T>* active_ = nullptr;  // the last forward's, for its backward
-  Layout active_layout_ = Layout::nchw;
+  // The layout active_ pools in. After bind().
+  Layout active_layout() const {
+    return active_ == nchw_kernel_.get() ? Layout::nchw : out_layout_;
+  }
 };
 
 }  // namespace tessera

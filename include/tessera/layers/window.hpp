@@ -119,6 +119,9 @@ class WindowLayer : public UnaryLayer<T> {
   const Tensor<T>& finish_window(HaloRequest<T>& request);
   // This rank's plan; valid after bind(). Local.
   const HaloPlan& plan() const { return exchange_->plan(); }
+  // Whether the window is the rank's own tile: nothing to receive or send (a 1x1 conv's, a pool's
+  // whose windows tile the image on an even split). Valid after bind(). Local.
+  bool window_is_tile() const { return window_is_tile_; }
   // The layout the exchange assembles the window in, and takes its gradient in (default NCHW);
   // for bind_kernel. Local.
   void set_window_layout(Layout layout) { exchange_->set_window_layout(layout); }
@@ -148,6 +151,7 @@ class WindowLayer : public UnaryLayer<T> {
   Distribution in_, out_;
   std::optional<HaloExchange<T>> exchange_;
   Tensor<T> window_;
+  bool window_is_tile_ = false;  // bind()'s plan: window_is_tile()
   bool adopting_ = false;  // the last fill_window returned x: take_input keeps it as the window
   Layout in_layout_ = Layout::nchw;                             // of the last forward's x
   std::optional<FusedActivation> input_activation_;             // offered
