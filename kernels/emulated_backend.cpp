@@ -203,6 +203,7 @@ class EmulatedUpsample final : public UpsampleKernel<T> {
  public:
   explicit EmulatedUpsample(std::unique_ptr<UpsampleKernel<T>> k) : k_(std::move(k)) {}
   std::string name() const override { return "emulated " + k_->name(); }
+  bool takes_blocked() const override { return k_->takes_blocked(); }
   void forward(const Tensor<T>& x, Tensor<T>& y) const override {
     in_kernel([&] { k_->forward(x, y); });
   }

@@ -94,46 +94,54 @@ class CpuMerge final : public MergeKernel<T> {
         pa[k] += pb[k];
     });
   }
+  // In a blocked layout a unit (sample, block of B channels) holds its pixels' B channels side by
+  // side; the padding channels of a last partial block stay as they are. Each channel's values
+  // are visited in the plane's order in either layout, so the gradient sums are the same.
   void add_bias(std::span<const T> bias, Tensor<T>& y) const override {
     const Shape4& s = y.shape();
     check_bias(bias.size(), y, "bias");
-    const std::int64_t plane = s.h * s.w;
+    const std::int64_t b = block_of(y.layout()), blocks = channel_blocks(s.c, b);
+    const std::int64_t pixels = s.h * s.w;
     parallel_for(
-        s.n * s.c,
+        s.n * blocks,
         [&](std::int64_t first, std::int64_t last) {
           for (std::int64_t k = first; k < last; ++k) {
-            const T b = bias[static_cast<std::size_t>(k % s.c)];
-            T* out = y.data() + k * plane;
-            for (std::int64_t i = 0; i < plane; ++i)
-              out[i] += b;
+            const std::int64_t c0 = k % blocks * b, lanes = std::min(b, s.c - c0);
+            T* out = y.data() + k * pixels * b;
+            for (std::int64_t i = 0; i < pixels; ++i)
+              for (std::int64_t j = 0; j < lanes; ++j)
+                out[i * b + j] += bias[static_cast<std::size_t>(c0 + j)];
           }
         },
-        grain_for(plane));
+        grain_for(pixels * b));
   }
   void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const override {
     const Shape4& s = dy.shape();
     check_bias(dbias.size(), dy, "bias gradient");
-    const std::int64_t plane = s.h * s.w;
-    std::vector<T> sums(static_cast<std::size_t>(s.n * s.c));
+    const std::int64_t b = block_of(dy.layout()), blocks = channel_blocks(s.c, b);
+    const std::int64_t pixels = s.h * s.w;
+    std::vector<T> sums(static_cast<std::size_t>(s.n * blocks * b), T(0));
     parallel_for(
-        s.n * s.c,
+        s.n * blocks,
         [&](std::int64_t first, std::int64_t last) {
           for (std::int64_t k = first; k < last; ++k) {
-            const T* grad = dy.data() + k * plane;
-            T sum = T(0);
-            for (std::int64_t i = 0; i < plane; ++i)
-              sum += grad[i];
-            sums[static_cast<std::size_t>(k)] = sum;
+            const T* grad = dy.data() + k * pixels * b;
+            T* sum = sums.data() + k * b;
+            for (std::int64_t i = 0; i < pixels; ++i)
+              for (std::int64_t j = 0; j < b; ++j)
+                sum[j] += grad[i * b + j];
           }
         },
-        grain_for(plane));
-    for (std::int64_t k = 0; k < s.n * s.c; ++k)
-      dbias[static_cast<std::size_t>(k % s.c)] += sums[static_cast<std::size_t>(k)];
+        grain_for(pixels * b));
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        dbias[static_cast<std::size_t>(c)] +=
+            sums[static_cast<std::size_t>((n * blocks + c / b) * b + c % b)];
   }
 
  private:
   static void check_bias(std::size_t size, const Tensor<T>& t, const char* what) {
-    check_bias_shape(size, t.shape(), t.layout(), what);
+    check_bias_shape(size, t.shape(), Layout::nchw, what);  // any layout here
   }
 };
 

@@ -81,19 +81,41 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
                         .backward = {}});
     nodes_.push_back({std::move(n.layer), std::move(n.inputs), n.out});
   }
-  // A node may give its output in nchw16c when every consumer takes it, and every consumer that
-  // passes its input's layout on (an activation) may give nchw16c too. The model's output is NCHW
-  // (the loss reads it). Decided before bind(), where the kernels are planned for it.
   std::vector<std::vector<std::size_t>> consumers(nodes_.size());
   for (std::size_t k = 0; k < nodes_.size(); ++k)
     for (int i : nodes_[k].inputs)
       if (i >= 0) consumers[static_cast<std::size_t>(i)].push_back(k);
+  // A concat of other layers' outputs whose only consumer computes from the inputs directly
+  // (Layer::offer_concat; a halo layer plans an exchange per input at bind()). Offered first: the
+  // inputs then go to that consumer, in the layouts it takes.
+  std::vector<std::size_t> concats;
+  for (std::size_t k = 0; k < nodes_.size() && runtime.fuse(); ++k) {
+    const std::vector<int>& in = nodes_[k].inputs;
+    if (spec.layers[k].type != "concat" || consumers[k].size() != 1 ||
+        std::any_of(in.begin(), in.end(), [](int i) { return i < 0; }))
+      continue;
+    std::vector<Distribution> dists;
+    for (int i : in)
+      dists.push_back(nodes_[static_cast<std::size_t>(i)].out);
+    if (nodes_[consumers[k][0]].layer->offer_concat(std::move(dists), runtime.backend()))
+      concats.push_back(k);
+  }
+  // A taken concat's inputs are read by its consumer.
+  const auto reader = [&](std::size_t c) {
+    return std::find(concats.begin(), concats.end(), c) != concats.end() ? consumers[c][0] : c;
+  };
+  // A node may give its output in nchw16c when every consumer (for a taken concat, the concat's
+  // reader) takes it, and every consumer that passes its input's layout on (an activation) may
+  // give nchw16c too. The model's output is NCHW (the loss reads it). Decided before bind(),
+  // where the kernels are planned for it.
   std::vector<bool> blocked_ok(nodes_.size(), false);
   for (std::size_t k = nodes_.size() - 1; k-- > 0;) {
     bool ok = !consumers[k].empty();
-    for (std::size_t c : consumers[k])
-      ok = ok && nodes_[c].layer->takes_blocked() &&
-           (!nodes_[c].layer->passes_layout() || blocked_ok[c]);
+    for (std::size_t c : consumers[k]) {
+      const std::size_t r = reader(c);
+      ok = ok && nodes_[r].layer->takes_blocked() &&
+           (!nodes_[r].layer->passes_layout() || blocked_ok[r]);
+    }
     blocked_ok[k] = ok;
   }
   // Activations their neighbours compute: the producer applies f as it writes its output when
@@ -119,20 +141,6 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
       nodes_[*u.consumer].layer->offer_input_activation_grad(*f);
     }
     fusions.push_back(u);
-  }
-  // A concat of other layers' outputs whose only consumer may compute from the inputs directly:
-  // offered before bind(), where a halo layer plans an exchange per input (WindowLayer).
-  std::vector<std::size_t> concats;
-  for (std::size_t k = 0; k < nodes_.size() && runtime.fuse(); ++k) {
-    const std::vector<int>& in = nodes_[k].inputs;
-    if (spec.layers[k].type != "concat" || consumers[k].size() != 1 ||
-        std::any_of(in.begin(), in.end(), [](int i) { return i < 0; }))
-      continue;
-    std::vector<Distribution> dists;
-    for (int i : in)
-      dists.push_back(nodes_[static_cast<std::size_t>(i)].out);
-    nodes_[consumers[k][0]].layer->offer_concat(std::move(dists));
-    concats.push_back(k);
   }
   Allocator& memory = runtime.allocator();
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
@@ -164,7 +172,6 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   // consumers each), and the concat is never run.
   for (std::size_t c : concats) {
     Node& consumer = nodes_[consumers[c][0]];
-    if (!consumer.layer->concat_taken()) continue;
     consumer.inputs = nodes_[c].inputs;
     consumer.layer->hand_over_input(false);
     nodes_[c].taken = true;

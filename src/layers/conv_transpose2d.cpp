@@ -1,6 +1,7 @@
 #include "tessera/layers/conv_transpose2d.hpp"
 
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "tessera/error.hpp"
@@ -112,16 +113,28 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
   const Shape4 window{in.n, in.c, win.h.size(), win.w.size()};
   const Shape4 out = this->out_dist().local_shape();
   kernel_.reset();
+  out_layout_ = Layout::nchw;
   bias_kernel_ = backend.merge<T>();
   if (window.numel() == 0 || out.numel() == 0) return;
-  // The window in nchw16c when a fast kernel takes it (no reorder of it in any pass).
-  const Layout fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
-  for (const Layout layout : {fast, Layout::nchw}) {
-    kernel_ = backend.conv<T>(
-        {.x = out, .w = weight_.value.shape(), .y = window, .bias = false, .y_layout = layout},
-        geometry_);
+  // The window in nchw16c when a fast kernel takes it (no reorder of it in any pass), and the
+  // output too where the model allows it (it goes to the next layer, and its gradient comes
+  // back, as the kernel reads and writes them).
+  const Layout window_fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  const Layout out_fast =
+      this->blocked_output_allowed() && out.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  for (const auto& [wl, ol] :
+       {std::pair{window_fast, out_fast}, std::pair{window_fast, Layout::nchw},
+        std::pair{Layout::nchw, Layout::nchw}}) {
+    kernel_ = backend.conv<T>({.x = out,
+                               .w = weight_.value.shape(),
+                               .y = window,
+                               .bias = false,
+                               .x_layout = ol,
+                               .y_layout = wl},
+                              geometry_);
     if (kernel_) {
-      this->set_window_layout(layout);
+      this->set_window_layout(wl);
+      out_layout_ = ol;
       return;
     }
   }
@@ -137,7 +150,7 @@ DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState
     if (spec_.bias) bias_kernel_->add_bias(std::as_const(bias_.value).span_in(space), y.local);
     return y;
   }
-  DistTensor<T> y(this->out_dist(), Layout::nchw, uninitialized, this->allocator());
+  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized, this->allocator());
   kernel_->backward_data(window, weight_.value, y.local);
   if (spec_.bias) bias_kernel_->add_bias(std::as_const(bias_.value).span_in(space), y.local);
   return y;

@@ -43,6 +43,13 @@ Distribution UpsampleNearest<T>::setup(const Distribution& in) {
 template <typename T>
 void UpsampleNearest<T>::bind_kernel(const Box&, const Backend& backend) {
   kernel_ = backend.upsample<T>(geometry_);
+  // The window and the output in nchw16c where the model allows the output in it and the kernel
+  // takes it: an input that comes so is then read in place, and nothing is converted.
+  layout_ = this->blocked_output_allowed() && kernel_->takes_blocked() &&
+                    this->out_dist().global.c % kBlock == 0
+                ? Layout::nchw16c
+                : Layout::nchw;
+  this->set_window_layout(layout_);
 }
 
 template <typename T>
@@ -50,14 +57,14 @@ DistTensor<T> UpsampleNearest<T>::forward(const DistTensor<T>& x, const RunState
   TESSERA_CHECK(kernel_ != nullptr,
                 "layer '" + this->name() + "' (upsample_nearest): forward before bind");
   const Tensor<T>& window = this->fill_window(x);
-  DistTensor<T> y(this->out_dist(), Layout::nchw, this->allocator());
+  DistTensor<T> y(this->out_dist(), layout_, uninitialized, this->allocator());  // all written
   kernel_->forward(window, y.local);
   return y;
 }
 
 template <typename T>
 DistTensor<T> UpsampleNearest<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
-  Tensor<T> window_grad = this->window_grad_zeros();
+  Tensor<T> window_grad = this->window_grad_uninitialized();  // overwritten
   kernel_->backward(dy.local, window_grad);
   return this->accumulate_window(window_grad);
 }

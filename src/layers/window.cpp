@@ -94,31 +94,18 @@ void WindowLayer<T>::bind(const Runtime& runtime) {
   window_is_tile_ = plan.window == plan.owned && plan.send.empty() && plan.recv.empty();
   bind_kernel(plan.window, runtime.backend());
   parts_.clear();
-  if (!offered_.empty() && reads_input_through_window() && exchange_->takes_channel_slices()) {
-    // Each input starts on a 16-channel block, whatever layout the window takes: the window's
-    // layout may differ between ranks (it is planned for each rank's window box), and every rank
-    // must take the concat or none, since the messages differ.
-    std::int64_t channels = 0;
-    bool aligned = true;
-    for (const Distribution& d : offered_) {
-      aligned = aligned && channels % kBlock == 0;
-      channels += d.global.c;
-    }
-    if (aligned && channels == in_.global.c) {
-      channels = 0;
-      for (const Distribution& d : offered_) {
-        // The same tiles and window as exchange_'s (only the channels differ), the same tag.
-        parts_.push_back(
-            {.dist = d,
-             .first_channel = channels,
-             .exchange = window_exchange<T>(d, out_, *this->window(), runtime.comm(), tag_,
-                                            "layer '" + this->name() + "'", runtime.backend()),
-             .layout = Layout::nchw});
-        parts_.back().exchange.set_window_layout(exchange_->window_layout());
-        parts_.back().exchange.set_window_padding(exchange_->window_padding());
-        channels += d.global.c;
-      }
-    }
+  std::int64_t channels = 0;
+  for (const Distribution& d : taken_) {
+    // The same tiles and window as exchange_'s (only the channels differ), the same tag.
+    parts_.push_back(
+        {.dist = d,
+         .first_channel = channels,
+         .exchange = window_exchange<T>(d, out_, *this->window(), runtime.comm(), tag_,
+                                        "layer '" + this->name() + "'", runtime.backend()),
+         .layout = Layout::nchw});
+    parts_.back().exchange.set_window_layout(exchange_->window_layout());
+    parts_.back().exchange.set_window_padding(exchange_->window_padding());
+    channels += d.global.c;
   }
   input_activation_grad_.reset();
   if (input_activation_) {
@@ -126,6 +113,24 @@ void WindowLayer<T>::bind(const Runtime& runtime) {
         runtime.backend().activation<T>(input_activation_->kind, input_activation_->slope);
     if (!input_activation_grad_->works_from_output()) input_activation_grad_.reset();
   }
+}
+
+template <typename T>
+bool WindowLayer<T>::offer_concat(std::vector<Distribution> inputs, const Backend& backend) {
+  taken_.clear();
+  if (!reads_input_through_window() || !backend.halo_copy<T>()->takes_channel_slices())
+    return false;
+  // Each input starts on a 16-channel block, whatever layout the window takes: the window's
+  // layout may differ between ranks (it is planned for each rank's window box), and every rank
+  // must take the concat or none, since the messages differ.
+  std::int64_t channels = 0;
+  for (const Distribution& d : inputs) {
+    if (channels % kBlock != 0) return false;
+    channels += d.global.c;
+  }
+  if (channels != in_.global.c) return false;
+  taken_ = std::move(inputs);
+  return true;
 }
 
 template <typename T>

@@ -181,7 +181,11 @@ const char* kConcats = R"({"input_channels": 3, "layers": [
   {"name": "c4", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": 2, "dilation": 2},
   {"name": "cat3", "type": "concat", "inputs": ["c4", "c1", "c2"]},
   {"name": "p1", "type": "maxpool2d", "kernel": 2},
-  {"name": "cat4", "type": "concat", "inputs": ["p1", "p1"]},
+  {"name": "t1", "type": "conv_transpose2d", "out_channels": 16, "kernel": 2, "stride": 2},
+  {"name": "cat5", "type": "concat", "inputs": ["t1", "c1"]},
+  {"name": "c5", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
+  {"name": "p2", "type": "maxpool2d", "kernel": 2},
+  {"name": "cat4", "type": "concat", "inputs": ["p1", "p2"]},
   {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1}],
   "loss": "pixel_cross_entropy"})";
 
@@ -198,9 +202,11 @@ void check_concats(const std::vector<std::string>& expected, const std::string& 
 
 TEST(ConcatsTaken, WhereTheyAreAndTheSameResultsAsApart) {
   // cat1 (16 + 8 channels) into c3's window (NCHW in float64, 8-channel blocks on oneDNN), cat2
-  // (c3's output twice) into c4's (16-channel blocks on oneDNN); cat3 feeds a pooling, and cat4's
-  // second input would start at channel 30. The cuda halo copies take no channel slices.
-  std::vector<std::string> taken = {"cat1 -> c3", "cat2 -> c4"};
+  // (c3's output twice) into c4's (16-channel blocks on oneDNN; c3 then gives its output in
+  // them), cat5 into c5's (the transposed conv t1, with a bias, then gives 16-channel blocks on
+  // oneDNN); cat3 feeds a pooling, and cat4's second input would start at channel 30. The cuda
+  // halo copies take no channel slices.
+  std::vector<std::string> taken = {"cat1 -> c3", "cat2 -> c4", "cat5 -> c5"};
   if (test::world_runtime().backend().kind() == KernelBackend::cuda) taken.clear();
   check_concats<double>(taken, "float64");
   check_concats<float>(taken, "float32");

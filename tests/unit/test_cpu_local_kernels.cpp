@@ -1,8 +1,8 @@
 // The CPU backend's threaded local kernels against the reference: nearest upsampling by 2 across
-// the columns (bit for bit, every phase and row scale, odd widths) and the threaded softmax
-// cross-entropy (gradient bit for bit, loss to double rounding and the same on 1 and 2 threads).
-// The CPU batch norm's normalisation with the following (leaky) ReLU applied as it writes: bit
-// for bit the two passes apart, both layouts. Single process.
+// the columns (bit for bit, every phase and row scale, odd widths, NCHW and the blocked layouts)
+// and the threaded softmax cross-entropy (gradient bit for bit, loss to double rounding and the
+// same on 1 and 2 threads). The CPU batch norm's normalisation with the following (leaky) ReLU
+// applied as it writes: bit for bit the two passes apart, both layouts. Single process.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,26 +47,30 @@ struct Threads {
   ~Threads() { set_kernel_threads(before); }
 };
 
+// In `layout` (its last block padded for 3 channels in nchw8c or nchw16c): converted back to
+// NCHW, the results are the reference's.
 template <typename T>
 void expect_upsample_matches(std::int64_t sh, std::int64_t ph, std::int64_t pw, std::int64_t out_h,
-                             std::int64_t out_w, std::uint64_t stream) {
+                             std::int64_t out_w, std::uint64_t stream, Layout layout = Layout::nchw,
+                             std::int64_t channels = 3) {
   const UpsampleGeometry g{.scale_h = sh, .scale_w = 2, .phase_h = ph, .phase_w = pw};
   // x holds exactly the rows and columns y reads, plus one unread column.
-  const Shape4 x{2, 3, (out_h - 1 + ph) / sh + 1, (out_w - 1 + pw) / 2 + 2};
-  const Shape4 y{2, 3, out_h, out_w};
+  const Shape4 x{2, channels, (out_h - 1 + ph) / sh + 1, (out_w - 1 + pw) / 2 + 2};
+  const Shape4 y{2, channels, out_h, out_w};
   const std::string what = "scale " + std::to_string(sh) + "x2, phase " + std::to_string(ph) + "," +
-                           std::to_string(pw) + ", y " + y.str();
+                           std::to_string(pw) + ", y " + y.str() + " in " + to_string(layout);
   std::unique_ptr<UpsampleKernel<T>> k = make_cpu_upsample<T>(g);
   ASSERT_EQ(k->name(), "threaded pairs");
+  ASSERT_TRUE(k->takes_blocked());
   const Tensor<T> xv = test::random_tensor<T>(x, kSeed, stream);
   const Tensor<T> dy = test::random_tensor<T>(y, kSeed, stream + 1);
-  Tensor<T> got_y(y, T(7)), want_y(y), got_dx(x, T(7)), want_dx(x);
-  k->forward(xv, got_y);
-  k->backward(dy, got_dx);
+  Tensor<T> got_y(y, layout, T(7)), got_dx(x, layout, T(7)), want_y(y), want_dx(x);
+  k->forward(to_layout(xv, layout), got_y);
+  k->backward(to_layout(dy, layout), got_dx);
   reference::upsample_nearest_forward(xv, want_y, g);
   reference::upsample_nearest_backward(dy, want_dx, g);
-  EXPECT_EQ(mismatches(got_y, want_y), 0) << "forward, " << what;
-  EXPECT_EQ(mismatches(got_dx, want_dx), 0) << "backward, " << what;
+  EXPECT_EQ(mismatches(to_layout(got_y, Layout::nchw), want_y), 0) << "forward, " << what;
+  EXPECT_EQ(mismatches(to_layout(got_dx, Layout::nchw), want_dx), 0) << "backward, " << what;
 }
 
 TEST(CpuUpsample, ByTwoAcrossColumnsGivesTheReferenceBitForBit) {
@@ -78,6 +82,18 @@ TEST(CpuUpsample, ByTwoAcrossColumnsGivesTheReferenceBitForBit) {
           stream += 2;
           expect_upsample_matches<float>(sh, ph, pw, 5 + ph, out_w, stream);
           expect_upsample_matches<double>(sh, ph, pw, 4, out_w, stream);
+        }
+}
+
+TEST(CpuUpsample, BlockedLayoutsGiveTheReferenceBitForBit) {
+  std::uint64_t stream = 1000;
+  for (const Layout layout : {Layout::nchw8c, Layout::nchw16c})
+    for (std::int64_t channels : {3, 16, 20})
+      for (std::int64_t pw : {0, 1})
+        for (std::int64_t out_w : {1, 7, 40}) {
+          stream += 2;
+          expect_upsample_matches<float>(2, 1, pw, 6, out_w, stream, layout, channels);
+          expect_upsample_matches<double>(1, 0, pw, 3, out_w, stream, layout, channels);
         }
 }
 

@@ -75,6 +75,19 @@ void check_halo_copies(Layout layout) {
     expect_box(
         target, origin, box, [&](auto... i) { return plain.at(i...) + T(2); }, T(2),
         "move into blocks");
+
+    // Between blocks of 16 and of 8 (an upsampling's output into an 8-channel window): 8
+    // channels of a column at a time, the padded last block of 16 (4 channels) plane by plane.
+    const Layout other = layout == Layout::nchw16c ? Layout::nchw8c : Layout::nchw16c;
+    Tensor<T> into(s, other, T(-1));
+    copies->move(planes_of(blocked, origin), planes_of(into, origin), box, Direction::fill);
+    expect_box(
+        into, origin, box, [&](auto... i) { return plain.at(i...); }, T(-1),
+        "move between blocks");
+    copies->move(planes_of(blocked, origin), planes_of(into, origin), box, Direction::accumulate);
+    expect_box(
+        into, origin, box, [&](auto... i) { return T(2) * plain.at(i...); }, T(-1),
+        "add between blocks");
   }
 }
 

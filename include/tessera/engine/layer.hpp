@@ -138,12 +138,15 @@ class Layer {
   virtual void take_input(DistTensor<T>&& /*x*/) {}
 
   // A concat whose only consumer is this layer: the model offers the concat's inputs (their
-  // distributions, in the concat's order) before bind(). A layer that takes them computes from
-  // them as they are — a halo layer fills each into its channels of the window, so the
-  // concatenated tensor is never made — and returns one gradient per input; concat_taken() says,
-  // after bind(), whether it did. The model then gives the layer the concat's inputs in place of
-  // the concat's output and runs the concat no more. Local.
-  virtual void offer_concat(std::vector<Distribution> /*inputs*/) {}
+  // distributions, in the concat's order) after setup() and before bind(), with the backend the
+  // layer will compute on. A layer that takes them (it says so at once, in the return value and
+  // in concat_taken()) computes from them as they are — a halo layer fills each into its channels
+  // of the window, so the concatenated tensor is never made — and returns one gradient per input.
+  // The model then gives the layer the concat's inputs in place of the concat's output, runs the
+  // concat no more, and lets the inputs' producers give the layouts this layer takes. Local.
+  virtual bool offer_concat(std::vector<Distribution> /*inputs*/, const Backend& /*backend*/) {
+    return false;
+  }
   virtual bool concat_taken() const { return false; }
 
   // Whether backward() must return dL/dinput. The model clears it for the layers that read only

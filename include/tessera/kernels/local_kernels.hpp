@@ -106,10 +106,11 @@ class MergeKernel {
   virtual void take_channels(const Tensor<T>& y, std::int64_t offset, Tensor<T>& x) const = 0;
   // a += b, element by element (the same shape and layout).
   virtual void add(const Tensor<T>& b, Tensor<T>& a) const = 0;
-  // y[n, c, h, w] += bias[c] (y NCHW).
+  // y[n, c, h, w] += bias[c] (y NCHW; the CPU's kernel takes the blocked layouts too, the
+  // layouts a kernel that writes y in them gives).
   virtual void add_bias(std::span<const T> bias, Tensor<T>& y) const = 0;
-  // dbias[c] += the sum of dy[n, c, :, :] (dy NCHW): each plane summed in order, the planes added
-  // in (n, c) order, as the reference conv does.
+  // dbias[c] += the sum of dy[n, c, :, :] (layouts as add_bias): each plane summed in order, the
+  // planes added in (n, c) order, as the reference conv does.
   virtual void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const = 0;
 };
 
@@ -158,6 +159,8 @@ class UpsampleKernel {
  public:
   virtual ~UpsampleKernel() = default;
   virtual std::string name() const = 0;
+  // Whether x and y (dy and dx) may be in a blocked layout, both in the same one; else NCHW.
+  virtual bool takes_blocked() const { return false; }
   // y (its shape gives the output extent) from the window x.
   virtual void forward(const Tensor<T>& x, Tensor<T>& y) const = 0;
   // dx (overwritten, the window's shape): each input's sum of the gradients of the outputs that

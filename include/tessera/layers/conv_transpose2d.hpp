@@ -60,7 +60,7 @@ class ConvTranspose2d final : public WindowLayer<T> {
   std::vector<Param<T>*> params() override;
   std::optional<WindowMap> window() const override;
   // Any input layout: the exchange converts into the window's (nchw16c when the kernel reads
-  // it). The output is NCHW.
+  // it). The output is nchw16c where the model allows it and the kernel writes it, else NCHW.
   bool takes_blocked() const override { return true; }
   // The conv kernel that runs the adjoint ("reference", "onednn ..."), or "none" for a tile no
   // input reaches; valid after bind(). Local.
@@ -78,6 +78,7 @@ class ConvTranspose2d final : public WindowLayer<T> {
   // backward-data, its backward-filter (roles swapped) this layer's. Null when the window or
   // the tile is empty: no input reaches an output then, and the output is the bias alone.
   std::unique_ptr<ConvKernel<T>> kernel_;
+  Layout out_layout_ = Layout::nchw;  // of the output and its gradient: bind_kernel's
   // The bias and its gradient (the adjoint conv has none of its own).
   std::unique_ptr<MergeKernel<T>> bias_kernel_;
 };

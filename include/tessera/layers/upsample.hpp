@@ -36,6 +36,9 @@ class UpsampleNearest final : public WindowLayer<T> {
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override { return upsample_window(spec_.scale); }
+  // Any input layout (the exchange converts into the window's); the output is nchw16c where the
+  // model allows it and the kernel takes it, else NCHW.
+  bool takes_blocked() const override { return true; }
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
@@ -43,6 +46,7 @@ class UpsampleNearest final : public WindowLayer<T> {
   UpsampleSpec spec_;
   reference::UpsampleGeometry geometry_;
   std::unique_ptr<UpsampleKernel<T>> kernel_;
+  Layout layout_ = Layout::nchw;  // of the window, the output and their gradients: bind_kernel's
 };
 
 }  // namespace tessera

@@ -65,13 +65,13 @@ class WindowLayer : public UnaryLayer<T> {
   bool input_activation_grad_fused() const final { return input_activation_grad_ != nullptr; }
   // Keeps x as the window where fill_window computed from it in place. Local.
   void take_input(DistTensor<T>&& x) final;
-  // A concat's inputs (Layer::offer_concat), taken at bind() where the layer reads its input only
-  // through its window (reads_input_through_window), the backend's halo copies take channel
-  // slices, and each input's channels start at a multiple of 16 (a block of every layout): each
-  // input then has an exchange of its own, which fills its channels of the window and returns
-  // their gradient. Local.
-  void offer_concat(std::vector<Distribution> inputs) final { offered_ = std::move(inputs); }
-  bool concat_taken() const final { return !parts_.empty(); }
+  // A concat's inputs (Layer::offer_concat), taken where the layer reads its input only through
+  // its window (reads_input_through_window), the backend's halo copies take channel slices, and
+  // each input's channels start at a multiple of 16 (a block of every layout): each input then
+  // has an exchange of its own, made at bind(), which fills its channels of the window and
+  // returns their gradient. Call after setup(). Local.
+  bool offer_concat(std::vector<Distribution> inputs, const Backend& backend) final;
+  bool concat_taken() const final { return !taken_.empty(); }
   // With a concat taken, the concat's inputs (and one gradient for each); else as UnaryLayer.
   // Neighbour-wise collective over the spatial communicator.
   DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs, const RunState& state) final;
@@ -156,7 +156,7 @@ class WindowLayer : public UnaryLayer<T> {
   Layout in_layout_ = Layout::nchw;                             // of the last forward's x
   std::optional<FusedActivation> input_activation_;             // offered
   std::unique_ptr<ActivationKernel<T>> input_activation_grad_;  // taken: its f' from the window
-  // A concat's inputs: offered, and taken (each with its channels' exchange on the plan of
+  // A concat's inputs: taken, and at bind() (each with its channels' exchange on the plan of
   // exchange_, and the layout its gradient lies in: that of the last forward's input).
   struct Part {
     Distribution dist;
@@ -164,7 +164,7 @@ class WindowLayer : public UnaryLayer<T> {
     HaloExchange<T> exchange;
     Layout layout = Layout::nchw;
   };
-  std::vector<Distribution> offered_;
+  std::vector<Distribution> taken_;
   std::vector<Part> parts_;
   std::span<const DistTensor<T>* const> part_inputs_;  // during forward
   std::vector<HaloRequest<T>> part_requests_;          // between start_window and finish_window
