@@ -18,37 +18,38 @@ namespace {
 constexpr std::int64_t kLanes = 16;  // values handled side by side: nchw16c's channel block
 using Lanes = std::array<double, kLanes>;
 
-// A tensor as contiguous units: (sample, channel) planes in NCHW, (sample, block of 16 channels)
-// planes in nchw16c, where element k of a unit belongs to channel first_channel + k % 16.
+// A tensor as contiguous units: (sample, channel) planes in NCHW, (sample, block of B channels)
+// planes in nchw16c (B = 16) and nchw8c (B = 8), where element k of a unit belongs to channel
+// first_channel + k % B: lane j = k % 16 holds channel first_channel + j % B.
 struct Units {
   std::int64_t count = 0, length = 0, channels = 0;
-  bool blocked = false;
+  std::int64_t block = 1;  // B; 1 in NCHW
 
+  bool blocked() const { return block > 1; }
   std::int64_t first_channel(std::int64_t unit) const {
-    return blocked ? (unit % (channels / kLanes)) * kLanes : unit % channels;
+    return blocked() ? (unit % (channels / block)) * block : unit % channels;
+  }
+  // The channel of lane j.
+  std::int64_t channel(std::int64_t unit, std::int64_t j) const {
+    return first_channel(unit) + (blocked() ? j % block : 0);
   }
   // Per lane j, f(channel of lane j); in NCHW every lane is the unit's one channel.
   template <typename F>
   Lanes per_lane(std::int64_t unit, F&& f) const {
     Lanes out{};
-    const std::int64_t c = first_channel(unit);
     for (std::int64_t j = 0; j < kLanes; ++j)
-      out[std::size_t(j)] = f(static_cast<std::size_t>(blocked ? c + j : c));
+      out[std::size_t(j)] = f(static_cast<std::size_t>(channel(unit, j)));
     return out;
   }
 };
 
 Units units_of(const Shape4& s, Layout layout) {
-  TESSERA_CHECK(layout != Layout::nchw8c, "batch norm: nchw8c is a conv window's layout only");
-  if (layout == Layout::nchw16c) {
-    TESSERA_CHECK(s.c % kLanes == 0,
-                  "batch norm: nchw16c needs channels divisible by 16, got " + s.str());
-    return {.count = s.n * s.c / kLanes,
-            .length = s.h * s.w * kLanes,
-            .channels = s.c,
-            .blocked = true};
-  }
-  return {.count = s.n * s.c, .length = s.h * s.w, .channels = s.c, .blocked = false};
+  const std::int64_t b = block_of(layout);
+  if (b == 1) return {.count = s.n * s.c, .length = s.h * s.w, .channels = s.c, .block = 1};
+  TESSERA_CHECK(s.c % b == 0, std::string("batch norm: ") + to_string(layout) +
+                                  " needs channels divisible by " + std::to_string(b) + ", got " +
+                                  s.str());
+  return {.count = s.n * s.c / b, .length = s.h * s.w * b, .channels = s.c, .block = b};
 }
 
 using batchnorm_checks::channels;
@@ -68,7 +69,8 @@ void for_each_unit(const Units& u, Body&& body) {
 }
 
 // Per-channel sums (overwritten) of what acc(unit) returns for each unit: its 16 lane sums, one
-// per channel in nchw16c, all the unit's channel in NCHW. Units are added in order.
+// per channel in nchw16c, two per channel (lanes j and j + 8) in nchw8c, all the unit's channel
+// in NCHW. Units are added in order.
 template <typename Acc>
 void channel_sums(const Units& u, std::span<double> sums, Acc&& acc) {
   std::vector<Lanes> partial(static_cast<std::size_t>(u.count));
@@ -77,9 +79,9 @@ void channel_sums(const Units& u, std::span<double> sums, Acc&& acc) {
   for (std::int64_t unit = 0; unit < u.count; ++unit) {
     const Lanes& p = partial[std::size_t(unit)];
     const std::int64_t c = u.first_channel(unit);
-    if (u.blocked) {
+    if (u.blocked()) {
       for (std::int64_t j = 0; j < kLanes; ++j)
-        sums[std::size_t(c + j)] += p[std::size_t(j)];
+        sums[std::size_t(u.channel(unit, j))] += p[std::size_t(j)];
     } else {
       double s = 0;
       for (double v : p)

@@ -220,8 +220,11 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
                            shapes.x_layout == Layout::nchw && shapes.y_layout == Layout::nchw &&
                            x.c < kBlock && y.c < kBlock;
     const Tag xt = eight_channel_blocks ? Tag::nChw8c : plain_1x1 ? Tag::nchw : Tag::any;
-    const memory::desc x_any(dims_of(x), f32, xt), y_any(dims_of(y), f32, xt);
-    const memory::desc x_low(dims_of(x), low, xt), y_low(dims_of(y), low, xt);
+    // An output wanted in nchw8c (Conv2d::bind_kernel) is asked of the 8-channel kernels too:
+    // the first layer's (3 -> 8) writes it so instead of padding to 16 channels and converting.
+    const Tag yt = preferred && shapes.y_layout == Layout::nchw8c && low == f32 ? Tag::nChw8c : xt;
+    const memory::desc x_any(dims_of(x), f32, xt), y_any(dims_of(y), f32, yt);
+    const memory::desc x_low(dims_of(x), low, xt), y_low(dims_of(y), low, yt);
     const memory::desc w_any = weight_desc(w, g.groups, Tag::any, low);
     const memory::desc dw_any = weight_desc(w, g.groups, Tag::any);
     const memory::desc x_user = user_desc(x, shapes.x_layout, shapes.x_outer, shapes.x_at);

@@ -78,9 +78,9 @@ std::unique_ptr<OneDnnPool> OneDnnPool::create(PoolKind kind, const PoolShapes& 
   const Shape4 &x = shapes.x, &y = shapes.y;
   if (g.pad_top != 0 || g.pad_left != 0 || g.kernel_h <= 0 || g.kernel_w <= 0 || g.stride_h <= 0 ||
       g.stride_w <= 0 || x.n != y.n || x.c != y.c || x.numel() == 0 || y.numel() == 0 ||
-      shapes.layout == Layout::nchw8c || (shapes.layout == Layout::nchw16c && x.c % kBlock != 0) ||
-      !fits(x.h, y.h, g.kernel_h, g.stride_h) || !fits(x.w, y.w, g.kernel_w, g.stride_w) ||
-      g.image.empty() || intersect(g.image, Box{{0, x.h}, {0, x.w}}) != g.image)
+      x.c % block_of(shapes.layout) != 0 || !fits(x.h, y.h, g.kernel_h, g.stride_h) ||
+      !fits(x.w, y.w, g.kernel_w, g.stride_w) || g.image.empty() ||
+      intersect(g.image, Box{{0, x.h}, {0, x.w}}) != g.image)
     return nullptr;
   onednn::apply_threads();
   auto plan = std::make_unique<Plan>();
@@ -130,7 +130,7 @@ void check_shape(const char* what, const Shape4& got, const Shape4& planned) {
                                     planned.str() + ", called with " + got.str());
 }
 
-// f(in, out) on NCHW tensors, through copies when the plan's layout is nchw16c: the reference
+// f(in, out) on NCHW tensors, through copies when the plan's layout is blocked: the reference
 // fallback reads NCHW only.
 template <typename F>
 void in_nchw(Layout layout, const Tensor<float>& in, Tensor<float>& out, F&& f) {
@@ -139,10 +139,11 @@ void in_nchw(Layout layout, const Tensor<float>& in, Tensor<float>& out, F&& f) 
     return;
   }
   TESSERA_CHECK(in.layout() == layout && out.layout() == layout,
-                "oneDNN pooling planned for nchw16c, called with NCHW tensors");
+                std::string("oneDNN pooling planned for ") + to_string(layout) + ", called with " +
+                    to_string(in.layout()) + " and " + to_string(out.layout()) + " tensors");
   Tensor<float> plain(out.shape(), uninitialized);
   f(to_layout(in, Layout::nchw), plain);
-  out = to_layout(plain, Layout::nchw16c);
+  out = to_layout(plain, layout);
 }
 
 // Runs `prim` of `pd` from `in` to `out`, with max pooling's workspace and the scratchpad it asks

@@ -114,9 +114,14 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // three passes: 629 -> 334 ms; README "Channel blocks"), where the window is assembled anyway:
   // not where it is the tile itself (a 1x1 conv's, whose gradient is then taken over uncopied).
   // The kernel declines it where it computes faster from 16-channel blocks (Winograd).
+  // An output of a multiple of 8 channels that is not one of 16 (the 8-channel convs of
+  // unet-small) goes on in nchw8c, as oneDNN's 8-channel kernels write it: no conversion to NCHW
+  // after the conv and none of its gradient back (README "Channel blocks").
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
-  const Layout y_fast =
-      this->blocked_output_allowed() && y.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
+  const Layout y_fast = !this->blocked_output_allowed() ? Layout::nchw
+                        : y.c % kBlock == 0             ? Layout::nchw16c
+                        : y.c % 8 == 0                  ? Layout::nchw8c
+                                                        : Layout::nchw;
   std::vector<std::pair<Layout, Layout>> layouts;
   if (!this->window_is_tile() && in.c % 8 == 0 && in.c % kBlock != 0)
     layouts.emplace_back(Layout::nchw8c, y_fast);

@@ -80,10 +80,14 @@ void Pool2d<T>::bind_kernel(const Box& w, const Backend& backend) {
   const Shape4 in = this->in_dist().local_shape();
   const Shape4 x{in.n, in.c, w.h.size(), w.w.size()};
   const Shape4 y = this->out_dist().local_shape();
-  // nchw16c in and out when the output may go on blocked and a fast kernel takes it: no
-  // conversions before or after (a conv's blocked output pooled for the next conv). Else NCHW.
-  const bool blocked = this->blocked_output_allowed() && in.c % kBlock == 0;
-  for (const Layout layout : {blocked ? Layout::nchw16c : Layout::nchw, Layout::nchw}) {
+  // nchw16c (nchw8c for a multiple of 8 channels that is not one of 16) in and out when the
+  // output may go on blocked and a fast kernel takes it: no conversions before or after (a conv's
+  // blocked output pooled for the next conv). Else NCHW.
+  const Layout blocked = !this->blocked_output_allowed() ? Layout::nchw
+                         : in.c % kBlock == 0            ? Layout::nchw16c
+                         : in.c % 8 == 0                 ? Layout::nchw8c
+                                                         : Layout::nchw;
+  for (const Layout layout : {blocked, Layout::nchw}) {
     kernel_ = backend.pool<T>(spec_.kind, {.x = x, .y = y, .layout = layout}, geometry);
     if (kernel_) {
       out_layout_ = layout;
@@ -91,11 +95,11 @@ void Pool2d<T>::bind_kernel(const Box& w, const Backend& backend) {
     }
   }
   TESSERA_CHECK(kernel_ != nullptr, "no pooling kernel for layer '" + this->name() + "'");
-  // An NCHW input (an activation that feeds a concat too) would be converted into an nchw16c
+  // An NCHW input (an activation that feeds a concat too) would be converted into a blocked
   // window and its gradient back, at the input's resolution: the NCHW kernel pools it as it lies
   // unless that kernel is plain loops.
   nchw_kernel_.reset();
-  if (out_layout_ == Layout::nchw16c) {
+  if (out_layout_ != Layout::nchw) {
     nchw_kernel_ = backend.pool<T>(spec_.kind, {.x = x, .y = y, .layout = Layout::nchw}, geometry);
     if (nchw_kernel_ && nchw_kernel_->plain_loops()) nchw_kernel_.reset();
   }

@@ -542,6 +542,37 @@ TEST(OneDnnConv, EightChannelWindowsGiveTheReferenceResults) {
   expect_float32_matches_float64(spec, {2, 3, 30, 26}, 5, "8-channel windows");
 }
 
+// unet-small's shape end to end, with 8-channel activations in nchw8c from the convs that write
+// them through batch norm, ReLU and pooling, a 16-channel transposed conv and upsampling in
+// nchw16c, and concats read by their convs (16-channel blocks into an 8-channel window): the
+// float64 reference's loss, logits and gradients.
+TEST(OneDnnConv, EightChannelActivationsGiveTheReferenceResults) {
+  const ModelSpec spec = parse_model(
+      R"({"name": "unet-like", "input_channels": 3, "layers": [
+          {"name": "e1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "e1_bn", "type": "batchnorm2d"},
+          {"name": "e1_relu", "type": "relu"},
+          {"name": "p1", "type": "maxpool2d", "kernel": 2},
+          {"name": "e2", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+          {"name": "e2_relu", "type": "relu"},
+          {"name": "p2", "type": "maxpool2d", "kernel": 2},
+          {"name": "m", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},
+          {"name": "t", "type": "conv_transpose2d", "out_channels": 16, "kernel": 2, "stride": 2},
+          {"name": "cat2", "type": "concat", "inputs": ["t", "e2_relu"]},
+          {"name": "d2", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "d2_bn", "type": "batchnorm2d"},
+          {"name": "up", "type": "upsample_nearest", "scale": 2},
+          {"name": "cat1", "type": "concat", "inputs": ["up", "e1_relu"]},
+          {"name": "d1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "d1_bn", "type": "batchnorm2d"},
+          {"name": "d1_relu", "type": "relu"},
+          {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})");
+  expect_float32_matches_float64(spec, {2, 3, 28, 36}, 7, "8-channel activations");
+}
+
 // Transposed convs run as the adjoint of a planned conv kernel (oneDNN's backward-data for their
 // forward, and so on): float32 models give the float64 reference's loss, logits and gradients,
 // over strides, paddings, output paddings, bias or none, and windows of 16 channels (nchw16c).

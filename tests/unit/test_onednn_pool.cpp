@@ -82,7 +82,7 @@ struct PoolCase {
     return std::string(kind == PoolKind::max ? "max" : "avg") + " n" + std::to_string(n) + " c" +
            std::to_string(c) + " k" + std::to_string(kernel) + " s" + std::to_string(stride) +
            " margin " + std::to_string(margin) + " trailing " + std::to_string(trailing) + " " +
-           (layout == Layout::nchw16c ? "nchw16c" : "nchw") + " x" + x().str();
+           to_string(layout) + " x" + x().str();
   }
 };
 
@@ -92,11 +92,13 @@ std::vector<PoolCase> sweep() {
   for (PoolKind kind : {PoolKind::max, PoolKind::avg})
     for (std::int64_t k : {1, 2, 3, 4})
       for (std::int64_t s : {1, 2, 3})
-        for (Layout layout : {Layout::nchw, Layout::nchw16c})
+        for (Layout layout : {Layout::nchw, Layout::nchw16c, Layout::nchw8c})
           for (std::int64_t margin = 0; margin <= k / 2; ++margin, ++i)
             out.push_back({.kind = kind,
                            .n = 1 + i % 2,
-                           .c = layout == Layout::nchw16c ? 16 * (1 + i % 2) : 1 + i % 5,
+                           .c = layout == Layout::nchw16c  ? 16 * (1 + i % 2)
+                                : layout == Layout::nchw8c ? 8 * (1 + i % 3)
+                                                           : 1 + i % 5,
                            .kernel = k,
                            .stride = s,
                            .out_h = 3 + i % 4,
@@ -146,6 +148,9 @@ Result run(PoolKernel<float>& kernel, const PoolCase& c, const Tensor<float>& x,
   Tensor<float> dx(c.x(), l, std::numeric_limits<float>::quiet_NaN());
   kernel.forward(to_layout(x, l), y);
   kernel.backward(to_layout(dy, l), dx);
+  // In the layout planned, whichever path computed them (the reference fallback included).
+  EXPECT_EQ(y.layout(), l) << c.str();
+  EXPECT_EQ(dx.layout(), l) << c.str();
   Result r{to_layout(y, Layout::nchw), to_layout(dx, Layout::nchw)};
   const Box image = c.geometry().image;
   const Shape4 s = c.x();
@@ -221,7 +226,7 @@ TEST(OneDnnPool, NonFiniteInputsGiveTheReferenceResults) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   for (PoolKind kind : {PoolKind::max, PoolKind::avg})
-    for (Layout layout : {Layout::nchw16c, Layout::nchw}) {
+    for (Layout layout : {Layout::nchw16c, Layout::nchw8c, Layout::nchw}) {
       const PoolCase c{.kind = kind,
                        .n = 1,
                        .c = 16,

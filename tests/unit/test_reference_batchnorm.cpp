@@ -1,6 +1,6 @@
 // The batch-norm reference kernels against the definition (forward) and against central finite
 // differences of the whole batch-norm function in float64, statistics included (backward); the
-// threaded kernels the layer runs against the reference, in NCHW and nchw16c.
+// threaded kernels the layer runs against the reference, in NCHW, nchw16c and nchw8c.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -305,7 +305,7 @@ double sum_error(std::span<const double> a, std::span<const double> b) {
 // tails) and large enough that the threads split them; a mean far from zero included.
 template <typename T>
 void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double offset) {
-  const std::string what = s.str() + (layout == Layout::nchw16c ? " nchw16c" : " nchw");
+  const std::string what = s.str() + " " + to_string(layout);
   const Tensor<T> x = random_tensor<T>(s, 1, offset - 1, offset + 1);
   const Tensor<T> dy = random_tensor<T>(s, 2);
   const std::vector<T> weight = random_vector<T>(s.c, 3, 0.5, 1.5);
@@ -363,14 +363,16 @@ void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double 
       << "backward data " << what;
 }
 
-TEST(BatchNormKernels, MatchTheReferenceInBothLayouts) {
+TEST(BatchNormKernels, MatchTheReferenceInEveryLayout) {
   for (double offset : {0.0, 1000.0}) {
     for (const Shape4& s : {Shape4{2, 3, 5, 7}, Shape4{3, 5, 97, 89}, Shape4{1, 2, 1, 1}}) {
       expect_fast_kernels_match_reference<double>(s, Layout::nchw, offset);
       expect_fast_kernels_match_reference<float>(s, Layout::nchw, offset);
     }
-    for (const Shape4& s : {Shape4{2, 16, 5, 7}, Shape4{3, 32, 67, 61}}) {
-      for (Layout layout : {Layout::nchw, Layout::nchw16c}) {
+    for (const Shape4& s :
+         {Shape4{2, 16, 5, 7}, Shape4{3, 32, 67, 61}, Shape4{2, 8, 5, 7}, Shape4{1, 24, 33, 31}}) {
+      for (Layout layout : {Layout::nchw, Layout::nchw16c, Layout::nchw8c}) {
+        if (s.c % block_of(layout) != 0) continue;
         expect_fast_kernels_match_reference<double>(s, layout, offset);
         expect_fast_kernels_match_reference<float>(s, layout, offset);
       }
@@ -385,6 +387,9 @@ TEST(BatchNormKernels, RefuseMismatchedSizesAndBlockedOddChannels) {
   const Tensor<float> odd({1, 8, 4, 4});
   std::vector<double> eight(8);
   EXPECT_THROW(fast::batchnorm_sum(odd, Layout::nchw16c, std::span<double>(eight)), Error);
+  const Tensor<float> twelve({1, 12, 4, 4});
+  std::vector<double> sums(12);
+  EXPECT_THROW(fast::batchnorm_sum(twelve, Layout::nchw8c, std::span<double>(sums)), Error);
 }
 
 }  // namespace

@@ -40,9 +40,10 @@ class Pool2d final : public WindowLayer<T> {
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override;
-  // Any input layout: the exchange converts into the window's (nchw16c when a fast kernel pools
-  // it, with the output in nchw16c too where the model allows; NCHW inputs stay NCHW where the
-  // backend has a fast NCHW kernel too, so that no conversion runs at the larger resolution).
+  // Any input layout: the exchange converts into the window's (nchw16c, or nchw8c for 8, 24, ...
+  // channels, when a fast kernel pools it and the model allows the output in it too; NCHW inputs
+  // stay NCHW where the backend has a fast NCHW kernel too, so that no conversion runs at the
+  // larger resolution).
   bool takes_blocked() const override { return true; }
   // Which kernel pools an input in the layout it prefers ("reference", "onednn ...", "tiled
   // max"), and the one for NCHW inputs where that differs ("none" without); valid after bind().
@@ -59,7 +60,7 @@ class Pool2d final : public WindowLayer<T> {
   Pool2dSpec spec_;
   std::unique_ptr<PoolKernel<T>> kernel_;
   Layout out_layout_ = Layout::nchw;
-  // With kernel_ on nchw16c: the backend's NCHW kernel when that one is not plain loops.
+  // With kernel_ on a blocked layout: the backend's NCHW kernel when that one is not plain loops.
   std::unique_ptr<PoolKernel<T>> nchw_kernel_;
   PoolKernel<T>* active_ = nullptr;  // the last forward's, for its backward
   // The layout active_ pools in. After bind().
