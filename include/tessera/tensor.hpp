@@ -50,6 +50,15 @@ inline constexpr std::int64_t block_of(Layout layout) {
   return layout == Layout::nchw16c ? kBlock : layout == Layout::nchw8c ? 8 : 1;
 }
 
+// The blocked layout a tensor of `channels` channels goes on in between layers where the model
+// allows it: nchw16c for a multiple of 16, nchw8c for another multiple of 8 (oneDNN's 8-channel
+// kernels read it unpadded), else NCHW.
+inline constexpr Layout blocked_layout_for(std::int64_t channels) {
+  return channels % kBlock == 0 ? Layout::nchw16c
+         : channels % 8 == 0    ? Layout::nchw8c
+                                : Layout::nchw;
+}
+
 // Channel blocks of `block` channels: ceil(c / block).
 inline std::int64_t channel_blocks(std::int64_t c, std::int64_t block = kBlock) {
   return (c + block - 1) / block;

@@ -78,7 +78,6 @@ void channel_sums(const Units& u, std::span<double> sums, Acc&& acc) {
   std::fill(sums.begin(), sums.end(), 0.0);
   for (std::int64_t unit = 0; unit < u.count; ++unit) {
     const Lanes& p = partial[std::size_t(unit)];
-    const std::int64_t c = u.first_channel(unit);
     if (u.blocked()) {
       for (std::int64_t j = 0; j < kLanes; ++j)
         sums[std::size_t(u.channel(unit, j))] += p[std::size_t(j)];
@@ -86,7 +85,7 @@ void channel_sums(const Units& u, std::span<double> sums, Acc&& acc) {
       double s = 0;
       for (double v : p)
         s += v;
-      sums[std::size_t(c)] += s;
+      sums[std::size_t(u.first_channel(unit))] += s;
     }
   }
 }

@@ -141,7 +141,7 @@ class CpuMerge final : public MergeKernel<T> {
 
  private:
   static void check_bias(std::size_t size, const Tensor<T>& t, const char* what) {
-    check_bias_shape(size, t.shape(), Layout::nchw, what);  // any layout here
+    check_bias_shape(size, t.shape(), t.layout(), what, /*blocked_ok=*/true);
   }
 };
 
@@ -235,8 +235,9 @@ void check_cross_entropy(const Shape4& s, std::span<const std::int32_t> labels,
                                                  std::to_string(s.c) + " output channels");
 }
 
-void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what) {
-  TESSERA_CHECK(static_cast<std::int64_t>(size) == t.c && layout == Layout::nchw,
+void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what,
+                      bool blocked_ok) {
+  TESSERA_CHECK(static_cast<std::int64_t>(size) == t.c && (blocked_ok || layout == Layout::nchw),
                 std::string(what) + " of " + std::to_string(size) + " values for " + t.str() +
                     " in " + to_string(layout) + " (expected one per channel, NCHW)");
 }

@@ -118,10 +118,7 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // unet-small) goes on in nchw8c, as oneDNN's 8-channel kernels write it: no conversion to NCHW
   // after the conv and none of its gradient back (README "Channel blocks").
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
-  const Layout y_fast = !this->blocked_output_allowed() ? Layout::nchw
-                        : y.c % kBlock == 0             ? Layout::nchw16c
-                        : y.c % 8 == 0                  ? Layout::nchw8c
-                                                        : Layout::nchw;
+  const Layout y_fast = this->blocked_output_allowed() ? blocked_layout_for(y.c) : Layout::nchw;
   std::vector<std::pair<Layout, Layout>> layouts;
   if (!this->window_is_tile() && in.c % 8 == 0 && in.c % kBlock != 0)
     layouts.emplace_back(Layout::nchw8c, y_fast);

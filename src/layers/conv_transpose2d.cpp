@@ -118,13 +118,15 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
   if (window.numel() == 0 || out.numel() == 0) return;
   // The window in nchw16c when a fast kernel takes it (no reorder of it in any pass), and the
   // output too where the model allows it (it goes to the next layer, and its gradient comes
-  // back, as the kernel reads and writes them).
+  // back, as the kernel reads and writes them). Not nchw8c: the adjoint conv would read an
+  // 8-channel output in 8-channel blocks and convert the window to them (not measured).
   const Layout window_fast = in.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
   const Layout out_fast =
       this->blocked_output_allowed() && out.c % kBlock == 0 ? Layout::nchw16c : Layout::nchw;
-  for (const auto& [wl, ol] :
-       {std::pair{window_fast, out_fast}, std::pair{window_fast, Layout::nchw},
-        std::pair{Layout::nchw, Layout::nchw}}) {
+  std::vector<std::pair<Layout, Layout>> layouts{{window_fast, out_fast}};
+  if (out_fast != Layout::nchw) layouts.emplace_back(window_fast, Layout::nchw);
+  if (window_fast != Layout::nchw) layouts.emplace_back(Layout::nchw, Layout::nchw);
+  for (const auto& [wl, ol] : layouts) {
     kernel_ = backend.conv<T>({.x = out,
                                .w = weight_.value.shape(),
                                .y = window,

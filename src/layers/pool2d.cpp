@@ -83,10 +83,7 @@ void Pool2d<T>::bind_kernel(const Box& w, const Backend& backend) {
   // nchw16c (nchw8c for a multiple of 8 channels that is not one of 16) in and out when the
   // output may go on blocked and a fast kernel takes it: no conversions before or after (a conv's
   // blocked output pooled for the next conv). Else NCHW.
-  const Layout blocked = !this->blocked_output_allowed() ? Layout::nchw
-                         : in.c % kBlock == 0            ? Layout::nchw16c
-                         : in.c % 8 == 0                 ? Layout::nchw8c
-                                                         : Layout::nchw;
+  const Layout blocked = this->blocked_output_allowed() ? blocked_layout_for(in.c) : Layout::nchw;
   for (const Layout layout : {blocked, Layout::nchw}) {
     kernel_ = backend.pool<T>(spec_.kind, {.x = x, .y = y, .layout = layout}, geometry);
     if (kernel_) {

@@ -43,11 +43,10 @@ Distribution UpsampleNearest<T>::setup(const Distribution& in) {
 template <typename T>
 void UpsampleNearest<T>::bind_kernel(const Box&, const Backend& backend) {
   kernel_ = backend.upsample<T>(geometry_);
-  // The window and the output in nchw16c where the model allows the output in it and the kernel
-  // takes it: an input that comes so is then read in place, and nothing is converted.
-  layout_ = this->blocked_output_allowed() && kernel_->takes_blocked() &&
-                    this->out_dist().global.c % kBlock == 0
-                ? Layout::nchw16c
+  // The window and the output blocked where the model allows the output so and the kernel takes
+  // it: an input that comes so is then read in place, and nothing is converted.
+  layout_ = this->blocked_output_allowed() && kernel_->takes_blocked()
+                ? blocked_layout_for(this->out_dist().global.c)
                 : Layout::nchw;
   this->set_window_layout(layout_);
 }

@@ -133,8 +133,10 @@ void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset);
 // over logits of shape `logits`; `dlogits` may be null.
 void check_cross_entropy(const Shape4& logits, std::span<const std::int32_t> labels,
                          const Shape4* dlogits);
-// A per-channel bias (or its gradient) of `size` values for an NCHW tensor of shape `t`.
-void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what);
+// A per-channel bias (or its gradient) of `size` values for a tensor of shape `t`, NCHW unless
+// the kernel takes blocked layouts too (`blocked_ok`).
+void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what,
+                      bool blocked_ok = false);
 void check_dropout_tile(const Shape4& x, Layout layout, const TileOrigin& at, const Shape4& mask,
                         const Shape4& y);
 void check_dropout_backward(const Shape4& dy, const Shape4& mask, const Shape4& dx);
