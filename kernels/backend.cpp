@@ -7,6 +7,7 @@
 
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera_config.h"
 
 #if TESSERA_HAVE_ONEDNN
@@ -29,9 +30,9 @@ class OneDnnBackend final : public Backend {
   KernelBackend kind() const override { return KernelBackend::onednn; }
   std::string description() const override {
     return "onednn for float32 convolutions, transposed convolutions and pooling (" +
-           onednn_description() +
-           "); threaded loops for batch norm, activations, the loss, upsampling by 2 and max "
-           "pooling by windows that tile the image; reference (plain loops) for the rest";
+           onednn_description() + "); threaded loops for batch norm (" + to_string(simd_level()) +
+           "), activations, the loss, upsampling by 2 and max pooling by windows that tile the "
+           "image; reference (plain loops) for the rest";
   }
 
  protected:

@@ -72,6 +72,8 @@ RuntimeOptions runtime_options_from_environment() {
   o.overlap = switch_of("TESSERA_OVERLAP", true);
   o.fuse = switch_of("TESSERA_FUSE", true);
   o.winograd = switch_of("TESSERA_WINOGRAD", true);
+  if (variable("TESSERA_SIMD"))
+    o.simd = parsed("TESSERA_SIMD", [](const std::string& v) { return parse_simd_level(v); });
   if (variable("TESSERA_WAIT"))
     o.wait = parsed("TESSERA_WAIT", [](const std::string& v) { return parse_wait_policy(v); });
   if (variable("TESSERA_TIMEOUT"))
@@ -106,6 +108,7 @@ Runtime::Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options)
 Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options) {
   set_conv_bf16(options.bf16);  // before the model plans its kernels
   set_conv_winograd(options.winograd);
+  if (options.simd) set_simd_level(*options.simd);
   const WaitSettings wait{options.wait.value_or(world.wait_settings().policy), options.timeout};
   return Runtime(with_transport(world.host().make_grid(grid, wait), options.transport), options);
 }

@@ -1,7 +1,13 @@
 #include "tessera/kernels/batchnorm_kernels.hpp"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,14 +15,31 @@
 #include "batchnorm_checks.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/batchnorm_kernel.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/parallel.hpp"
+
+// The wide loops: GCC on x86-64 compiles batchnorm_loops.inc a second time for AVX-512.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_HAS_WIDE_LOOPS 1
+#else
+#define TESSERA_HAS_WIDE_LOOPS 0
+#endif
 
 namespace tessera::fast {
 namespace {
 
 constexpr std::int64_t kLanes = 16;  // values handled side by side: nchw16c's channel block
 using Lanes = std::array<double, kLanes>;
+// Units are cut into pieces of this many elements (a multiple of kLanes), the work of one call:
+// the threads share the pieces of a unit too (8 or 16 channels of one sample are one unit), and
+// the sums add per-piece partial sums in piece order, whatever the thread count.
+constexpr std::int64_t kPiece = std::int64_t{1} << 16;
+
+// Elements [begin, end) of one unit.
+struct Piece {
+  std::int64_t begin = 0, end = 0;
+};
 
 // A tensor as contiguous units: (sample, channel) planes in NCHW, (sample, block of B channels)
 // planes in nchw16c (B = 16) and nchw8c (B = 8), where element k of a unit belongs to channel
@@ -33,6 +56,10 @@ struct Units {
   std::int64_t channel(std::int64_t unit, std::int64_t j) const {
     return first_channel(unit) + (blocked() ? j % block : 0);
   }
+  // Elements in whole groups of 16 lanes.
+  std::int64_t full() const { return length / kLanes * kLanes; }
+  std::int64_t pieces() const { return std::max<std::int64_t>(1, (length + kPiece - 1) / kPiece); }
+  Piece piece(std::int64_t k) const { return {k * kPiece, std::min(length, (k + 1) * kPiece)}; }
   // Per lane j, f(channel of lane j); in NCHW every lane is the unit's one channel.
   template <typename F>
   Lanes per_lane(std::int64_t unit, F&& f) const {
@@ -52,79 +79,46 @@ Units units_of(const Shape4& s, Layout layout) {
   return {.count = s.n * s.c / b, .length = s.h * s.w * b, .channels = s.c, .block = b};
 }
 
+// Whether an output of `numel` values of T is written with streaming stores.
+template <typename T>
+bool streams(std::int64_t numel) {
+  return numel * std::int64_t(sizeof(T)) >= streaming_store_bytes();
+}
+
 using batchnorm_checks::channels;
 using batchnorm_checks::same;
 using batchnorm_checks::statistics;
 
-// Calls body(unit) for every unit, split over the kernel threads.
-template <typename Body>
-void for_each_unit(const Units& u, Body&& body) {
-  parallel_for(
-      u.count,
-      [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t unit = first; unit < last; ++unit)
-          body(unit);
-      },
-      grain_for(u.length));
-}
+namespace base {
+#define TESSERA_WIDE_LOOPS 0
+#include "batchnorm_loops.inc"
+#undef TESSERA_WIDE_LOOPS
+}  // namespace base
 
-// Per-channel sums (overwritten) of what acc(unit) returns for each unit: its 16 lane sums, one
-// per channel in nchw16c, two per channel (lanes j and j + 8) in nchw8c, all the unit's channel
-// in NCHW. Units are added in order.
-template <typename Acc>
-void channel_sums(const Units& u, std::span<double> sums, Acc&& acc) {
-  std::vector<Lanes> partial(static_cast<std::size_t>(u.count));
-  for_each_unit(u, [&](std::int64_t unit) { partial[std::size_t(unit)] = acc(unit); });
-  std::fill(sums.begin(), sums.end(), 0.0);
-  for (std::int64_t unit = 0; unit < u.count; ++unit) {
-    const Lanes& p = partial[std::size_t(unit)];
-    if (u.blocked()) {
-      for (std::int64_t j = 0; j < kLanes; ++j)
-        sums[std::size_t(u.channel(unit, j))] += p[std::size_t(j)];
-    } else {
-      double s = 0;
-      for (double v : p)
-        s += v;
-      sums[std::size_t(u.first_channel(unit))] += s;
-    }
-  }
+#if TESSERA_HAS_WIDE_LOOPS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
+namespace wide {
+#define TESSERA_WIDE_LOOPS 1
+#include "batchnorm_loops.inc"
+#undef TESSERA_WIDE_LOOPS
+}  // namespace wide
+#pragma GCC pop_options
+bool use_wide() {
+  return simd_level() == SimdLevel::avx512;
 }
-
-// Lane sums of term(k, j) over one unit's elements k, element k on lane j = k % 16 (past the
-// last full 16, on lane k - full): 16 independent accumulators, which vectorise.
-template <typename Term>
-Lanes lane_sums(const Units& u, Term&& term) {
-  Lanes acc{};
-  const std::int64_t full = u.length / kLanes * kLanes;
-  for (std::int64_t k = 0; k < full; k += kLanes)
-    for (std::int64_t j = 0; j < kLanes; ++j)
-      acc[std::size_t(j)] += term(k + j, j);
-  for (std::int64_t k = full; k < u.length; ++k)
-    acc[std::size_t(k - full)] += term(k, k - full);
-  return acc;
-}
-
-// op(k, j) for every element k of one unit, on the lanes lane_sums uses.
-template <typename Op>
-void lane_apply(const Units& u, Op&& op) {
-  const std::int64_t full = u.length / kLanes * kLanes;
-  for (std::int64_t k = 0; k < full; k += kLanes)
-    for (std::int64_t j = 0; j < kLanes; ++j)
-      op(k + j, j);
-  for (std::int64_t k = full; k < u.length; ++k)
-    op(k, k - full);
-}
+// Runs loop `name` of the widest available instruction set with the arguments that follow.
+#define TESSERA_LOOPS(name, ...) (use_wide() ? wide::name(__VA_ARGS__) : base::name(__VA_ARGS__))
+#else
+#define TESSERA_LOOPS(name, ...) base::name(__VA_ARGS__)
+#endif
 
 }  // namespace
 
 template <typename T>
 void batchnorm_sum(const Tensor<T>& x, Layout layout, std::span<double> sum) {
   channels("batchnorm_sum", x.shape(), sum.size(), "sum");
-  const Units u = units_of(x.shape(), layout);
-  channel_sums(u, sum, [&](std::int64_t unit) {
-    const T* p = x.data() + unit * u.length;
-    return lane_sums(u, [&](std::int64_t k, std::int64_t) { return double(p[k]); });
-  });
+  TESSERA_LOOPS(sum, units_of(x.shape(), layout), x.data(), sum);
 }
 
 template <typename T>
@@ -132,15 +126,7 @@ void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<
                                    std::span<double> sum) {
   channels("batchnorm_centered_square_sum", x.shape(), mean.size(), "mean");
   channels("batchnorm_centered_square_sum", x.shape(), sum.size(), "sum");
-  const Units u = units_of(x.shape(), layout);
-  channel_sums(u, sum, [&](std::int64_t unit) {
-    const T* p = x.data() + unit * u.length;
-    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return mean[c]; });
-    return lane_sums(u, [&](std::int64_t k, std::int64_t j) {
-      const double d = double(p[k]) - m[std::size_t(j)];
-      return d * d;
-    });
-  });
+  TESSERA_LOOPS(centered_square_sum, units_of(x.shape(), layout), x.data(), mean, sum);
 }
 
 template <typename T>
@@ -152,28 +138,8 @@ void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& 
   channels("batchnorm_forward", s, weight.size(), "weight");
   channels("batchnorm_forward", s, bias.size(), "bias");
   same("batchnorm_forward", s, y.shape(), "output");
-  const Units u = units_of(s, layout);
-  for_each_unit(u, [&](std::int64_t unit) {
-    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
-    const Lanes scale =
-        u.per_lane(unit, [&](std::size_t c) { return stats.invstd[c] * double(weight[c]); });
-    const Lanes shift = u.per_lane(unit, [&](std::size_t c) { return double(bias[c]); });
-    const T* p = x.data() + unit * u.length;
-    T* q = y.data() + unit * u.length;
-    if (leaky_slope) {
-      const T slope = *leaky_slope;
-      lane_apply(u, [&](std::int64_t k, std::int64_t j) {
-        const std::size_t l = std::size_t(j);
-        q[k] = elementwise::leaky_relu(elementwise::batchnorm_apply(p[k], m[l], scale[l], shift[l]),
-                                       slope);
-      });
-    } else {
-      lane_apply(u, [&](std::int64_t k, std::int64_t j) {
-        const std::size_t l = std::size_t(j);
-        q[k] = elementwise::batchnorm_apply(p[k], m[l], scale[l], shift[l]);
-      });
-    }
-  });
+  TESSERA_LOOPS(forward, units_of(s, layout), x.data(), stats, weight.data(), bias.data(), y.data(),
+                leaky_slope, streams<T>(y.numel()));
 }
 
 template <typename T>
@@ -185,21 +151,8 @@ void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
   same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
   channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
   channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
-  const Units u = units_of(s, layout);
-  channel_sums(u, sum_dy, [&](std::int64_t unit) {
-    const T* g = dy.data() + unit * u.length;
-    return lane_sums(u, [&](std::int64_t k, std::int64_t) { return double(g[k]); });
-  });
-  channel_sums(u, sum_dy_xhat, [&](std::int64_t unit) {
-    const T* p = x.data() + unit * u.length;
-    const T* g = dy.data() + unit * u.length;
-    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
-    const Lanes r = u.per_lane(unit, [&](std::size_t c) { return stats.invstd[c]; });
-    return lane_sums(u, [&](std::int64_t k, std::int64_t j) {
-      const std::size_t l = std::size_t(j);
-      return double(g[k]) * (double(p[k]) - m[l]) * r[l];
-    });
-  });
+  TESSERA_LOOPS(backward_sums, units_of(s, layout), x.data(), dy.data(), stats, sum_dy,
+                sum_dy_xhat);
 }
 
 template <typename T>
@@ -207,26 +160,12 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
                              const BatchNormStats& stats, std::span<const T> weight,
                              std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
                              Tensor<T>& dx) {
-  const Shape4& s = x.shape();
   batchnorm_checks::backward_data("batchnorm_backward_data", x, dy, stats, weight.size(),
                                   mean_dy.size(), mean_dy_xhat.size(), dx);
-  const Units u = units_of(s, layout);
-  for_each_unit(u, [&](std::int64_t unit) {
-    const Lanes m = u.per_lane(unit, [&](std::size_t c) { return stats.mean[c]; });
-    const Lanes r = u.per_lane(unit, [&](std::size_t c) { return stats.invstd[c]; });
-    const Lanes scale =
-        u.per_lane(unit, [&](std::size_t c) { return double(weight[c]) * stats.invstd[c]; });
-    const Lanes a = u.per_lane(unit, [&](std::size_t c) { return mean_dy[c]; });
-    const Lanes b = u.per_lane(unit, [&](std::size_t c) { return mean_dy_xhat[c]; });
-    const T* p = x.data() + unit * u.length;
-    const T* g = dy.data() + unit * u.length;
-    T* q = dx.data() + unit * u.length;
-    lane_apply(u, [&](std::int64_t k, std::int64_t j) {
-      const std::size_t l = std::size_t(j);
-      q[k] = elementwise::batchnorm_grad(g[k], p[k], m[l], r[l], scale[l], a[l], b[l]);
-    });
-  });
+  TESSERA_LOOPS(backward_data, units_of(x.shape(), layout), x.data(), dy.data(), stats,
+                weight.data(), mean_dy, mean_dy_xhat, dx.data(), streams<T>(dx.numel()));
 }
+#undef TESSERA_LOOPS
 
 #define TESSERA_INSTANTIATE(T)                                                                \
   template void batchnorm_sum<T>(const Tensor<T>&, Layout, std::span<double>);                \

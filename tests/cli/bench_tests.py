@@ -84,6 +84,14 @@ def bench_errors(env):
     r = env.run_cmd([env.mpiexec, "-n", "1", "/usr/bin/env", "TESSERA_CUDNN_SEARCH=heuristic",
                      env.exe, "bench", "--image", "3x16x16", "--steps", "1", "--sgemm", "0"])
     expect_ok(r, "tessera bench")
+    # The threaded loops' instruction set: named in the kernels line, a bad name refused.
+    r = env.run_cmd([env.mpiexec, "-n", "1", "/usr/bin/env", "TESSERA_SIMD=baseline", env.exe,
+                     "bench", "--model", "unet-small", "--image", "3x16x16", "--steps", "1",
+                     "--sgemm", "0"])
+    expect_ok(r, "threaded loops for batch norm (baseline)")
+    r = env.run_cmd([env.mpiexec, "-n", "2", "/usr/bin/env", "TESSERA_SIMD=sse9", env.exe,
+                     "bench", "--image", "3x16x16", "--steps", "1"])
+    expect_error(r, "TESSERA_SIMD", "'sse9'", "expected baseline or avx512")
 
 
 @scenario

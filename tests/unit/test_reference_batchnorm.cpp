@@ -13,8 +13,10 @@
 
 #include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/batchnorm_kernels.hpp"
 #include "tessera/kernels/reference_batchnorm.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
@@ -377,6 +379,111 @@ TEST(BatchNormKernels, MatchTheReferenceInEveryLayout) {
         expect_fast_kernels_match_reference<float>(s, layout, offset);
       }
     }
+  }
+}
+
+// Everything the fast kernels give for one input, for comparing runs bit for bit.
+template <typename T>
+struct FastResults {
+  std::vector<double> sum, square_sum, sum_dy, sum_dy_xhat;
+  std::vector<T> y, dx;
+  bool operator==(const FastResults&) const = default;
+};
+
+template <typename T>
+FastResults<T> run_fast_kernels(const Tensor<T>& x, const Tensor<T>& dy, Layout layout) {
+  const Shape4& s = x.shape();
+  const std::size_t c = std::size_t(s.c);
+  const std::vector<T> weight = random_vector<T>(s.c, 3, 0.5, 1.5);
+  const std::vector<T> bias = random_vector<T>(s.c, 4, -1, 1);
+  FastResults<T> r{std::vector<double>(c),
+                   std::vector<double>(c),
+                   std::vector<double>(c),
+                   std::vector<double>(c),
+                   {},
+                   {}};
+  fast::batchnorm_sum(x, layout, std::span<double>(r.sum));
+  std::vector<double> mean(c), invstd(c), a(c), b(c);
+  for (std::size_t k = 0; k < c; ++k)
+    mean[k] = r.sum[k] / double(s.n * s.h * s.w);
+  fast::batchnorm_centered_square_sum(x, layout, std::span<const double>(mean),
+                                      std::span<double>(r.square_sum));
+  for (std::size_t k = 0; k < c; ++k)
+    invstd[k] = 1 / std::sqrt(r.square_sum[k] / double(s.n * s.h * s.w) + 1e-5);
+  const BatchNormStats stats{mean, invstd};
+  Tensor<T> y(s, layout), dx(s, layout);
+  fast::batchnorm_forward(x, layout, stats, std::span<const T>(weight), std::span<const T>(bias), y,
+                          std::optional<T>(T(0.1)));
+  fast::batchnorm_backward_sums(x, dy, layout, stats, std::span<double>(r.sum_dy),
+                                std::span<double>(r.sum_dy_xhat));
+  for (std::size_t k = 0; k < c; ++k) {
+    a[k] = r.sum_dy[k] / double(s.n * s.h * s.w);
+    b[k] = r.sum_dy_xhat[k] / double(s.n * s.h * s.w);
+  }
+  fast::batchnorm_backward_data(x, dy, layout, stats, std::span<const T>(weight),
+                                std::span<const double>(a), std::span<const double>(b), dx);
+  r.y.assign(y.span().begin(), y.span().end());
+  r.dx.assign(dx.span().begin(), dx.span().end());
+  return r;
+}
+
+// Units of many pieces (the threads split one sample's channels), tails past the last 16 lanes,
+// outputs large enough for streaming stores (>= 16 MiB where the cache size is unknown, half the
+// last-level cache otherwise) and small ones: the baseline and AVX-512 loops on 1 and 2 threads
+// give the same results bit for bit, and the reference's (forward with its sums: to 1e-11).
+template <typename T>
+void expect_same_at_every_simd_level(const Shape4& s, Layout layout) {
+  const Tensor<T> x = to_layout(random_tensor<T>(s, 5, 2, 4), layout);
+  const Tensor<T> dy = to_layout(random_tensor<T>(s, 6), layout);
+  const SimdLevel before = simd_level();
+  set_simd_level(SimdLevel::baseline);
+  const FastResults<T> want = [&] {
+    const KernelThreads threads = kernel_threads();
+    set_kernel_threads({1, "test"});
+    FastResults<T> r = run_fast_kernels(x, dy, layout);
+    set_kernel_threads(threads);
+    return r;
+  }();
+  for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx512}) {
+    if (!simd_available(level)) continue;
+    set_simd_level(level);
+    for (int n : {1, 2}) {
+      const KernelThreads threads = kernel_threads();
+      set_kernel_threads({n, "test"});
+      const FastResults<T> got = run_fast_kernels(x, dy, layout);
+      set_kernel_threads(threads);
+      EXPECT_TRUE(got == want) << s.str() << " " << to_string(layout) << ", " << to_string(level)
+                               << ", " << n << " threads";
+    }
+  }
+  set_simd_level(before);
+  const Tensor<T> plain = to_layout(x, Layout::nchw);
+  std::vector<double> sum(std::size_t(s.c));
+  reference::batchnorm_sum(plain, std::span<double>(sum));
+  EXPECT_LE(sum_error(want.sum, sum), 1e-11) << s.str() << " " << to_string(layout);
+}
+
+TEST(BatchNormKernels, GiveTheSameResultsAtEverySimdLevelAndThreadCount) {
+  expect_same_at_every_simd_level<float>({1, 8, 517, 515}, Layout::nchw8c);
+  expect_same_at_every_simd_level<float>({1, 16, 600, 520}, Layout::nchw16c);  // 19 MiB
+  expect_same_at_every_simd_level<double>({2, 3, 1031, 1029}, Layout::nchw);   // 48 MiB
+  expect_same_at_every_simd_level<double>({1, 16, 67, 61}, Layout::nchw16c);
+  // The large shapes against the reference too, at the level this machine runs.
+  expect_fast_kernels_match_reference<float>({1, 16, 600, 520}, Layout::nchw16c, 1000.0);
+  expect_fast_kernels_match_reference<double>({2, 3, 1031, 1029}, Layout::nchw, 0.0);
+}
+
+TEST(BatchNormKernels, SimdLevelsAreNamedAndTheBaselineIsAlwaysThere) {
+  EXPECT_TRUE(simd_available(SimdLevel::baseline));
+  EXPECT_STREQ(to_string(SimdLevel::baseline), "baseline");
+  EXPECT_STREQ(to_string(SimdLevel::avx512), "avx512");
+  EXPECT_EQ(parse_simd_level("baseline"), SimdLevel::baseline);
+  EXPECT_EQ(parse_simd_level("avx512"), SimdLevel::avx512);
+  EXPECT_THROW(parse_simd_level("sse2"), Error);
+  EXPECT_GT(streaming_store_bytes(), 0);
+  if (!simd_available(SimdLevel::avx512)) {
+    EXPECT_THROW(set_simd_level(SimdLevel::avx512), Error);
+    EXPECT_EQ(simd_level(), SimdLevel::baseline);
   }
 }
 

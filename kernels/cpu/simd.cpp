@@ -1,0 +1,76 @@
+#include "tessera/kernels/simd.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <string>
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+namespace {
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;  // the wide loops are compiled by GCC on x86-64 only
+#endif
+}
+
+// The largest cache cpu0 has, from sysfs ("32768K"); 0 where it cannot be read. (glibc's
+// sysconf(_SC_LEVEL3_CACHE_SIZE) gives ten times the L3 on AMD EPYC VMs seen here.)
+std::int64_t last_level_cache_bytes() {
+  std::int64_t largest = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+    std::int64_t size = 0;
+    char unit = 0;
+    if (!(in >> size)) continue;
+    if (in >> unit) size <<= unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0;
+    largest = std::max(largest, size);
+  }
+  return largest;
+}
+
+std::atomic<SimdLevel>& level() {
+  static std::atomic<SimdLevel> current{cpu_has_avx512() ? SimdLevel::avx512 : SimdLevel::baseline};
+  return current;
+}
+
+}  // namespace
+
+const char* to_string(SimdLevel level) {
+  return level == SimdLevel::avx512 ? "avx512" : "baseline";
+}
+
+SimdLevel parse_simd_level(const std::string& name) {
+  if (name == "baseline") return SimdLevel::baseline;
+  if (name == "avx512") return SimdLevel::avx512;
+  throw Error("unknown instruction set '" + name + "': expected baseline or avx512");
+}
+
+bool simd_available(SimdLevel level) {
+  return level == SimdLevel::baseline || cpu_has_avx512();
+}
+
+SimdLevel simd_level() {
+  return level().load(std::memory_order_relaxed);
+}
+
+void set_simd_level(SimdLevel l) {
+  TESSERA_CHECK(simd_available(l), std::string("the ") + to_string(l) +
+                                       " loops are not available on this CPU or in this build");
+  level().store(l, std::memory_order_relaxed);
+}
+
+std::int64_t streaming_store_bytes() {
+  static const std::int64_t bytes = [] {
+    const std::int64_t l3 = last_level_cache_bytes();
+    return l3 > 0 ? l3 / 2 : std::int64_t{16} << 20;
+  }();
+  return bytes;
+}
+
+}  // namespace tessera
