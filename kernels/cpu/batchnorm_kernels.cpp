@@ -130,6 +130,15 @@ void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<
 }
 
 template <typename T>
+void batchnorm_shifted_sums(const Tensor<T>& x, Layout layout, std::span<const double> shift,
+                            std::span<double> sum, std::span<double> square_sum) {
+  channels("batchnorm_shifted_sums", x.shape(), shift.size(), "shift");
+  channels("batchnorm_shifted_sums", x.shape(), sum.size(), "sum");
+  channels("batchnorm_shifted_sums", x.shape(), square_sum.size(), "square sum");
+  TESSERA_LOOPS(shifted_sums, units_of(x.shape(), layout), x.data(), shift, sum, square_sum);
+}
+
+template <typename T>
 void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& stats,
                        std::span<const T> weight, std::span<const T> bias, Tensor<T>& y,
                        std::optional<T> leaky_slope) {
@@ -171,6 +180,8 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
   template void batchnorm_sum<T>(const Tensor<T>&, Layout, std::span<double>);                \
   template void batchnorm_centered_square_sum<T>(const Tensor<T>&, Layout,                    \
                                                  std::span<const double>, std::span<double>); \
+  template void batchnorm_shifted_sums<T>(const Tensor<T>&, Layout, std::span<const double>,  \
+                                          std::span<double>, std::span<double>);              \
   template void batchnorm_forward<T>(const Tensor<T>&, Layout, const BatchNormStats&,         \
                                      std::span<const T>, std::span<const T>, Tensor<T>&,      \
                                      std::optional<T>);                                       \
@@ -199,6 +210,10 @@ class CpuBatchNorm final : public BatchNormKernel<T> {
   void centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
                            std::span<double> sum) const override {
     fast::batchnorm_centered_square_sum(x, layout, mean, sum);
+  }
+  void shifted_sums(const Tensor<T>& x, Layout layout, std::span<const double> shift,
+                    std::span<double> sum, std::span<double> square_sum) const override {
+    fast::batchnorm_shifted_sums(x, layout, shift, sum, square_sum);
   }
   void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const override {

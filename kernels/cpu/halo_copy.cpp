@@ -1,19 +1,60 @@
 // The CPU halo copies of include/tessera/kernels/halo_copy.hpp.
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdint>
 
 #include "tessera/kernels/halo_copy.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera {
 namespace {
 
-// Copies (fill) or adds (accumulate) `n` values `in_step` apart to `n` places `out_step` apart.
+// Runs this short are copied with plain stores even into a large target: a streaming store of
+// part of a cache line costs more than it saves.
+constexpr std::int64_t kStreamRun = 64;
+
+// Copies n values with streaming stores (SSE2's, 16 bytes at a time where `out` is so aligned;
+// plain stores for the few values before and after): the target's lines are not read first. The
+// caller fences (fence_streams) before the values are read elsewhere.
+template <typename T>
+void stream_copy(const T* in, T* out, std::int64_t n) {
+#if defined(__x86_64__)
+  constexpr std::int64_t per = 16 / sizeof(T);
+  std::int64_t k = 0;
+  for (; k < n && reinterpret_cast<std::uintptr_t>(out + k) % 16 != 0; ++k)
+    out[k] = in[k];
+  for (; k + 4 * per <= n; k += 4 * per)
+    for (std::int64_t v = 0; v < 4; ++v)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + k + v * per),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k + v * per)));
+  for (; k < n; ++k)
+    out[k] = in[k];
+#else
+  std::copy(in, in + n, out);
+#endif
+}
+
+void fence_streams() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Copies (fill) or adds (accumulate) `n` values `in_step` apart to `n` places `out_step` apart;
+// a long contiguous copy with streaming stores when `stream`.
 template <typename T>
 void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, std::int64_t n,
-              Direction how) {
+              Direction how, bool stream = false) {
   if (in_step == 1 && out_step == 1) {
     if (how == Direction::fill) {
-      std::copy(in, in + n, out);
+      if (stream && n >= kStreamRun)
+        stream_copy(in, out, n);
+      else
+        std::copy(in, in + n, out);
     } else {
       for (std::int64_t k = 0; k < n; ++k)
         out[k] += in[k];
@@ -31,7 +72,7 @@ void move_row(const T* in, std::int64_t in_step, T* out, std::int64_t out_step, 
 // channels (one interleaved row, `blocked`), through tiles of 16 columns: the B plain rows are
 // read and the interleaved row written contiguously, with sizes the compiler knows.
 template <std::int64_t B, typename T>
-void interleave_row(const T* const* plain, T* blocked, std::int64_t n, Direction how) {
+void interleave_row(const T* const* plain, T* blocked, std::int64_t n, Direction how, bool stream) {
   constexpr std::int64_t kTile = 16;
   T tile[kTile * B];
   for (std::int64_t w0 = 0; w0 < n; w0 += kTile) {
@@ -39,7 +80,7 @@ void interleave_row(const T* const* plain, T* blocked, std::int64_t n, Direction
     for (std::int64_t p = 0; p < B; ++p)
       for (std::int64_t k = 0; k < m; ++k)
         tile[k * B + p] = plain[p][w0 + k];
-    move_row(static_cast<const T*>(tile), 1, blocked + w0 * B, 1, m * B, how);
+    move_row(static_cast<const T*>(tile), 1, blocked + w0 * B, 1, m * B, how, stream);
   }
 }
 
@@ -60,11 +101,17 @@ void deinterleave_row(const T* blocked, T* const* plain, std::int64_t n, Directi
 }
 
 // Between blocks of 16 and of 8 channels: each column's 8 channels of a half block move whole,
-// `n` columns with the blocks' strides.
+// `n` columns with the blocks' strides. Into 8-channel blocks (one contiguous run) with streaming
+// stores when `stream`.
 template <typename T>
 void move_half_blocks(const T* in, std::int64_t in_step, T* out, std::int64_t out_step,
-                      std::int64_t n, Direction how) {
+                      std::int64_t n, Direction how, bool stream) {
   constexpr std::int64_t kHalf = 8;
+  if (how == Direction::fill && stream && out_step == kHalf && n * kHalf >= kStreamRun) {
+    for (std::int64_t k = 0; k < n; ++k)
+      stream_copy(in + k * in_step, out + k * kHalf, kHalf);
+    return;
+  }
   for (std::int64_t k = 0; k < n; ++k) {
     const T* __restrict a = in + k * in_step;
     T* __restrict b = out + k * out_step;
@@ -98,7 +145,7 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
   const std::int64_t rows = box.h.size();
   const bool same = from.layout == to.layout;
   // NCHW into 8- or 16-channel blocks (every window assembly from an NCHW tile).
-  void (*const interleave)(const T* const*, T*, std::int64_t, Direction) =
+  void (*const interleave)(const T* const*, T*, std::int64_t, Direction, bool) =
       from.block() != 1 ? nullptr
       : group == 8      ? interleave_row<8, T>
       : group == kBlock ? interleave_row<kBlock, T>
@@ -110,6 +157,11 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
       : group == 8      ? deinterleave_row<8, T>
       : group == kBlock ? deinterleave_row<kBlock, T>
                         : nullptr;
+  // Into a target larger than the cache can keep until it is read (a window, a gradient).
+  const Shape4& ts = to.shape;
+  const bool stream =
+      how == Direction::fill &&
+      ts.n * ts.c * ts.h * ts.w * std::int64_t(sizeof(T)) >= streaming_store_bytes();
   parallel_for(
       from.shape.n * per_sample * rows,
       [&](std::int64_t first, std::int64_t last) {
@@ -122,11 +174,11 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
           const std::int64_t count = std::min(group, channels - c0);
           const std::int64_t w = box.w.begin;
           if (same && count == group) {
-            move_row(from.at(p0, r, w), 1, to.at(p0, r, w), 1, width * group, how);
+            move_row(from.at(p0, r, w), 1, to.at(p0, r, w), 1, width * group, how, stream);
           } else if (interleave != nullptr && count == group) {
             for (std::int64_t p = 0; p < group; ++p)
               in[p] = from.at(p0 + p, r, w);
-            interleave(in, to.at(p0, r, w), width, how);
+            interleave(in, to.at(p0, r, w), width, how, stream);
           } else if (deinterleave != nullptr && count == group) {
             for (std::int64_t p = 0; p < group; ++p)
               out[p] = to.at(p0 + p, r, w);
@@ -135,7 +187,7 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
             // nchw16c <-> nchw8c: each half block's columns of 8 channels.
             for (std::int64_t p = p0; p < p0 + count; p += 8)
               move_half_blocks(from.at(p, r, w), from.block(), to.at(p, r, w), to.block(), width,
-                               how);
+                               how, stream);
           } else if (from.block() == group && to.block() == 1) {
             // Out of a block into NCHW: each plane's row whole, read with the block's stride
             // (the group's row is one contiguous run; a few percent faster than tiles here).
@@ -148,6 +200,7 @@ void move_box(const Planes<const T>& from, const Planes<T>& to, const Box& box, 
                          std::min(kBlock, box.w.end - w0), how);
           }
         }
+        if (stream) fence_streams();
       },
       grain_for(group * width));
 }

@@ -34,6 +34,14 @@ std::int64_t last_level_cache_bytes() {
   return largest;
 }
 
+std::atomic<std::int64_t>& streaming_bytes() {
+  static std::atomic<std::int64_t> bytes{[] {
+    const std::int64_t l3 = last_level_cache_bytes();
+    return l3 > 0 ? l3 / 2 : std::int64_t{16} << 20;
+  }()};
+  return bytes;
+}
+
 std::atomic<SimdLevel>& level() {
   static std::atomic<SimdLevel> current{cpu_has_avx512() ? SimdLevel::avx512 : SimdLevel::baseline};
   return current;
@@ -66,11 +74,11 @@ void set_simd_level(SimdLevel l) {
 }
 
 std::int64_t streaming_store_bytes() {
-  static const std::int64_t bytes = [] {
-    const std::int64_t l3 = last_level_cache_bytes();
-    return l3 > 0 ? l3 / 2 : std::int64_t{16} << 20;
-  }();
-  return bytes;
+  return streaming_bytes().load(std::memory_order_relaxed);
+}
+
+void set_streaming_store_bytes(std::int64_t bytes) {
+  streaming_bytes().store(bytes, std::memory_order_relaxed);
 }
 
 }  // namespace tessera

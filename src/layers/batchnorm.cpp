@@ -10,6 +10,14 @@
 #include "tessera/parallel.hpp"
 
 namespace tessera {
+namespace {
+
+// The largest (mean - K)^2 / var for which the one-pass statistics are kept (forward): their
+// variance then holds all but about 1e-13 of its value in relative terms (double's 2^-53 times
+// 1 + this).
+constexpr double kShiftedLimit = 1e3;
+
+}  // namespace
 
 BatchNormSpec parse_batchnorm(const LayerSpec& spec) {
   Fields f(spec);
@@ -70,23 +78,41 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
     TESSERA_CHECK(comm_ != nullptr,
                   "layer '" + this->name() + "' (batchnorm2d): forward before bind");
     const double count = static_cast<double>(count_);
-    // Two passes, so that a mean large next to the spread costs no precision.
     const std::string what = "batch-norm statistics of layer '" + this->name() + "'";
-    kernel_->sum(x.local, layout_, std::span<double>(mean_));
-    allreduce_sum(*comm_, std::span<double>(mean_), Group::world, what);
-    for (double& v : mean_)
-      v /= count;
-    std::vector<double> square_sum(channels);
-    kernel_->centered_square_sum(x.local, layout_, std::span<const double>(mean_),
-                                 std::span<double>(square_sum));
-    allreduce_sum(*comm_, std::span<double>(square_sum), Group::world, what);
+    // One pass over x: the sums of x - K and (x - K)^2, K the running mean (the same on every
+    // rank), reduced in one message. var = S2 / N - (S1 / N)^2 then keeps all but about
+    // (mean - K)^2 / var of double's precision; where that exceeds kShiftedLimit on any channel
+    // (the first steps of an input far from zero, a non-finite value), a second pass sums
+    // (x - mean)^2, so that a mean large next to the spread costs no precision. Every rank
+    // decides the same: from the reduced sums.
+    std::vector<double> shift(channels), sums(2 * channels);
+    for (std::size_t c = 0; c < channels; ++c)
+      shift[c] = double(running_mean[c]);
+    const std::span<double> sum(sums.data(), channels),
+        square_sum(sums.data() + channels, channels);
+    kernel_->shifted_sums(x.local, layout_, std::span<const double>(shift), sum, square_sum);
+    allreduce_sum(*comm_, std::span<double>(sums), Group::world, what);
+    bool conditioned = true;
+    std::vector<double> var(channels);
+    for (std::size_t c = 0; c < channels; ++c) {
+      const double d = sum[c] / count;
+      mean_[c] = shift[c] + d;
+      var[c] = square_sum[c] / count - d * d;
+      conditioned = conditioned && d * d <= kShiftedLimit * var[c];
+    }
+    if (!conditioned) {
+      kernel_->centered_square_sum(x.local, layout_, std::span<const double>(mean_), square_sum);
+      allreduce_sum(*comm_, square_sum, Group::world, what);
+      for (std::size_t c = 0; c < channels; ++c)
+        var[c] = square_sum[c] / count;
+    }
     const double m = spec_.momentum;
     for (std::size_t c = 0; c < channels; ++c) {
-      const double var = square_sum[c] / count;  // biased: what the batch is normalised with
-      invstd_[c] = 1 / std::sqrt(var + spec_.eps);
+      const double v = var[c];  // biased: what the batch is normalised with
+      invstd_[c] = 1 / std::sqrt(v + spec_.eps);
       running_mean[c] = static_cast<T>((1 - m) * double(running_mean[c]) + m * mean_[c]);
       running_var[c] =
-          static_cast<T>((1 - m) * double(running_var[c]) + m * var * count / (count - 1));
+          static_cast<T>((1 - m) * double(running_var[c]) + m * v * count / (count - 1));
     }
   } else {
     for (std::size_t c = 0; c < channels; ++c) {

@@ -8,6 +8,7 @@
 
 #include "../common/test_helpers.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "unit_test.hpp"
 
 namespace tessera {
@@ -78,12 +79,21 @@ void check_halo_copies(Layout layout) {
 
     // Between blocks of 16 and of 8 (an upsampling's output into an 8-channel window): 8
     // channels of a column at a time, the padded last block of 16 (4 channels) plane by plane.
+    // Within one layout (a tile into a window of its layout), and from NCHW into blocks (an
+    // NCHW tile into a blocked window).
+    Tensor<T> same(s, layout, T(-5)), filled(s, layout, T(-6));
+    copies->move(planes_of(blocked, origin), planes_of(same, origin), box, Direction::fill);
+    expect_box(
+        same, origin, box, [&](auto... i) { return plain.at(i...); }, T(-5), "move in blocks");
+    copies->move(planes_of(plain, origin), planes_of(filled, origin), box, Direction::fill);
+    expect_box(
+        filled, origin, box, [&](auto... i) { return plain.at(i...); }, T(-6), "move into blocks");
+
     const Layout other = layout == Layout::nchw16c ? Layout::nchw8c : Layout::nchw16c;
     Tensor<T> into(s, other, T(-1));
     copies->move(planes_of(blocked, origin), planes_of(into, origin), box, Direction::fill);
     expect_box(
-        into, origin, box, [&](auto... i) { return plain.at(i...); }, T(-1),
-        "move between blocks");
+        into, origin, box, [&](auto... i) { return plain.at(i...); }, T(-1), "move between blocks");
     copies->move(planes_of(blocked, origin), planes_of(into, origin), box, Direction::accumulate);
     expect_box(
         into, origin, box, [&](auto... i) { return T(2) * plain.at(i...); }, T(-1),
@@ -98,6 +108,31 @@ TEST(HaloCopy, MessagesMovesAndPaddingDouble) {
 TEST(HaloCopy, MessagesMovesAndPaddingFloat) {
   for (Layout layout : {Layout::nchw16c, Layout::nchw8c})
     check_halo_copies<float>(layout);
+}
+
+// The streaming stores that fill large targets (kernels/simd.hpp's streaming_store_bytes; forced
+// here by a threshold of 0) give the same values: whole rows, 8-channel columns, interleaved
+// tiles, and NCHW rows that start off a 16-byte boundary (the plain stores before and after).
+TEST(HaloCopy, StreamingStoresGiveTheSameValues) {
+  const std::int64_t before = streaming_store_bytes();
+  set_streaming_store_bytes(0);
+  for (Layout layout : {Layout::nchw16c, Layout::nchw8c}) {
+    check_halo_copies<float>(layout);
+    check_halo_copies<double>(layout);
+  }
+  const Shape4 s{1, 3, 5, 150};
+  const Box origin{{0, 5}, {0, 150}};
+  const Tensor<float> from = test::random_tensor<float>(s, 4, 1);
+  for (const Box& box : {Box{{1, 4}, {11, 140}}, Box{{0, 5}, {1, 150}}, Box{{2, 3}, {3, 70}}}) {
+    for (KernelBackend backend : test::built_backends()) {
+      Tensor<float> to(s, Layout::nchw, -4.0f);
+      backend_of(backend).halo_copy<float>()->move(planes_of(from, origin), planes_of(to, origin),
+                                                   box, Direction::fill);
+      expect_box(
+          to, origin, box, [&](auto... i) { return from.at(i...); }, -4.0f, "an NCHW row");
+    }
+  }
+  set_streaming_store_bytes(before);
 }
 
 // Channel slices (a concat's input filling its channels of a window, WindowLayer): a move into

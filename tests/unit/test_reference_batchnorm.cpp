@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -327,6 +328,31 @@ void expect_fast_kernels_match_reference(const Shape4& s, Layout layout, double 
   reference::batchnorm_centered_square_sum(x, std::span<const double>(mean),
                                            std::span<double>(want));
   EXPECT_LE(sum_error(sum, want), 1e-11) << "square sum " << what;
+  // In one pass around a shift: the sums of x - shift and of its squares. (The first cancels
+  // to near 0 where the shift is the mean: held to 1e-12 of the sum of |x - shift|, which one
+  // term wrong or missing exceeds; the sum it is held to is taken in long double.)
+  {
+    std::vector<double> shift(c), shifted(c), shifted_square(c), size(c), want_square(c);
+    std::vector<long double> want_shifted(c);
+    for (std::size_t k = 0; k < c; ++k)
+      shift[k] = mean[k] + 0.25 * double(k) - 0.5;
+    fast::batchnorm_shifted_sums(xb, layout, std::span<const double>(shift),
+                                 std::span<double>(shifted), std::span<double>(shifted_square));
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::size_t k = 0; k < c; ++k)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w) {
+            const double d = double(x.at(n, std::int64_t(k), h, w)) - shift[k];
+            want_shifted[k] += static_cast<long double>(d);
+            size[k] += std::abs(d);
+          }
+    for (std::size_t k = 0; k < c; ++k)
+      EXPECT_LE(std::abs(shifted[k] - static_cast<double>(want_shifted[k])), 1e-12 * size[k])
+          << "shifted sum of channel " << k << ", " << what;
+    reference::batchnorm_centered_square_sum(x, std::span<const double>(shift),
+                                             std::span<double>(want_square));
+    EXPECT_LE(sum_error(shifted_square, want_square), 1e-11) << "shifted square " << what;
+  }
   for (std::size_t k = 0; k < c; ++k)
     invstd[k] = 1 / std::sqrt(want[k] / double(s.n * s.h * s.w) + 1e-5);
   const BatchNormStats stats{mean, invstd};
@@ -385,7 +411,7 @@ TEST(BatchNormKernels, MatchTheReferenceInEveryLayout) {
 // Everything the fast kernels give for one input, for comparing runs bit for bit.
 template <typename T>
 struct FastResults {
-  std::vector<double> sum, square_sum, sum_dy, sum_dy_xhat;
+  std::vector<double> sum, square_sum, shifted, shifted_square, sum_dy, sum_dy_xhat;
   std::vector<T> y, dx;
   bool operator==(const FastResults&) const = default;
 };
@@ -400,6 +426,8 @@ FastResults<T> run_fast_kernels(const Tensor<T>& x, const Tensor<T>& dy, Layout 
                    std::vector<double>(c),
                    std::vector<double>(c),
                    std::vector<double>(c),
+                   std::vector<double>(c),
+                   std::vector<double>(c),
                    {},
                    {}};
   fast::batchnorm_sum(x, layout, std::span<double>(r.sum));
@@ -408,6 +436,8 @@ FastResults<T> run_fast_kernels(const Tensor<T>& x, const Tensor<T>& dy, Layout 
     mean[k] = r.sum[k] / double(s.n * s.h * s.w);
   fast::batchnorm_centered_square_sum(x, layout, std::span<const double>(mean),
                                       std::span<double>(r.square_sum));
+  fast::batchnorm_shifted_sums(x, layout, std::span<const double>(mean),
+                               std::span<double>(r.shifted), std::span<double>(r.shifted_square));
   for (std::size_t k = 0; k < c; ++k)
     invstd[k] = 1 / std::sqrt(r.square_sum[k] / double(s.n * s.h * s.w) + 1e-5);
   const BatchNormStats stats{mean, invstd};
@@ -428,9 +458,8 @@ FastResults<T> run_fast_kernels(const Tensor<T>& x, const Tensor<T>& dy, Layout 
 }
 
 // Units of many pieces (the threads split one sample's channels), tails past the last 16 lanes,
-// outputs large enough for streaming stores (>= 16 MiB where the cache size is unknown, half the
-// last-level cache otherwise) and small ones: the baseline and AVX-512 loops on 1 and 2 threads
-// give the same results bit for bit, and the reference's (forward with its sums: to 1e-11).
+// outputs written with streaming stores and without: the baseline and AVX-512 loops on 1 and 2
+// threads give the same results bit for bit, and the reference's (forward with its sums: to 1e-11).
 template <typename T>
 void expect_same_at_every_simd_level(const Shape4& s, Layout layout) {
   const Tensor<T> x = to_layout(random_tensor<T>(s, 5, 2, 4), layout);
@@ -448,12 +477,18 @@ void expect_same_at_every_simd_level(const Shape4& s, Layout layout) {
     if (!simd_available(level)) continue;
     set_simd_level(level);
     for (int n : {1, 2}) {
-      const KernelThreads threads = kernel_threads();
-      set_kernel_threads({n, "test"});
-      const FastResults<T> got = run_fast_kernels(x, dy, layout);
-      set_kernel_threads(threads);
-      EXPECT_TRUE(got == want) << s.str() << " " << to_string(layout) << ", " << to_string(level)
-                               << ", " << n << " threads";
+      // Streaming stores for every output, and for none.
+      for (std::int64_t stream : {std::int64_t{0}, std::numeric_limits<std::int64_t>::max()}) {
+        const KernelThreads threads = kernel_threads();
+        const std::int64_t stream_before = streaming_store_bytes();
+        set_kernel_threads({n, "test"});
+        set_streaming_store_bytes(stream);
+        const FastResults<T> got = run_fast_kernels(x, dy, layout);
+        set_kernel_threads(threads);
+        set_streaming_store_bytes(stream_before);
+        EXPECT_TRUE(got == want) << s.str() << " " << to_string(layout) << ", " << to_string(level)
+                                 << ", " << n << " threads, streaming from " << stream << " bytes";
+      }
     }
   }
   set_simd_level(before);

@@ -25,6 +25,17 @@ class BatchNormKernel {
   // Per-channel sum of (x - mean)^2 over this tile.
   virtual void centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
                                    std::span<double> sum) const = 0;
+  // Per-channel sums of x - shift and of (x - shift)^2 over this tile: the statistics in one pass
+  // (BatchNorm2d). By default sum() and centered_square_sum() around `shift`, the first less
+  // count * shift: two passes, for backends without a one-pass kernel.
+  virtual void shifted_sums(const Tensor<T>& x, Layout layout, std::span<const double> shift,
+                            std::span<double> sum, std::span<double> square_sum) const {
+    this->sum(x, layout, sum);
+    centered_square_sum(x, layout, shift, square_sum);
+    const double count = static_cast<double>(x.shape().n * x.shape().h * x.shape().w);
+    for (std::size_t c = 0; c < sum.size(); ++c)
+      sum[c] -= count * shift[c];
+  }
   // y = (x - mean) * invstd * weight + bias, in x's layout.
   virtual void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                        std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const = 0;

@@ -28,6 +28,11 @@ template <typename T>
 void batchnorm_centered_square_sum(const Tensor<T>& x, Layout layout, std::span<const double> mean,
                                    std::span<double> sum);
 
+// Per-channel sums of x - shift and of (x - shift)^2, in one pass over x (in `layout`).
+template <typename T>
+void batchnorm_shifted_sums(const Tensor<T>& x, Layout layout, std::span<const double> shift,
+                            std::span<double> sum, std::span<double> square_sum);
+
 // As reference::batchnorm_forward; y in x's layout. With `leaky_slope`, y = leaky_relu(y, slope)
 // as each value is written (slope 0: ReLU), bit for bit the activation's own arithmetic
 // (elementwise::leaky_relu).

@@ -33,5 +33,8 @@ void set_simd_level(SimdLevel level);
 // its consumer reads it, and streaming saves reading each written line in first. Half the
 // last-level cache (ranks on one node share it), 16 MiB where the size is not known. Local.
 std::int64_t streaming_store_bytes();
+// Makes streaming_store_bytes() return `bytes` from now on (tests: 0 streams every output). Local;
+// not while kernels run on other threads.
+void set_streaming_store_bytes(std::int64_t bytes);
 
 }  // namespace tessera
