@@ -38,6 +38,7 @@ class OneDnnBackend final : public Backend {
  protected:
   std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g) const override {
+    if (auto gemm = make_onednn_blocked_pointwise(shapes, g)) return gemm;
     if (std::unique_ptr<OneDnnConv> fast = OneDnnConv::create(shapes, g)) return fast;
     return Backend::conv_float(shapes, g);
   }

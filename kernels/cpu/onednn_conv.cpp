@@ -504,6 +504,106 @@ bool onednn_bf16_supported() {
   return supported;
 }
 
+namespace {
+
+void sgemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc) {
+  const dnnl_status_t status = dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  TESSERA_CHECK(status == dnnl_success,
+                "oneDNN dnnl_sgemm failed (status " + std::to_string(status) + ")");
+}
+
+// make_onednn_blocked_pointwise's kernel. Per sample, block b of the window is the row-major
+// pixels x 8 matrix X_b, the weight's columns [8b, 8b + 8) the O x 8 matrix W_b (OIHW of a 1x1
+// conv is O x C row-major) and y the O x pixels matrix Y: Y = sum_b W_b X_b^T (+ bias),
+// dX_b = dY^T W_b, dW_b += dY X_b.
+class OneDnnBlockedPointwise final : public ConvKernel<float> {
+ public:
+  explicit OneDnnBlockedPointwise(const ConvShapes& shapes) : s_(shapes) {}
+
+  void forward(const Tensor<float>& x, const Tensor<float>& w, std::span<const float> bias,
+               Tensor<float>& y) override {
+    check(x, s_.x, "input");
+    check(y, s_.y, "output");
+    for (std::int64_t i = 0; i < s_.x.n; ++i) {
+      float* ys = y.data() + i * outputs() * pixels();
+      for (std::int64_t b = 0; b < blocks(); ++b)
+        sgemm('N', 'T', outputs(), pixels(), kBlock8, w.data() + b * kBlock8, channels(),
+              block(x.data(), i, b), kBlock8, b == 0 ? 0.0f : 1.0f, ys, pixels());
+      if (s_.bias)
+        for (std::int64_t o = 0; o < outputs(); ++o) {
+          float* row = ys + o * pixels();
+          const float v = bias[std::size_t(o)];
+          for (std::int64_t k = 0; k < pixels(); ++k)
+            row[k] += v;
+        }
+    }
+  }
+  void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override {
+    check(dy, s_.y, "output gradient");
+    check(dx, s_.x, "input gradient");
+    for (std::int64_t i = 0; i < s_.x.n; ++i)
+      for (std::int64_t b = 0; b < blocks(); ++b)
+        sgemm('T', 'N', pixels(), kBlock8, outputs(), dy.data() + i * outputs() * pixels(),
+              pixels(), w.data() + b * kBlock8, channels(), 0.0f, block(dx.data(), i, b), kBlock8);
+  }
+  void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
+                       std::span<float> dbias) override {
+    check(x, s_.x, "input");
+    check(dy, s_.y, "output gradient");
+    for (std::int64_t i = 0; i < s_.x.n; ++i) {
+      const float* g = dy.data() + i * outputs() * pixels();
+      for (std::int64_t b = 0; b < blocks(); ++b)
+        sgemm('N', 'N', outputs(), kBlock8, pixels(), g, pixels(), block(x.data(), i, b), kBlock8,
+              1.0f, dw.data() + b * kBlock8, channels());
+      if (s_.bias)
+        for (std::int64_t o = 0; o < outputs(); ++o) {
+          double sum = 0;
+          for (std::int64_t k = 0; k < pixels(); ++k)
+            sum += double(g[o * pixels() + k]);
+          dbias[std::size_t(o)] += static_cast<float>(sum);
+        }
+    }
+  }
+  void forward_box(const Tensor<float>&, BoxAt, const Tensor<float>&, std::span<const float>,
+                   Tensor<float>&, BoxAt) override {
+    throw Error("the blocked 1x1 GEMM kernel has no box kernel");
+  }
+  std::string name() const override { return "onednn sgemm (1x1 from nchw8c)"; }
+
+ private:
+  static constexpr std::int64_t kBlock8 = 8;
+  std::int64_t channels() const { return s_.x.c; }
+  std::int64_t blocks() const { return s_.x.c / kBlock8; }
+  std::int64_t outputs() const { return s_.y.c; }
+  std::int64_t pixels() const { return s_.x.h * s_.x.w; }
+  template <typename P>
+  P* block(P* data, std::int64_t sample, std::int64_t b) const {
+    return data + (sample * blocks() + b) * pixels() * kBlock8;
+  }
+  static void check(const Tensor<float>& t, const Shape4& planned, const char* what) {
+    TESSERA_CHECK(t.shape() == planned, std::string("blocked 1x1 GEMM: the ") + what + " is " +
+                                            t.shape().str() + ", planned " + planned.str());
+  }
+  ConvShapes s_;
+};
+
+}  // namespace
+
+std::unique_ptr<ConvKernel<float>> make_onednn_blocked_pointwise(const ConvShapes& shapes,
+                                                                 const reference::ConvGeometry& g) {
+  const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
+  const bool takes =
+      !conv_bf16() && !shapes.is_box() && !shapes.activation && shapes.x_layout == Layout::nchw8c &&
+      shapes.y_layout == Layout::nchw && x.c % 8 == 0 && y.c < kBlock && g.groups == 1 &&
+      g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
+      w == Shape4{y.c, x.c, 1, 1} && x.n == y.n && x.h == y.h && x.w == y.w && x.n > 0;
+  if (!takes) return nullptr;
+  apply_threads();
+  return std::make_unique<OneDnnBlockedPointwise>(shapes);
+}
+
 double onednn_sgemm_gflops(std::int64_t n, int repeats) {
   apply_threads();
   const auto size = static_cast<std::size_t>(n * n);

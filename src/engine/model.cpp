@@ -146,6 +146,8 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
     const std::vector<int>& in = nodes_[k].inputs;
+    nodes_[k].layer->expect_blocked_input(in.size() == 1 && in[0] >= 0 &&
+                                          blocked_ok[static_cast<std::size_t>(in[0])]);
     nodes_[k].layer->hand_over_input(in.size() == 1 && in[0] >= 0 &&
                                      consumers[static_cast<std::size_t>(in[0])].size() == 1);
     nodes_[k].layer->use_allocator(memory);

@@ -111,8 +111,10 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // read in NCHW).
   // Before those, a multiple of 8 channels that is not one of 16 (8, 24, 40, ...) is offered in
   // nchw8c, which oneDNN's 8-channel kernels read without padding (24 -> 8 3x3 at 2048x2048, the
-  // three passes: 629 -> 334 ms; README "Channel blocks"), where the window is assembled anyway:
-  // not where it is the tile itself (a 1x1 conv's, whose gradient is then taken over uncopied).
+  // three passes: 629 -> 334 ms; README "Channel blocks"), where the window is assembled anyway,
+  // and where it is the tile itself (a 1x1 conv's, whose gradient is then taken over uncopied)
+  // when the input is expected in nchw8c (a narrow head after 8-channel activations, computed as
+  // GEMMs on the blocks: make_onednn_blocked_pointwise).
   // The kernel declines it where it computes faster from 16-channel blocks (Winograd).
   // An output of a multiple of 8 channels that is not one of 16 (the 8-channel convs of
   // unet-small) goes on in nchw8c, as oneDNN's 8-channel kernels write it: no conversion to NCHW
@@ -120,7 +122,9 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
   const Layout y_fast = this->blocked_output_allowed() ? blocked_layout_for(y.c) : Layout::nchw;
   std::vector<std::pair<Layout, Layout>> layouts;
-  if (!this->window_is_tile() && in.c % 8 == 0 && in.c % kBlock != 0)
+  const bool tile_in_8c =
+      this->blocked_input_expected() && blocked_layout_for(in.c) == Layout::nchw8c;
+  if ((!this->window_is_tile() || tile_in_8c) && in.c % 8 == 0 && in.c % kBlock != 0)
     layouts.emplace_back(Layout::nchw8c, y_fast);
   layouts.emplace_back(x_fast, y_fast);
   if (x_fast != Layout::nchw || y_fast != Layout::nchw)
@@ -130,6 +134,9 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   for (bool fused : {offered_.has_value(), false}) {
     activation_ = fused ? offered_ : std::nullopt;
     for (auto [xl, yl] : layouts) {
+      // A tile in nchw8c only for the GEMMs (narrow outputs, no fused activation).
+      if (this->window_is_tile() && xl == Layout::nchw8c && (activation_ || y.c >= kBlock))
+        continue;
       kernel_ = backend.conv<T>({.x = x,
                                  .w = weight_.value.shape(),
                                  .y = y,

@@ -804,6 +804,79 @@ TEST(OneDnnConv, NarrowPointwiseConvsComputeInPlaceAsGemms) {
   expect_matches_reference(*k, head);
 }
 
+// A narrow 1x1 conv whose window is its tile in nchw8c (a head after 8-channel activations:
+// Conv2d plans the tile in nchw8c where its input is expected so) is GEMMs on the 8-channel
+// blocks (make_onednn_blocked_pointwise), through the backend too: the reference's results on all
+// three passes, the weight and bias gradients added to what they held, two samples. Cases it does
+// not express go to the other kernels.
+TEST(OneDnnConv, NarrowPointwiseConvsOnEightChannelBlocksAreGemms) {
+  for (const auto& [channels, outputs, bias] :
+       {std::tuple{8, 2, true}, std::tuple{24, 3, false}, std::tuple{8, 15, true}}) {
+    Case c = winograd_case(channels, outputs);
+    c.kernel = 1;
+    c.n = 2;
+    c.bias = bias;
+    const std::string what = c.str();
+    const ConvGeometry g = c.geometry();
+    ConvShapes shapes = c.shapes();
+    shapes.x_layout = Layout::nchw8c;
+    std::unique_ptr<ConvKernel<float>> k = make_onednn_blocked_pointwise(shapes, g);
+    ASSERT_NE(k, nullptr) << what;
+    EXPECT_EQ(k->name(), "onednn sgemm (1x1 from nchw8c)");
+    EXPECT_EQ(backend_of(KernelBackend::onednn).conv<float>(shapes, g)->name(), k->name());
+    const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+    const Tensor<float> dy = random_tensor(c.y(), 3);
+    const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
+    const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
+    const Tensor<double> bd = to_double(b);
+    const Tensor<float> xb = to_layout(x, Layout::nchw8c);
+
+    Tensor<float> y(c.y(), 9.0f);
+    k->forward(xb, w, b.span(), y);
+    Tensor<double> yd(c.y());
+    reference::conv2d_forward(xd, wd, bd.span(), yd, g);
+    EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << what;
+
+    Tensor<float> dxb(c.x(), Layout::nchw8c, 9.0f);
+    k->backward_data(dy, w, dxb);
+    Tensor<double> dxd(c.x());
+    reference::conv2d_backward_data(dyd, wd, dxd, g);
+    const Tensor<float> dx = to_layout(dxb, Layout::nchw);
+    EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << what;
+
+    // Added to what the gradients held (0.5 and 0.25 here).
+    Tensor<float> dw(c.w(), 0.5f), db({c.o, 1, 1, 1}, 0.25f);
+    Tensor<double> dwd(c.w(), 0.5), dbd({c.o, 1, 1, 1}, 0.25);
+    k->backward_filter(xb, dy, dw, c.bias ? db.span() : std::span<float>());
+    reference::conv2d_backward_filter(xd, dyd, dwd, c.bias ? dbd.span() : std::span<double>(), g);
+    EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << what;
+    if (c.bias) {
+      EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "bias, " << what;
+    }
+    EXPECT_THROW(k->forward(Tensor<float>({1, 8, 2, 2}), w, b.span(), y), Error) << "shape";
+  }
+  Case c = winograd_case(8, 2);
+  c.kernel = 1;
+  const ConvGeometry g = c.geometry();
+  ConvShapes shapes = c.shapes();
+  shapes.x_layout = Layout::nchw8c;
+  ConvShapes wide = shapes, plain = shapes, activated = shapes;
+  Case sixteen = winograd_case(8, 16);
+  sixteen.kernel = 1;
+  wide = sixteen.shapes();
+  wide.x_layout = Layout::nchw8c;
+  plain.x_layout = Layout::nchw;
+  activated.activation = FusedActivation{.kind = ActivationKind::relu, .slope = 0};
+  EXPECT_EQ(make_onednn_blocked_pointwise(wide, g), nullptr) << "16 outputs: oneDNN's blocks";
+  EXPECT_EQ(make_onednn_blocked_pointwise(plain, g), nullptr) << "an NCHW window";
+  EXPECT_EQ(make_onednn_blocked_pointwise(activated, g), nullptr) << "a fused activation";
+  Case strided = c;
+  strided.stride = 2;
+  ConvShapes s2 = strided.shapes();
+  s2.x_layout = Layout::nchw8c;
+  EXPECT_EQ(make_onednn_blocked_pointwise(s2, strided.geometry()), nullptr) << "stride 2";
+}
+
 TEST(OneDnnConv, RefusesTensorsOfOtherShapes) {
   const Case c = sweep()[7];
   std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());

@@ -102,6 +102,11 @@ class Layer {
   virtual bool passes_layout() const { return false; }
   void allow_blocked_output(bool allowed) { blocked_output_allowed_ = allowed; }
   bool blocked_output_allowed() const { return blocked_output_allowed_; }
+  // Whether the layer's one input comes from a layer allowed blocked output (set by the model
+  // before bind()): a hint for planning (a 1x1 conv plans its window, which is its tile, in the
+  // blocked layout of its channels), not a promise; an input in another layout is converted.
+  void expect_blocked_input(bool expected) { blocked_input_expected_ = expected; }
+  bool blocked_input_expected() const { return blocked_input_expected_; }
 
   // Activations fused into their neighbours (engine/model.cpp decides before bind(); every rank
   // decides the same). A producer offered f applies it to its output as it computes it (oneDNN's
@@ -199,6 +204,7 @@ class Layer {
   std::string name_;
   bool input_grad_ = true;
   bool blocked_output_allowed_ = false;
+  bool blocked_input_expected_ = false;
   bool input_handed_over_ = false;
 };
 

@@ -56,6 +56,15 @@ class OneDnnConv final : public ConvKernel<float> {
   std::unique_ptr<Plan> plan_;
 };
 
+// A 1x1 convolution (stride 1, no padding, no groups, no fused activation, float32 products)
+// from a window in nchw8c of 8, 24, ... channels to an NCHW output of fewer than 16 channels (a
+// segmentation head after 8-channel activations). A sample's 8-channel block is a pixels x 8
+// matrix, so each pass is one dnnl_sgemm per block, reading the window and writing its gradient
+// as they lie; oneDNN's convolutions would need the window in NCHW (a conversion each way) or pad
+// the output to 8 channels and convert it. Returns nullptr for any other case. Local.
+std::unique_ptr<ConvKernel<float>> make_onednn_blocked_pointwise(const ConvShapes& shapes,
+                                                                 const reference::ConvGeometry& g);
+
 // oneDNN's version, CPU threading runtime and the threads it uses, e.g. "oneDNN 2.6.3, OpenMP,
 // 2 threads per rank: 8 cores / 4 ranks on this node". Applies kernel_threads() to the runtime if
 // that has not happened yet. Local.
