@@ -13,6 +13,7 @@ namespace tessera {
 
 enum class SimdLevel { baseline, avx512 };
 
+// "baseline" or "avx512". Local and pure.
 const char* to_string(SimdLevel level);
 // "baseline" or "avx512"; throws an Error naming the choices otherwise. Local.
 SimdLevel parse_simd_level(const std::string& name);
@@ -29,9 +30,10 @@ SimdLevel simd_level();
 void set_simd_level(SimdLevel level);
 
 // Output tensors of at least this many bytes are written with streaming (non-temporal) stores by
-// the loops that write whole tensors: such a tensor does not stay in the last-level cache until
-// its consumer reads it, and streaming saves reading each written line in first. Half the
-// last-level cache (ranks on one node share it), 16 MiB where the size is not known. Local.
+// the batch-norm loops and the halo copies (kernels/cpu/halo_copy.cpp): such a tensor does not stay
+// in the last-level cache until its consumer reads it, and streaming saves reading each written
+// line in first. Half the last-level cache (ranks on one node share it), 16 MiB where the size is
+// not known. Local.
 std::int64_t streaming_store_bytes();
 // Makes streaming_store_bytes() return `bytes` from now on (tests: 0 streams every output). Local;
 // not while kernels run on other threads.
