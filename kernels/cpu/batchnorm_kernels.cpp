@@ -19,13 +19,6 @@
 #include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/parallel.hpp"
 
-// The wide loops: GCC on x86-64 compiles batchnorm_loops.inc a second time for AVX-512.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TESSERA_HAS_WIDE_LOOPS 1
-#else
-#define TESSERA_HAS_WIDE_LOOPS 0
-#endif
-
 namespace tessera::fast {
 namespace {
 
@@ -95,6 +88,7 @@ namespace base {
 #undef TESSERA_WIDE_LOOPS
 }  // namespace base
 
+// The wide loops (kernels/simd.hpp): batchnorm_loops.inc compiled a second time, for AVX-512.
 #if TESSERA_HAS_WIDE_LOOPS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")

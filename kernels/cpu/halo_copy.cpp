@@ -27,10 +27,9 @@ void stream_copy(const T* in, T* out, std::int64_t n) {
   std::int64_t k = 0;
   for (; k < n && reinterpret_cast<std::uintptr_t>(out + k) % 16 != 0; ++k)
     out[k] = in[k];
-  for (; k + 4 * per <= n; k += 4 * per)
-    for (std::int64_t v = 0; v < 4; ++v)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(out + k + v * per),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k + v * per)));
+  for (; k + per <= n; k += per)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + k),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k)));
   for (; k < n; ++k)
     out[k] = in[k];
 #else

@@ -517,31 +517,28 @@ void sgemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, con
 // make_onednn_blocked_pointwise's kernel. Per sample, block b of the window is the row-major
 // pixels x 8 matrix X_b, the weight's columns [8b, 8b + 8) the O x 8 matrix W_b (OIHW of a 1x1
 // conv is O x C row-major) and y the O x pixels matrix Y: Y = sum_b W_b X_b^T (+ bias),
-// dX_b = dY^T W_b, dW_b += dY X_b.
+// dX_b = dY^T W_b, dW_b += dY X_b. The bias and its gradient are the CPU merge kernel's
+// (add_bias, add_bias_grad), as the transposed convolutions' (src/layers/conv_transpose2d.cpp).
 class OneDnnBlockedPointwise final : public ConvKernel<float> {
  public:
-  explicit OneDnnBlockedPointwise(const ConvShapes& shapes) : s_(shapes) {}
+  explicit OneDnnBlockedPointwise(const ConvShapes& shapes)
+      : s_(shapes), merge_(make_cpu_merge<float>()) {}
 
   void forward(const Tensor<float>& x, const Tensor<float>& w, std::span<const float> bias,
                Tensor<float>& y) override {
     check(x, s_.x, "input");
+    check(w, s_.w, "weight");
     check(y, s_.y, "output");
-    for (std::int64_t i = 0; i < s_.x.n; ++i) {
-      float* ys = y.data() + i * outputs() * pixels();
+    for (std::int64_t i = 0; i < s_.x.n; ++i)
       for (std::int64_t b = 0; b < blocks(); ++b)
         sgemm('N', 'T', outputs(), pixels(), kBlock8, w.data() + b * kBlock8, channels(),
-              block(x.data(), i, b), kBlock8, b == 0 ? 0.0f : 1.0f, ys, pixels());
-      if (s_.bias)
-        for (std::int64_t o = 0; o < outputs(); ++o) {
-          float* row = ys + o * pixels();
-          const float v = bias[std::size_t(o)];
-          for (std::int64_t k = 0; k < pixels(); ++k)
-            row[k] += v;
-        }
-    }
+              block(x.data(), i, b), kBlock8, b == 0 ? 0.0f : 1.0f,
+              y.data() + i * outputs() * pixels(), pixels());
+    if (s_.bias) merge_->add_bias(bias, y);
   }
   void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override {
     check(dy, s_.y, "output gradient");
+    check(w, s_.w, "weight");
     check(dx, s_.x, "input gradient");
     for (std::int64_t i = 0; i < s_.x.n; ++i)
       for (std::int64_t b = 0; b < blocks(); ++b)
@@ -552,19 +549,12 @@ class OneDnnBlockedPointwise final : public ConvKernel<float> {
                        std::span<float> dbias) override {
     check(x, s_.x, "input");
     check(dy, s_.y, "output gradient");
-    for (std::int64_t i = 0; i < s_.x.n; ++i) {
-      const float* g = dy.data() + i * outputs() * pixels();
+    check(dw, s_.w, "weight gradient");
+    for (std::int64_t i = 0; i < s_.x.n; ++i)
       for (std::int64_t b = 0; b < blocks(); ++b)
-        sgemm('N', 'N', outputs(), kBlock8, pixels(), g, pixels(), block(x.data(), i, b), kBlock8,
-              1.0f, dw.data() + b * kBlock8, channels());
-      if (s_.bias)
-        for (std::int64_t o = 0; o < outputs(); ++o) {
-          double sum = 0;
-          for (std::int64_t k = 0; k < pixels(); ++k)
-            sum += double(g[o * pixels() + k]);
-          dbias[std::size_t(o)] += static_cast<float>(sum);
-        }
-    }
+        sgemm('N', 'N', outputs(), kBlock8, pixels(), dy.data() + i * outputs() * pixels(),
+              pixels(), block(x.data(), i, b), kBlock8, 1.0f, dw.data() + b * kBlock8, channels());
+    if (s_.bias) merge_->add_bias_grad(dy, dbias);
   }
   void forward_box(const Tensor<float>&, BoxAt, const Tensor<float>&, std::span<const float>,
                    Tensor<float>&, BoxAt) override {
@@ -587,6 +577,7 @@ class OneDnnBlockedPointwise final : public ConvKernel<float> {
                                             t.shape().str() + ", planned " + planned.str());
   }
   ConvShapes s_;
+  std::unique_ptr<MergeKernel<float>> merge_;
 };
 
 }  // namespace

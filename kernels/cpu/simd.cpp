@@ -11,11 +11,11 @@ namespace tessera {
 namespace {
 
 bool cpu_has_avx512() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if TESSERA_HAS_WIDE_LOOPS
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #else
-  return false;  // the wide loops are compiled by GCC on x86-64 only
+  return false;  // no wide loops in this build
 #endif
 }
 

@@ -122,8 +122,8 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   const Layout x_fast = in.c % kBlock == 0 || in.c > kBlock ? Layout::nchw16c : Layout::nchw;
   const Layout y_fast = this->blocked_output_allowed() ? blocked_layout_for(y.c) : Layout::nchw;
   std::vector<std::pair<Layout, Layout>> layouts;
-  const bool tile_in_8c =
-      this->blocked_input_expected() && blocked_layout_for(in.c) == Layout::nchw8c;
+  // A tile in nchw8c only for the narrow GEMMs, which apply no fused activation (below).
+  const bool tile_in_8c = this->blocked_input_expected() && y.c < kBlock;
   if ((!this->window_is_tile() || tile_in_8c) && in.c % 8 == 0 && in.c % kBlock != 0)
     layouts.emplace_back(Layout::nchw8c, y_fast);
   layouts.emplace_back(x_fast, y_fast);
@@ -134,9 +134,7 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   for (bool fused : {offered_.has_value(), false}) {
     activation_ = fused ? offered_ : std::nullopt;
     for (auto [xl, yl] : layouts) {
-      // A tile in nchw8c only for the GEMMs (narrow outputs, no fused activation).
-      if (this->window_is_tile() && xl == Layout::nchw8c && (activation_ || y.c >= kBlock))
-        continue;
+      if (this->window_is_tile() && xl == Layout::nchw8c && activation_) continue;
       kernel_ = backend.conv<T>({.x = x,
                                  .w = weight_.value.shape(),
                                  .y = y,

@@ -121,12 +121,15 @@ std::vector<Case> sweep() {
 
 // Runs `kernel` on the case's seeded data and compares forward, backward-data and
 // backward-weights (which must add into what dw and dbias held) with the float64 reference.
-void expect_matches_reference(ConvKernel<float>& kernel, const Case& c) {
+void expect_matches_reference(ConvKernel<float>& kernel, const Case& c,
+                              Layout x_layout = Layout::nchw) {
   const ConvGeometry g = c.geometry();
-  const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+  const Tensor<float> x_plain = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+  const Tensor<float> x = to_layout(x_plain, x_layout);
   const Tensor<float> dy = random_tensor(c.y(), 3);
   const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
-  const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy), bd = to_double(b);
+  const Tensor<double> xd = to_double(x_plain), wd = to_double(w), dyd = to_double(dy);
+  const Tensor<double> bd = to_double(b);
 
   Tensor<float> y(c.y(), 7.0f);
   kernel.forward(x, w, b.span(), y);
@@ -134,10 +137,11 @@ void expect_matches_reference(ConvKernel<float>& kernel, const Case& c) {
   reference::conv2d_forward(xd, wd, bd.span(), yd, g);
   EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << c.str();
 
-  Tensor<float> dx(c.x(), 7.0f);
-  kernel.backward_data(dy, w, dx);
+  Tensor<float> dx_in(c.x(), x_layout, 7.0f);
+  kernel.backward_data(dy, w, dx_in);
   Tensor<double> dxd(c.x());
   reference::conv2d_backward_data(dyd, wd, dxd, g);
+  const Tensor<float> dx = to_layout(dx_in, Layout::nchw);
   EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << c.str();
 
   Tensor<float> dw = random_tensor(c.w(), 5);
@@ -824,46 +828,25 @@ TEST(OneDnnConv, NarrowPointwiseConvsOnEightChannelBlocksAreGemms) {
     ASSERT_NE(k, nullptr) << what;
     EXPECT_EQ(k->name(), "onednn sgemm (1x1 from nchw8c)");
     EXPECT_EQ(backend_of(KernelBackend::onednn).conv<float>(shapes, g)->name(), k->name());
-    const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
-    const Tensor<float> dy = random_tensor(c.y(), 3);
-    const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
-    const Tensor<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
-    const Tensor<double> bd = to_double(b);
-    const Tensor<float> xb = to_layout(x, Layout::nchw8c);
-
-    Tensor<float> y(c.y(), 9.0f);
-    k->forward(xb, w, b.span(), y);
-    Tensor<double> yd(c.y());
-    reference::conv2d_forward(xd, wd, bd.span(), yd, g);
-    EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << what;
-
-    Tensor<float> dxb(c.x(), Layout::nchw8c, 9.0f);
-    k->backward_data(dy, w, dxb);
-    Tensor<double> dxd(c.x());
-    reference::conv2d_backward_data(dyd, wd, dxd, g);
-    const Tensor<float> dx = to_layout(dxb, Layout::nchw);
-    EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << what;
-
-    // Added to what the gradients held (0.5 and 0.25 here).
-    Tensor<float> dw(c.w(), 0.5f), db({c.o, 1, 1, 1}, 0.25f);
-    Tensor<double> dwd(c.w(), 0.5), dbd({c.o, 1, 1, 1}, 0.25);
-    k->backward_filter(xb, dy, dw, c.bias ? db.span() : std::span<float>());
-    reference::conv2d_backward_filter(xd, dyd, dwd, c.bias ? dbd.span() : std::span<double>(), g);
-    EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << what;
-    if (c.bias) {
-      EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "bias, " << what;
-    }
-    EXPECT_THROW(k->forward(Tensor<float>({1, 8, 2, 2}), w, b.span(), y), Error) << "shape";
+    // The three passes, the weight and bias gradients added to what they held.
+    expect_matches_reference(*k, c, Layout::nchw8c);
+    const Tensor<float> w = random_tensor(c.w(), 2);
+    Tensor<float> y(c.y());
+    EXPECT_THROW(k->forward(Tensor<float>({1, 8, 2, 2}), w, {}, y), Error) << "shape, " << what;
+    EXPECT_THROW(
+        k->forward(Tensor<float>(c.x(), Layout::nchw8c), Tensor<float>({c.o, 1, 1, 1}), {}, y),
+        Error)
+        << "weight shape, " << what;
   }
   Case c = winograd_case(8, 2);
   c.kernel = 1;
   const ConvGeometry g = c.geometry();
   ConvShapes shapes = c.shapes();
   shapes.x_layout = Layout::nchw8c;
-  ConvShapes wide = shapes, plain = shapes, activated = shapes;
+  ConvShapes plain = shapes, activated = shapes;
   Case sixteen = winograd_case(8, 16);
   sixteen.kernel = 1;
-  wide = sixteen.shapes();
+  ConvShapes wide = sixteen.shapes();
   wide.x_layout = Layout::nchw8c;
   plain.x_layout = Layout::nchw;
   activated.activation = FusedActivation{.kind = ActivationKind::relu, .slope = 0};

@@ -9,6 +9,13 @@
 #include <cstdint>
 #include <string>
 
+// Whether this compiler builds the wide (AVX-512) loops: GCC on x86-64 (its #pragma GCC target).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_HAS_WIDE_LOOPS 1
+#else
+#define TESSERA_HAS_WIDE_LOOPS 0
+#endif
+
 namespace tessera {
 
 enum class SimdLevel { baseline, avx512 };
