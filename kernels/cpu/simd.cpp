@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tessera/error.hpp"
 
@@ -79,6 +81,31 @@ std::int64_t streaming_store_bytes() {
 
 void set_streaming_store_bytes(std::int64_t bytes) {
   streaming_bytes().store(bytes, std::memory_order_relaxed);
+}
+
+double triad_bandwidth_gbs(std::int64_t bytes_per_array, int repeats) {
+  TESSERA_CHECK(bytes_per_array >= 1024 && repeats >= 1,
+                "triad_bandwidth_gbs: at least 1 KiB per array and one pass");
+  const auto n = static_cast<std::size_t>(bytes_per_array) / sizeof(float);
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);  // maps every page
+  auto pass = [&] {
+    float* __restrict out = a.data();
+    const float* __restrict x = b.data();
+    const float* __restrict y = c.data();
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = x[i] + 3.0f * y[i];
+    asm volatile("" : : "r"(out) : "memory");  // every pass is done, none merged
+  };
+  pass();
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    pass();
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+  return 3.0 * static_cast<double>(n * sizeof(float)) / std::max(seconds[repeats / 2], 1e-9) / 1e9;
 }
 
 }  // namespace tessera

@@ -246,6 +246,26 @@ def tessera_bench(exe, model, ranks, threads, image, steps, sgemm, device="cpu",
             return json.load(f)
 
 
+def conv_compute_seconds(bench):
+    """The convolutions' compute time per step in a `tessera bench` JSON (layers with FLOPs;
+    each row the maximum over ranks)."""
+    return sum(l["compute"] for l in bench["layers"] if l["gflops"] > 0)
+
+
+def scaling_parts(one, two):
+    """Where a 1 -> 2 rank pair's time went: the convolutions' compute and the rest of the step
+    (batch norm, pooling, upsampling, activations, windows, loss, update, waiting), 1 and 2 ranks,
+    and the node's memory bandwidth from 1 rank to 2 (tessera bench's memory line)."""
+    c1, c2 = conv_compute_seconds(one), conv_compute_seconds(two)
+    r1, r2 = one["step_seconds"] - c1, two["step_seconds"] - c2
+    parts = {"conv_seconds": [c1, c2], "rest_seconds": [r1, r2],
+             # the step's scaling were the convolutions' compute to halve exactly
+             "scaling_with_ideal_convs": one["step_seconds"] / (c1 / 2 + r2) if r2 > 0 else None}
+    if two.get("membw_alone_gbs", 0) > 0:
+        parts["membw_scaling"] = two["membw_node_gbs"] / two["membw_alone_gbs"]
+    return parts
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="conv-bench", choices=MODELS,
@@ -318,7 +338,8 @@ def main():
                   "scaling_1_to_2": ratio,
                   "scaling_1_to_2_range": [pairs[0][0], pairs[-1][0]],
                   "two_rank_exposed_fraction": two["exposed_fraction"],
-                  "two_rank_split": two["split"]})
+                  "two_rank_split": two["split"],
+                  "scaling_parts": scaling_parts(one, two)})
     # Tessera's best configuration on these cores: 1 rank x `cores` threads, or (CPU, 2 cores)
     # 2 ranks x 1 thread.
     best = [("1 rank x %d threads" % a.cores, t["step_seconds"])]
@@ -361,6 +382,17 @@ def main():
               f"{r['scaling_1_to_2']:.2f}x, range {lo:.2f}-{hi:.2f}x (target >= 1.9x); exposed "
               f"halo + allreduce {100 * r['two_rank_exposed_fraction']:.1f}% of the 2-rank step "
               f"(target <= 3%)")
+        sp = r["scaling_parts"]
+        (c1, c2), (r1, r2) = sp["conv_seconds"], sp["rest_seconds"]
+        line = (f"  of which convolutions' compute {c1:.3f} -> {c2:.3f} s ({c1 / c2:.2f}x), the rest "
+                f"{r1:.3f} -> {r2:.3f} s ({r1 / r2:.2f}x)" if c2 > 0 and r2 > 0 else "")
+        if line and sp["scaling_with_ideal_convs"]:
+            line += f"; with convolutions at 2.00x the step would scale {sp['scaling_with_ideal_convs']:.2f}x"
+        if "membw_scaling" in sp:
+            line += (f"; the node's memory bandwidth (STREAM triad) 1 -> 2 ranks "
+                     f"{sp['membw_scaling']:.2f}x")
+        if line:
+            print(line)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=2)

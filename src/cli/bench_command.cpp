@@ -28,6 +28,9 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
       "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random batch and parameters")(
       "sgemm", po::value(&o.sgemm)->default_value(o.sgemm),
       "also measure oneDNN's SGEMM rate per rank, the yardstick of the conv GFLOP/s")(
+      "membw", po::value(&o.membw)->default_value(o.membw),
+      "also measure the memory bandwidth (STREAM's triad) of one rank alone and of every rank of "
+      "a node at once: how far the memory-bound passes can speed up on more ranks (cpu)")(
       "json", po::value(&o.json), "also write the results to this JSON file")(
       "layer-sync", po::bool_switch(&o.layer_sync),
       "with cuda: wait for the GPU at the start and end of every layer's pass, so that the "

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <iomanip>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -22,6 +23,8 @@
 #include "tessera/engine/optimizer.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/simd.hpp"
+#include "tessera/placement.hpp"
 
 namespace tessera {
 namespace {
@@ -261,6 +264,56 @@ void report_ranks(std::ostream& out, nlohmann::json& j, const std::vector<double
 }
 
 // The host memory's line (printed and into j). Local.
+// The node's memory bandwidth (triad_bandwidth_gbs): the first rank of each node alone while the
+// others wait, then every rank at once. What the node's ranks draw together against what one of
+// them draws alone is about what the memory-bound passes gain from one rank to all of them.
+struct Bandwidth {
+  double alone = 0;     // GB/s, the slowest node's first rank alone
+  double together = 0;  // GB/s, the sum over a node's ranks at once (the mean over nodes)
+  int ranks_per_node = 1;
+  bool oversubscribed = false;  // more ranks than cores on some node: shares of cores, not memory
+};
+
+// Collective over the world group. Arrays of 64 MiB (several last-level caches here), the median of
+// 16 passes.
+Bandwidth measure_bandwidth(const Comm& world) {
+  constexpr std::int64_t kBytes = std::int64_t{64} << 20;
+  constexpr int kPasses = 16;
+  const NodeRank node = node_rank(world);
+  const bool first = node.local_rank == 0;
+  const int most = allreduce_max(world, node.local_size);
+  allreduce_max(world, 0);  // the others wait while the first rank of each node measures alone
+  const double alone = first ? triad_bandwidth_gbs(kBytes, kPasses) : 0;
+  allreduce_max(world, 0);
+  // With one rank per node, alone is all there is.
+  const double together = most > 1 ? triad_bandwidth_gbs(kBytes, kPasses) : alone;
+  std::vector<double> slowest{first ? -alone : -std::numeric_limits<double>::infinity()};
+  allreduce(world, std::span<double>(slowest), ReduceOp::max, Group::world, "memory bandwidth");
+  std::vector<double> sums{together, first ? 1.0 : 0.0};  // and the number of nodes
+  allreduce_sum(world, std::span<double>(sums), Group::world, "memory bandwidth");
+  // As MpiComm::detect_wait_policy: affinity masks may be per rank, the node has the largest.
+  const int cores = allreduce_max(world, available_cores());
+  return {.alone = -slowest[0],
+          .together = sums[0] / std::max(sums[1], 1.0),
+          .ranks_per_node = most,
+          .oversubscribed = most > cores};
+}
+
+void report_bandwidth(std::ostream& out, nlohmann::json& j, const Bandwidth& b) {
+  out << "  memory: STREAM triad " << fixed(b.alone, 1) << " GB/s for one rank";
+  if (b.ranks_per_node == 1)
+    out << " (one rank per node: run more to see how far the node's bandwidth grows)\n";
+  else
+    out << " alone, " << fixed(b.together, 1) << " GB/s for " << b.ranks_per_node
+        << " ranks of a node at once (" << fixed(b.together / std::max(b.alone, 1e-9), 2) << "x)"
+        << (b.oversubscribed ? " (more ranks than cores: the ranks took turns, not a bandwidth)"
+                             : ": about what memory-bound passes gain from more ranks on a node")
+        << "\n";
+  j["membw_alone_gbs"] = b.alone;
+  j["membw_node_gbs"] = b.together;
+  j["membw_ranks_per_node"] = b.ranks_per_node;
+}
+
 void report_memory(std::ostream& out, nlohmann::json& j, const std::vector<double>& m) {
   out << "  host memory (" << to_string(host_memory()) << "), per timed step: large blocks "
       << fixed(m[0], 0) << " reused, " << fixed(m[1], 0) << " assembled from kept pages ("
@@ -351,6 +404,9 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   gather(m, world);
   const double sgemm_min = min_over_ranks(world, sgemm);
   const double peak_mib = peak_memory_range_mib(world).second;
+  // After the peak memory: its arrays are not the model's.
+  const bool membw = o.membw && runtime.backend().kind() != KernelBackend::cuda;
+  const Bandwidth bandwidth = membw ? measure_bandwidth(world) : Bandwidth{};
   if (!root) return 0;
 
   nlohmann::json j;
@@ -393,6 +449,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   out << "  throughput " << fixed(static_cast<double>(input.n) / step, 3)
       << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB\n";
   report_memory(out, j, m.memory);
+  if (membw) report_bandwidth(out, j, bandwidth);
   j["conv_gflop_per_step"] = conv.flops / 1e9;
   j["conv_gflops"] = conv.rate();
   j["conv32_gflops"] = conv.wide_rate();

@@ -51,16 +51,25 @@ def bench_runs(env):
         fail(f"expected halo time on 2 ranks, got {split}")
     if j["sgemm_gflops_per_rank"] <= 0:
         fail("expected an SGEMM rate")
+    # The memory bandwidth of one rank alone and of the node's two ranks at once.
+    if "memory: STREAM triad" not in r.output:
+        fail("expected the memory bandwidth line", r)
+    if j["membw_alone_gbs"] <= 0 or j["membw_node_gbs"] <= 0 or j["membw_ranks_per_node"] != 2:
+        fail(f"expected bandwidths and 2 ranks per node, got {j['membw_alone_gbs']}, "
+             f"{j['membw_node_gbs']}, {j['membw_ranks_per_node']}")
 
     # Batch norm reduces statistics over the grid: reductions are measured too.
     r = env.tessera(4, "bench", "--model", "unet-small", "--grid", "1x2x2", "--image",
-                    "3x32x32", "--batch", "2", "--steps", "1", "--sgemm", "0", "--json", out)
+                    "3x32x32", "--batch", "2", "--steps", "1", "--sgemm", "0", "--membw", "0",
+                    "--json", out)
     expect_ok(r, "model unet-small", "e1a_bn", "batchnorm2d", "gradients")
     j = json.loads(out.read_text())
     if j["split"]["allreduce"] <= 0:
         fail(f"expected reduction time with batch norm on 4 ranks, got {j['split']}")
     if "sgemm:" in r.output:
         fail("--sgemm 0 still measured SGEMM", r)
+    if "memory: STREAM" in r.output or "membw_node_gbs" in j:
+        fail("--membw 0 still measured the memory bandwidth", r)
 
 
 @scenario
@@ -144,7 +153,8 @@ def bench_compare_pytorch(env):
                      "--cores", "1", "--repeat", "2", "--tessera", env.exe, "--json", out])
     if r.rc != 0:
         fail("compare_pytorch.py failed", r)
-    for phrase in ["faster than PyTorch", "of oneDNN SGEMM", "spatial strong scaling"]:
+    for phrase in ["faster than PyTorch", "of oneDNN SGEMM", "spatial strong scaling",
+                   "of which convolutions' compute", "memory bandwidth (STREAM triad) 1 -> 2"]:
         if phrase not in r.output:
             fail(f"expected {phrase!r} in the output", r)
     j = json.loads(out.read_text())
@@ -152,6 +162,9 @@ def bench_compare_pytorch(env):
                 "scaling_1_to_2", "two_rank_exposed_fraction", "sgemm_gflops"]:
         if not j.get(key, 0) > 0:
             fail(f"expected a positive {key} in the JSON, got {j.get(key)}")
+    parts = j.get("scaling_parts", {})
+    if not (min(parts.get("conv_seconds", [0])) > 0 and parts.get("membw_scaling", 0) > 0):
+        fail(f"expected the scaling pair's convolution time and bandwidth ratio, got {parts}")
     # The baselines ran as asked: tuned with tcmalloc preloaded and channels_last tensors, in
     # both orders, the ratio against it; default with neither.
     runs = j.get("pytorch_runs", {})

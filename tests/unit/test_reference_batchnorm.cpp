@@ -522,6 +522,14 @@ TEST(BatchNormKernels, SimdLevelsAreNamedAndTheBaselineIsAlwaysThere) {
   }
 }
 
+TEST(BatchNormKernels, TheTriadMeasuresABandwidthAndChecksItsArguments) {
+  const double gbs = triad_bandwidth_gbs(std::int64_t{1} << 20, 3);
+  EXPECT_GT(gbs, 0.0);
+  EXPECT_TRUE(std::isfinite(gbs));
+  EXPECT_THROW(triad_bandwidth_gbs(512, 3), Error);
+  EXPECT_THROW(triad_bandwidth_gbs(std::int64_t{1} << 20, 0), Error);
+}
+
 TEST(BatchNormKernels, RefuseMismatchedSizesAndBlockedOddChannels) {
   const Tensor<float> x({1, 16, 4, 4});
   std::vector<double> few(3);

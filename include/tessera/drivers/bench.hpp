@@ -22,6 +22,7 @@ struct BenchOptions {
   std::uint64_t seed = 1;
   double lr = 0.01;
   bool sgemm = true;  // also measure the SGEMM rate
+  bool membw = true;  // also measure the memory bandwidth, one rank alone and all at once (cpu)
   // Wait for a GPU's kernels at each layer's pass (Model::set_synchronized_timings): per-layer
   // times are then the GPU's own, at the price of no overlap from one layer to the next.
   bool layer_sync = false;

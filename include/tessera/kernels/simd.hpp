@@ -46,4 +46,13 @@ std::int64_t streaming_store_bytes();
 // not while kernels run on other threads.
 void set_streaming_store_bytes(std::int64_t bytes);
 
+// The memory bandwidth one thread of this rank draws, in GB/s: STREAM's triad a = b + 3 c over
+// three float arrays of `bytes_per_array` each (so 3 x bytes_per_array counted per pass, as STREAM
+// counts; make them several times the last-level cache), the median of `repeats` timed passes after
+// one untimed pass that maps the pages (the median: ranks measuring at once start and end apart).
+// Run on every rank of a node at once, it shows how much of the node's bandwidth one core already
+// draws: the memory-bound passes (batch norm, pooling, windows) cannot run faster on more ranks
+// than that allows (tessera bench's "memory:" line). Local.
+double triad_bandwidth_gbs(std::int64_t bytes_per_array, int repeats);
+
 }  // namespace tessera
