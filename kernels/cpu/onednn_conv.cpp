@@ -138,6 +138,16 @@ bool is_winograd(const dnnl::primitive_desc& pd) {
   return pd && std::string(pd.impl_info_str()).find("wino") != std::string::npos;
 }
 
+// Whether a conv of weight shape `w` (OIHW) computes in float32 under --precision bf16 too: a 1x1
+// conv to fewer than 16 channels (a segmentation head) is memory-bound, so bfloat16 products gain
+// it nothing, while converting its input costs a pass and oneDNN's bf16 kernels want 16-channel
+// blocks on both sides, so the layer before it wrote NCHW to feed it (conv-bench's 32 -> 2 head
+// under bf16 at 2048x2048: 1 rank x 2 threads, head and the conv before it 1.76 s per step
+// against 0.98 s with the head in float32).
+bool narrow_head_in_float32(const Shape4& w) {
+  return w.h == 1 && w.w == 1 && w.n < kBlock;
+}
+
 }  // namespace
 
 struct OneDnnConv::Plan {
@@ -199,8 +209,9 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     const memory::dims pad_l{ph->begin, pw->begin}, pad_r{ph->end, pw->end};
     const auto f32 = memory::data_type::f32;
     // --precision bf16 (set_conv_bf16): the primitives read bf16 inputs, weights and output
-    // gradients (the Ports convert Tessera's float32 on the way in) and write float32.
-    const auto low = conv_bf16() ? memory::data_type::bf16 : f32;
+    // gradients (the Ports convert Tessera's float32 on the way in) and write float32. Not a 1x1
+    // conv to fewer than 16 channels (a segmentation head, narrow_head_in_float32): float32.
+    const auto low = conv_bf16() && !narrow_head_in_float32(w) ? memory::data_type::bf16 : f32;
     // 8 channels in and out: oneDNN's own choice (16-channel blocks, half of them padding, for
     // the output and both gradients) takes 2-3x the time of its 8-channel blocked kernels, which
     // the Ports then feed with converted copies (8 -> 8 3x3 at 2048x2048, the three passes:
@@ -585,11 +596,11 @@ class OneDnnBlockedPointwise final : public ConvKernel<float> {
 std::unique_ptr<ConvKernel<float>> make_onednn_blocked_pointwise(const ConvShapes& shapes,
                                                                  const reference::ConvGeometry& g) {
   const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
-  const bool takes =
-      !conv_bf16() && !shapes.is_box() && !shapes.activation && shapes.x_layout == Layout::nchw8c &&
-      shapes.y_layout == Layout::nchw && x.c % 8 == 0 && y.c < kBlock && g.groups == 1 &&
-      g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
-      w == Shape4{y.c, x.c, 1, 1} && x.n == y.n && x.h == y.h && x.w == y.w && x.n > 0;
+  const bool takes = !shapes.is_box() && !shapes.activation && shapes.x_layout == Layout::nchw8c &&
+                     shapes.y_layout == Layout::nchw && x.c % 8 == 0 && y.c < kBlock &&
+                     g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 &&
+                     g.pad_left == 0 && w == Shape4{y.c, x.c, 1, 1} && x.n == y.n && x.h == y.h &&
+                     x.w == y.w && x.n > 0;
   if (!takes) return nullptr;
   apply_threads();
   return std::make_unique<OneDnnBlockedPointwise>(shapes);

@@ -793,6 +793,35 @@ TEST(OneDnnConv, EightChannelWindowsDeclineWhereWinogradPays) {
   EXPECT_EQ(bf16, nullptr);
 }
 
+// Under --precision bf16 a 1x1 conv to fewer than 16 channels (a segmentation head: memory-bound)
+// computes in float32, so it matches the float32 reference to float32's tolerance, on oneDNN's
+// kernels and as GEMMs on 8-channel blocks; a 3x3 conv still computes in bfloat16.
+TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
+  if (!onednn_bf16_supported()) GTEST_SKIP() << "this CPU has no bfloat16 instructions oneDNN uses";
+  struct Bf16 {
+    Bf16() { set_conv_bf16(true); }
+    ~Bf16() { set_conv_bf16(false); }
+  } const bf16;
+  Case head = winograd_case(32, 2);
+  head.kernel = 1;
+  std::unique_ptr<OneDnnConv> k = OneDnnConv::create(head.shapes(), head.geometry());
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->name().find("bf16"), std::string::npos) << k->name();
+  expect_matches_reference(*k, head);
+  Case blocked = winograd_case(8, 2);
+  blocked.kernel = 1;
+  ConvShapes shapes = blocked.shapes();
+  shapes.x_layout = Layout::nchw8c;
+  std::unique_ptr<ConvKernel<float>> gemm =
+      make_onednn_blocked_pointwise(shapes, blocked.geometry());
+  ASSERT_NE(gemm, nullptr);
+  expect_matches_reference(*gemm, blocked, Layout::nchw8c);
+  const Case wide = winograd_case(32, 32);
+  std::unique_ptr<OneDnnConv> conv = OneDnnConv::create(wide.shapes(), wide.geometry());
+  ASSERT_NE(conv, nullptr);
+  EXPECT_NE(conv->name().find("bf16"), std::string::npos) << conv->name();
+}
+
 // A 1x1 conv of fewer than 16 channels on each side between NCHW tensors (a segmentation head)
 // is planned in NCHW, one GEMM per pass with no conversions, and gives the reference's results.
 TEST(OneDnnConv, NarrowPointwiseConvsComputeInPlaceAsGemms) {
