@@ -23,7 +23,8 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
       "dtype", po::value(&o.dtype)->default_value(o.dtype), "float32 or float64")(
       "steps", po::value(&o.steps)->default_value(o.steps), "timed steps")(
       "warmup", po::value(&o.warmup)->default_value(o.warmup),
-      "untimed steps first (planning, first-touch page faults)")(
+      "untimed steps first (planning, first-touch page faults); up to 4 more while a step "
+      "still faults more than 16 MiB of pages in (the host pool settling)")(
       "lr", po::value(&o.lr)->default_value(o.lr), "SGD learning rate")(
       "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random batch and parameters")(
       "sgemm", po::value(&o.sgemm)->default_value(o.sgemm),

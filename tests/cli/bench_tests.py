@@ -107,19 +107,32 @@ def bench_errors(env):
 def bench_memory_reuse(env):
     """A training step allocates what the last one freed: from the second step on, every large
     block is a kept one or assembled from kept pages, and no fresh page is mapped. Holds on one
-    rank and on a 2x1 grid (halo windows, batch norm, every layer of unet-small)."""
+    rank and on a 2x1 grid (halo windows, batch norm, every layer of unet-small). Warm-up goes on
+    while a step faults pages in."""
     out = env.path("m.json")
     for ranks, grid in [(1, "1x1x1"), (2, "1x2x1")]:
         r = env.tessera(ranks, "bench", "--model", "unet-small", "--grid", grid, "--image",
                         "3x512x512", "--steps", "2", "--sgemm", "0", "--json", out)
-        expect_ok(r, "host memory (pool), per timed step:")
-        m = json.loads(out.read_text())["host_memory"]
+        expect_ok(r, "host memory (pool), per timed step after")
+        j = json.loads(out.read_text())
+        m = j["host_memory"]
+        # The first step faults every page in (more than 16 MiB at 512x512): one more warm-up
+        # step at least, at most four more.
+        if not 2 <= j["warmup_steps"] <= 5:
+            fail(f"grid {grid}: expected 2 to 5 warm-up steps after --warmup 1, got "
+                 f"{j['warmup_steps']}")
         if m["policy"] != "pool":
             fail(f"expected the pool by default, got {m}")
         if m["fresh_mib_per_step"] != 0 or m["fresh_per_step"] != 0:
             fail(f"grid {grid}: a repeated step mapped fresh pages: {m}")
         if m["reused_per_step"] + m["assembled_per_step"] < 20:
             fail(f"grid {grid}: expected the step's activations from the pool, got {m}")
+    # No warm-up asked: none added.
+    r = env.tessera(1, "bench", "--model", "unet-small", "--image", "3x64x64", "--steps", "1",
+                    "--warmup", "0", "--sgemm", "0", "--membw", "0", "--json", out)
+    expect_ok(r, "0 warm-up steps, then 1 timed", "after 0 warm-up steps")
+    if json.loads(out.read_text())["warmup_steps"] != 0:
+        fail("--warmup 0 still ran warm-up steps", r)
     # TESSERA_HOST_MEMORY=system: malloc and free, nothing kept.
     saved = os.environ.get("TESSERA_HOST_MEMORY")
     os.environ["TESSERA_HOST_MEMORY"] = "system"
