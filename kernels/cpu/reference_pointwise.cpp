@@ -39,11 +39,18 @@ double pixel_cross_entropy_range(const Tensor<T>& logits, std::span<const std::i
   const Shape4& s = logits.shape();
   const std::int64_t plane = s.h * s.w;
   double total = 0;
+  // Pixel k is at sample k / plane, offset k % plane: one division for the range, not per pixel.
+  std::int64_t sample = plane > 0 ? first / plane : 0;
+  std::int64_t offset = plane > 0 ? first % plane : 0;
   for (std::int64_t k = first; k < last; ++k) {
-    const std::int64_t at = k / plane * s.c * plane + k % plane;
+    const std::int64_t at = sample * s.c * plane + offset;
     total += elementwise::cross_entropy(logits.data() + at, s.c, plane,
                                         labels[static_cast<std::size_t>(k)], scale,
                                         dlogits != nullptr ? dlogits->data() + at : nullptr);
+    if (++offset == plane) {
+      offset = 0;
+      ++sample;
+    }
   }
   return total;
 }

@@ -609,6 +609,42 @@ TEST(ReferenceCrossEntropy, ValueMatchesTheDefinition) {
   }
 }
 
+// Up to elementwise::kCachedClasses classes each exp is taken once (the largest's is 1 without a
+// call), more are recomputed for the gradient: both give the definition's value and softmax -
+// onehot, with ties for the largest logit too.
+TEST(ReferenceCrossEntropy, FewAndManyClassesGiveTheDefinitionsValueAndGradient) {
+  for (std::int64_t classes : {std::int64_t{2}, elementwise::kCachedClasses,
+                               elementwise::kCachedClasses + 1, std::int64_t{13}}) {
+    const Shape4 s{2, classes, 3, 4};
+    Tensor<double> logits = random_tensor<double>(s, 81);
+    for (double& v : logits.span())
+      v *= 5;
+    for (std::int64_t c = 0; c < classes; ++c)  // pixel (0, 0, 0): every logit the same
+      logits.at(0, c, 0, 0) = 0.25;
+    logits.at(1, 1, 2, 3) = logits.at(1, 0, 2, 3) = 40;  // a tie for the largest
+    const std::vector<std::int32_t> labels = random_labels(s.n * s.h * s.w, classes, 82);
+    Tensor<double> grad(s, std::numeric_limits<double>::quiet_NaN());  // overwritten
+    const double value = reference::pixel_cross_entropy<double>(logits, labels, 0.5, &grad);
+    const double expect = direct_cross_entropy(logits, labels);
+    EXPECT_NEAR(value, expect, 1e-12 * std::abs(expect)) << classes << " classes";
+    std::size_t p = 0;
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t i = 0; i < s.h; ++i)
+        for (std::int64_t j = 0; j < s.w; ++j, ++p) {
+          double sum = 0;
+          for (std::int64_t c = 0; c < classes; ++c)
+            sum += std::exp(logits.at(n, c, i, j));
+          for (std::int64_t c = 0; c < classes; ++c) {
+            const double want =
+                0.5 * (std::exp(logits.at(n, c, i, j)) / sum - (c == labels[p] ? 1.0 : 0.0));
+            EXPECT_NEAR(grad.at(n, c, i, j), want, 1e-15) << classes << " classes, " << c;
+          }
+        }
+    EXPECT_NEAR(grad.at(0, 1, 0, 0) + (labels[0] == 1 ? 0.5 : 0.0), 0.5 / double(classes), 1e-16)
+        << "equal logits: softmax 1 / classes";
+  }
+}
+
 TEST(ReferenceCrossEntropy, LargeLogitsDoNotOverflow) {
   Tensor<double> logits({1, 3, 1, 2});
   const double base[3] = {1000, 1001, 999};
