@@ -2,6 +2,7 @@
 // include/tessera/kernels/local_kernels.hpp.
 #include "tessera/kernels/local_kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -120,23 +121,39 @@ class CpuMerge final : public MergeKernel<T> {
     check_bias(dbias.size(), dy, "bias gradient");
     const std::int64_t b = block_of(dy.layout()), blocks = channel_blocks(s.c, b);
     const std::int64_t pixels = s.h * s.w;
-    std::vector<T> sums(static_cast<std::size_t>(s.n * blocks * b), T(0));
+    std::vector<double> sums(static_cast<std::size_t>(s.n * blocks * b), 0.0);
     parallel_for(
         s.n * blocks,
         [&](std::int64_t first, std::int64_t last) {
+          // Per channel, in double, kInterleave partial sums (pixel i into sum i % kInterleave,
+          // added in that order at the end): a float running sum of a 2048x2048 plane was both
+          // a dependency chain and 4M roundings. Pixel order decides, so both layouts agree.
+          constexpr std::int64_t kInterleave = 8;
+          std::vector<double> acc(static_cast<std::size_t>(kInterleave * b));
           for (std::int64_t k = first; k < last; ++k) {
             const T* grad = dy.data() + k * pixels * b;
-            T* sum = sums.data() + k * b;
-            for (std::int64_t i = 0; i < pixels; ++i)
+            std::fill(acc.begin(), acc.end(), 0.0);
+            double* __restrict a = acc.data();
+            std::int64_t i = 0;
+            for (; i + kInterleave <= pixels; i += kInterleave)
+              for (std::int64_t r = 0; r < kInterleave * b; ++r)
+                a[r] += static_cast<double>(grad[i * b + r]);
+            for (std::int64_t r = 0; i < pixels; ++i, ++r)
               for (std::int64_t j = 0; j < b; ++j)
-                sum[j] += grad[i * b + j];
+                a[r * b + j] += static_cast<double>(grad[i * b + j]);
+            for (std::int64_t j = 0; j < b; ++j) {
+              double sum = 0;
+              for (std::int64_t r = 0; r < kInterleave; ++r)
+                sum += a[r * b + j];
+              sums[static_cast<std::size_t>(k * b + j)] = sum;
+            }
           }
         },
         grain_for(pixels * b));
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t c = 0; c < s.c; ++c)
         dbias[static_cast<std::size_t>(c)] +=
-            sums[static_cast<std::size_t>((n * blocks + c / b) * b + c % b)];
+            static_cast<T>(sums[static_cast<std::size_t>((n * blocks + c / b) * b + c % b)]);
   }
 
  private:

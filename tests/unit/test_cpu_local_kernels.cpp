@@ -106,6 +106,36 @@ TEST(CpuUpsample, OtherScalesAndTheReferenceBackendKeepTheReference) {
             "reference");
 }
 
+// Bias gradients (the narrow heads' and the transposed convolutions'): per channel the sum over
+// samples and pixels, in double whatever T is (a float running sum over a 257 x 263 plane of
+// values near 1 is off by about 1e-4), added to what dbias held; the same in NCHW and in
+// channel blocks (the last one padded), at any thread count.
+TEST(CpuMerge, BiasGradientsAreSummedInDoubleInEveryLayout) {
+  const Shape4 s{2, 20, 257, 263};
+  Tensor<float> dy = test::random_tensor<float>(s, kSeed, 3, -1, 1);
+  for (float& v : dy.span())
+    v = 1.0f + v / 1024;
+  std::vector<double> want(20, 0.5);
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t i = 0; i < s.h; ++i)
+        for (std::int64_t j = 0; j < s.w; ++j)
+          want[static_cast<std::size_t>(c)] += static_cast<double>(dy.at(n, c, i, j));
+  const std::unique_ptr<MergeKernel<float>> k = make_cpu_merge<float>();
+  std::vector<float> nchw;
+  for (Layout layout : {Layout::nchw, Layout::nchw16c, Layout::nchw8c}) {
+    for (int threads : {1, 2}) {
+      Threads scope(threads);
+      std::vector<float> got(20, 0.5f);
+      k->add_bias_grad(to_layout(dy, layout), std::span<float>(got));
+      for (std::size_t c = 0; c < got.size(); ++c)
+        EXPECT_NEAR(got[c], want[c], 1e-7 * want[c]) << to_string(layout) << ", channel " << c;
+      if (nchw.empty()) nchw = got;
+      EXPECT_EQ(got, nchw) << to_string(layout) << ", " << threads << " threads";
+    }
+  }
+}
+
 TEST(CpuLoss, ThreadedCrossEntropyMatchesTheReference) {
   // More pixels than one chunk, over two samples, with labels of every class.
   const Shape4 s{2, 3, 129, 131};
