@@ -6,7 +6,7 @@ Checks, in one cluster (its daemons are stopped at the end, whatever happened):
   1. requeue: a training job told by Slurm's own signal (sbatch --signal=B:USR1 of the script)
      checkpoints, exits 75 and is requeued; it then resumes, runs to its end, and its metrics hold
      the losses of the same run straight through under srun, for every step;
-  2. the time limit: a job with a 1-minute limit is signalled by Slurm's timer before the limit,
+  2. the time limit: a job with a 2-minute limit is signalled by Slurm's timer before the limit,
      checkpoints and requeues itself; then scancel while it runs again leaves a checkpoint that a
      later run resumes from;
   3. gradcheck.sbatch passes.
@@ -259,13 +259,16 @@ def check_requeue(c, exe):
 
 
 def check_time_limit_and_scancel(c, exe):
-    # Long enough never to end within the minute: Slurm's timer must stop it.
+    # Long enough never to end within the limit: Slurm's timer must stop it.
     args = [*SMALL, "--steps", 10**7, "--log-every", "10"]
-    job = c.submit("-n", "2", "--job-name", "limit", "-o", "limit.out", "--time=1",
-                   "--signal=B:USR1@50", SCRIPTS / "train.sbatch", *args,
+    # slurmctld looks at time limits and their warning signals every 30 s; on 2 busy cores one
+    # look came late enough that a 1-minute limit with USR1@50 timed out unsignalled: a 2-minute
+    # limit with USR1@100 leaves 100 s for a look between the warning and the limit.
+    job = c.submit("-n", "2", "--job-name", "limit", "-o", "limit.out", "--time=2",
+                   "--signal=B:USR1@100", SCRIPTS / "train.sbatch", *args,
                    env={"TESSERA": str(exe), "CHECKPOINT_DIR": "limit-ckpt"})
     fields, out = c.wait(job, lambda f, out: int(f.get("Restarts", 0)) >= 1,
-                         "Slurm's USR1 before the 1-minute limit and a requeue", 150, "limit.out")
+                         "Slurm's USR1 before the 2-minute limit and a requeue", 210, "limit.out")
     m = re.search(r"stopped by SIGUSR1 after step (\d+) of", out)
     if m is None or "USR1 received" not in out or "requeueing job" not in out:
         fail("expected the time-limit signal, a checkpoint and the requeue", out)
