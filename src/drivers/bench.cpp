@@ -111,7 +111,7 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
       reset_host_memory_stats();
       faults_before = minor_page_faults();
     }
-    const long step_faults_before = minor_page_faults();
+    const long step_faults_before = s < warmup ? minor_page_faults() : 0;  // warm-up only
     model.state() = {.mode = Mode::train, .seed = o.seed, .step = s};
     runtime.comm().set_step(s);
     const auto began = clock_type::now();
@@ -280,7 +280,6 @@ void report_ranks(std::ostream& out, nlohmann::json& j, const std::vector<double
   }
 }
 
-// The host memory's line (printed and into j). Local.
 // The node's memory bandwidth (triad_bandwidth_gbs): the first rank of each node alone while the
 // others wait, then every rank at once. What the node's ranks draw together against what one of
 // them draws alone is about what the memory-bound passes gain from one rank to all of them.
@@ -304,13 +303,13 @@ Bandwidth measure_bandwidth(const Comm& world) {
   allreduce_max(world, 0);
   // With one rank per node, alone is all there is.
   const double together = most > 1 ? triad_bandwidth_gbs(kBytes, kPasses) : alone;
-  std::vector<double> slowest{first ? -alone : -std::numeric_limits<double>::infinity()};
-  allreduce(world, std::span<double>(slowest), ReduceOp::max, Group::world, "memory bandwidth");
+  std::vector<double> slowest{first ? alone : std::numeric_limits<double>::infinity()};
+  allreduce(world, std::span<double>(slowest), ReduceOp::min, Group::world, "memory bandwidth");
   std::vector<double> sums{together, first ? 1.0 : 0.0};  // and the number of nodes
   allreduce_sum(world, std::span<double>(sums), Group::world, "memory bandwidth");
   // As MpiComm::detect_wait_policy: affinity masks may be per rank, the node has the largest.
   const int cores = allreduce_max(world, available_cores());
-  return {.alone = -slowest[0],
+  return {.alone = slowest[0],
           .together = sums[0] / std::max(sums[1], 1.0),
           .ranks_per_node = most,
           .oversubscribed = most > cores};
@@ -331,6 +330,7 @@ void report_bandwidth(std::ostream& out, nlohmann::json& j, const Bandwidth& b) 
   j["membw_ranks_per_node"] = b.ranks_per_node;
 }
 
+// The host memory's line (printed and into j). Local.
 void report_memory(std::ostream& out, nlohmann::json& j, const std::vector<double>& m,
                    std::int64_t warmup) {
   out << "  host memory (" << to_string(host_memory()) << "), per timed step after " << warmup
