@@ -36,6 +36,22 @@ void pool_2x2(const T* __restrict r0, const T* __restrict r1, T* __restrict out,
   }
 }
 
+// The gradients of `count` 2x2 windows into the input rows r0, r1: each input gets its window's
+// gradient where it won, else 0, written once (no fill, no scattered add: branch-free, so that
+// GCC vectorises it). 0 + g, as the reference's sum into zeros (-0 becomes +0 there too).
+template <typename T>
+void unpool_2x2(const T* __restrict grad, const std::uint8_t* __restrict place, T* __restrict r0,
+                T* __restrict r1, std::int64_t count) {
+  for (std::int64_t ow = 0; ow < count; ++ow) {
+    const T g = T(0) + grad[ow];
+    const std::uint8_t at = place[ow];
+    r0[2 * ow] = at == 0 ? g : T(0);
+    r0[2 * ow + 1] = at == 1 ? g : T(0);
+    r1[2 * ow] = at == 2 ? g : T(0);
+    r1[2 * ow + 1] = at == 3 ? g : T(0);
+  }
+}
+
 // Any kernel: the scan over each window in row-major order.
 template <typename T>
 void pool_any(const T* in, std::int64_t row, std::int64_t kh, std::int64_t kw, T* out,
@@ -121,6 +137,12 @@ void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
     T* out = dx.data() + (plane * xs.h + oh * kh) * xs.w;
     const T* grad = dy.data() + b * ys.w;
     const std::uint8_t* place = place_.data() + b * ys.w;
+    if (kh == 2 && kw == 2) {
+      unpool_2x2(grad, place, out, out + xs.w, ys.w);
+      for (T* row : {out, out + xs.w})  // the column under no window (an odd width)
+        std::fill(row + 2 * ys.w, row + xs.w, T(0));
+      return;
+    }
     std::fill(out, out + kh * xs.w, T(0));  // the band, trailing columns included
     // 0 + g, as the reference's sum into zeros (-0 becomes +0 there too).
     for (std::int64_t ow = 0; ow < ys.w; ++ow)
