@@ -7,6 +7,7 @@
 
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
+#include "tessera/kernels/narrow_conv.hpp"
 #include "tessera/kernels/simd.hpp"
 #include "tessera_config.h"
 
@@ -29,15 +30,25 @@ class OneDnnBackend final : public Backend {
  public:
   KernelBackend kind() const override { return KernelBackend::onednn; }
   std::string description() const override {
+    const bool narrow = conv_narrow() && simd_level() == SimdLevel::avx512;
     return "onednn for float32 convolutions, transposed convolutions and pooling (" +
-           onednn_description() + "); threaded loops for batch norm (" + to_string(simd_level()) +
+           onednn_description() + "); " +
+           (narrow ? "narrow AVX-512 kernels for convolutions of few channels; " : "") +
+           "threaded loops for batch norm (" + to_string(simd_level()) +
            "), activations, the loss, upsampling by 2 and max pooling by windows that tile the "
            "image; reference (plain loops) for the rest";
   }
 
  protected:
+  bool float_conv_in_nchw(const ConvShapes& shapes,
+                          const reference::ConvGeometry& g) const override {
+    return narrow_conv_fits(shapes, g);
+  }
   std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g) const override {
+    // Few output channels at stride 1 on AVX-512: the narrow kernels, in NCHW; other layouts are
+    // declined for them, so that the conv plans NCHW (Conv2d::bind_kernel tries it last).
+    if (narrow_conv_fits(shapes, g)) return make_narrow_conv(shapes, g);
     if (auto gemm = make_onednn_blocked_pointwise(shapes, g)) return gemm;
     if (std::unique_ptr<OneDnnConv> fast = OneDnnConv::create(shapes, g)) return fast;
     return Backend::conv_float(shapes, g);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/narrow_conv.hpp"
 
 namespace tessera {
 namespace {
@@ -72,6 +73,7 @@ RuntimeOptions runtime_options_from_environment() {
   o.overlap = switch_of("TESSERA_OVERLAP", true);
   o.fuse = switch_of("TESSERA_FUSE", true);
   o.winograd = switch_of("TESSERA_WINOGRAD", true);
+  o.narrow_conv = switch_of("TESSERA_NARROW_CONV", wide_multiplies_pay());
   if (variable("TESSERA_SIMD"))
     o.simd = parsed("TESSERA_SIMD", [](const std::string& v) { return parse_simd_level(v); });
   if (variable("TESSERA_WAIT"))
@@ -108,6 +110,7 @@ Runtime::Runtime(std::unique_ptr<Comm> comm, const RuntimeOptions& options)
 Runtime make_runtime(const Comm& world, GridShape grid, const RuntimeOptions& options) {
   set_conv_bf16(options.bf16);  // before the model plans its kernels
   set_conv_winograd(options.winograd);
+  set_conv_narrow(options.narrow_conv);
   if (options.simd) set_simd_level(*options.simd);
   const WaitSettings wait{options.wait.value_or(world.wait_settings().policy), options.timeout};
   return Runtime(with_transport(world.host().make_grid(grid, wait), options.transport), options);

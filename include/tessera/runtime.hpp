@@ -41,6 +41,10 @@ struct RuntimeOptions {
   // Winograd convolutions where they are faster (set_conv_winograd, kernels/backend.hpp); off
   // only to compare with direct convolutions.
   bool winograd = true;
+  // The narrow convolution kernels for few channels on AVX-512 (set_conv_narrow,
+  // kernels/narrow_conv.hpp); by default where 16-lane multiplies pay (wide_multiplies_pay,
+  // kernels/simd.hpp).
+  bool narrow_conv = true;
   // The threaded CPU loops' instruction set (kernels/simd.hpp); none: the widest the CPU has.
   // make_runtime applies it. The levels give the same results: only to compare their speed.
   std::optional<SimdLevel> simd;
@@ -48,7 +52,8 @@ struct RuntimeOptions {
 
 // The documented environment defaults, the one place Tessera reads the environment:
 //   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_FUSE=0|1,
-//   TESSERA_WINOGRAD=0|1, TESSERA_SIMD=baseline|avx512, TESSERA_WAIT=spin|sleep,
+//   TESSERA_WINOGRAD=0|1, TESSERA_NARROW_CONV=0|1, TESSERA_SIMD=baseline|avx512,
+//   TESSERA_WAIT=spin|sleep,
 //   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated,
 //   TESSERA_CUDNN_SEARCH=measure|heuristic, TESSERA_CUDNN_LOG=0|1;
 //   the kernel threads from OMP_NUM_THREADS, else the cores of this process's affinity mask divided

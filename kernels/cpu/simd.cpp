@@ -61,6 +61,14 @@ SimdLevel parse_simd_level(const std::string& name) {
   throw Error("unknown instruction set '" + name + "': expected baseline or avx512");
 }
 
+bool wide_multiplies_pay() {
+#if TESSERA_HAS_WIDE_LOOPS
+  return cpu_has_avx512() && __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
 bool simd_available(SimdLevel level) {
   return level == SimdLevel::baseline || cpu_has_avx512();
 }

@@ -47,7 +47,8 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
              "3x2048x2048 image (scripts/bench/compare_pytorch.py\ntimes PyTorch beside it). "
              "TESSERA_OVERLAP=0 turns off the interior/border overlap;\nTESSERA_FUSE=0 computes "
              "activations apart from their neighbouring layers;\nTESSERA_WINOGRAD=0 computes "
-             "every convolution with the direct kernel.",
+             "every convolution with the direct kernel;\nTESSERA_NARROW_CONV=0 computes "
+             "convolutions of few channels with oneDNN's kernels.",
              d, args, vm, world, runtime))
     return 0;
   const GridShape fallback = default_grid(world);

@@ -108,15 +108,28 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   // reader) takes it, and every consumer that passes its input's layout on (an activation) may
   // give nchw16c too. The model's output is NCHW (the loss reads it). Decided before bind(),
   // where the kernels are planned for it.
+  // A layer that computes in NCHW (narrow convs: Layer::computes_in_nchw) neither gives nchw16c
+  // nor is given it.
+  const Backend& backend = runtime.backend();
   std::vector<bool> blocked_ok(nodes_.size(), false);
   for (std::size_t k = nodes_.size() - 1; k-- > 0;) {
-    bool ok = !consumers[k].empty();
+    bool ok = !consumers[k].empty() && !nodes_[k].layer->computes_in_nchw(backend);
     for (std::size_t c : consumers[k]) {
       const std::size_t r = reader(c);
-      ok = ok && nodes_[r].layer->takes_blocked() &&
+      ok = ok && nodes_[r].layer->takes_blocked() && !nodes_[r].layer->computes_in_nchw(backend) &&
            (!nodes_[r].layer->passes_layout() || blocked_ok[r]);
     }
     blocked_ok[k] = ok;
+  }
+  // Whether a node's output may come blocked: allowed, and, for a layer that passes its input's
+  // layout on, its input may (the hint of Layer::expect_blocked_input).
+  std::vector<bool> blocked_may_come(nodes_.size(), false);
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    const std::vector<int>& in = nodes_[k].inputs;
+    blocked_may_come[k] =
+        blocked_ok[k] &&
+        (!nodes_[k].layer->passes_layout() ||
+         (in.size() == 1 && in[0] >= 0 && blocked_may_come[static_cast<std::size_t>(in[0])]));
   }
   // Activations their neighbours compute: the producer applies f as it writes its output when
   // the activation is its only consumer; the consumer applies f' to its input gradient when it is
@@ -147,7 +160,7 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);
     const std::vector<int>& in = nodes_[k].inputs;
     nodes_[k].layer->expect_blocked_input(in.size() == 1 && in[0] >= 0 &&
-                                          blocked_ok[static_cast<std::size_t>(in[0])]);
+                                          blocked_may_come[static_cast<std::size_t>(in[0])]);
     nodes_[k].layer->hand_over_input(in.size() == 1 && in[0] >= 0 &&
                                      consumers[static_cast<std::size_t>(in[0])].size() == 1);
     nodes_[k].layer->use_allocator(memory);

@@ -94,6 +94,20 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
+bool Conv2d<T>::computes_in_nchw(const Backend& backend) const {
+  const Shape4& y = this->out_dist().global;
+  const Shape4& w = weight_.value.shape();
+  const auto extent = [](std::int64_t out, std::int64_t stride, std::int64_t dilation,
+                         std::int64_t kernel) {
+    return (out - 1) * stride + dilation * (kernel - 1) + 1;
+  };
+  const Shape4 x{y.n, this->in_dist().global.c,
+                 extent(y.h, geometry_.stride_h, geometry_.dilation_h, w.h),
+                 extent(y.w, geometry_.stride_w, geometry_.dilation_w, w.w)};
+  return backend.conv_in_nchw<T>({.x = x, .w = w, .y = y, .bias = spec_.bias}, geometry_);
+}
+
+template <typename T>
 void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // The model is built for one global batch, so every shape here is fixed for the layer's life.
   const Shape4 in = this->in_dist().local_shape();

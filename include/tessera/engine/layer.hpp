@@ -100,6 +100,10 @@ class Layer {
   // nchw16c output, before bind(), only where every consumer takes it. Local.
   virtual bool takes_blocked() const { return false; }
   virtual bool passes_layout() const { return false; }
+  // Whether the layer's kernels on `backend` read and write NCHW only (Backend::conv_in_nchw):
+  // the model then gives it NCHW inputs and expects NCHW output from it. Valid after setup().
+  // Local.
+  virtual bool computes_in_nchw(const Backend& /*backend*/) const { return false; }
   void allow_blocked_output(bool allowed) { blocked_output_allowed_ = allowed; }
   bool blocked_output_allowed() const { return blocked_output_allowed_; }
   // Whether the layer's one input comes from a layer allowed blocked output (set by the model

@@ -66,6 +66,14 @@ class Backend {
     if (k && shapes.activation && !k->applies_activation()) return nullptr;
     return k;
   }
+  // Whether conv() computes the case (its layouts aside) with a kernel that reads and writes
+  // NCHW only, declining channel-blocked layouts for it (the oneDNN backend's narrow kernels,
+  // kernels/narrow_conv.hpp): the model then gives the conv NCHW inputs and lets it give NCHW
+  // output, rather than converting. Local.
+  template <typename T>
+  bool conv_in_nchw(const ConvShapes& shapes, const reference::ConvGeometry& g) const {
+    return std::is_same_v<T, float> && float_conv_in_nchw(shapes, g);
+  }
   // A pooling kernel planned for `shapes` and `g` (no geometry padding: a window with its image
   // box), as conv() decides. Never null for NCHW; with nchw16c null when no fast kernel accepts
   // it. Local.
@@ -165,6 +173,10 @@ class Backend {
                                                            float) const;
   virtual std::unique_ptr<LinearKernel<double>> make_linear(std::int64_t in, std::int64_t out,
                                                             double) const;
+  virtual bool float_conv_in_nchw(const ConvShapes& /*shapes*/,
+                                  const reference::ConvGeometry& /*g*/) const {
+    return false;
+  }
   virtual std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                         const reference::ConvGeometry& g) const;
   virtual std::unique_ptr<ConvKernel<double>> conv_double(const ConvShapes& shapes,

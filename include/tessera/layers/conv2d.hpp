@@ -48,6 +48,9 @@ class Conv2d final : public WindowLayer<T> {
   LayerFlops flops() const override;
   // Any input layout: the exchange converts into the window's.
   bool takes_blocked() const override { return true; }
+  // Whether the backend computes this conv with NCHW kernels only (Backend::conv_in_nchw), decided
+  // from the global shapes, so the same on every rank. Valid after setup(). Local.
+  bool computes_in_nchw(const Backend& backend) const override;
   // (Leaky) ReLU as the kernels' post-op, where they take it (oneDNN). Local.
   void offer_output_activation(const FusedActivation& f) override { offered_ = f; }
   bool output_activation_fused() const override { return activation_.has_value(); }

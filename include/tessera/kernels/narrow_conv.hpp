@@ -1,0 +1,41 @@
+// Direct convolutions of few output channels, vectorised over pixels (kernels/cpu/narrow_conv.cpp).
+//
+// oneDNN 2.6 vectorises a convolution over channels: 8 or 16 output channels fill a vector, one
+// input value is broadcast per multiply. With 8 output channels (unet-small's full-resolution
+// layers) that is its AVX2 kernels, half an AVX-512 vector wide, at 30-35 GFLOP/s on one Skylake-SP
+// core. These kernels put 16 neighbouring pixels of one channel in a vector instead: NCHW rows are
+// read as they lie, the weights are broadcast, and 8 output channels x 48 pixels stay in registers
+// while the taps of 8 input channels are summed (fewer rows than that would stream past the
+// caches' prefetchers at once). The backward-data pass is the same loop over dy with the kernel
+// flipped, the backward-filter pass sums dy x the shifted input per tap over a row in float
+// vectors and over rows in double. AVX-512 only (simd_level()); float32, NCHW, stride 1, no
+// groups, no fused activation.
+#pragma once
+
+#include <memory>
+
+#include "tessera/kernels/conv_kernel.hpp"
+
+namespace tessera {
+
+// Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
+// aside (they take NCHW x and y only): AVX-512 available and chosen (simd_level()), the kernels
+// switched on (set_conv_narrow), float32 products (not --precision bf16), no groups, stride 1, any
+// dilation, no padding (the window holds it), kernels up to 7x7 other than 1x1, at most 16 output
+// channels and at most 32 input channels, no fused activation. The oneDNN backend plans NCHW
+// windows and outputs for such convolutions (Backend::conv). Local.
+bool narrow_conv_fits(const ConvShapes& shapes, const reference::ConvGeometry& g);
+
+// The narrow kernel for `shapes` (box kernels included), or nullptr where narrow_conv_fits says
+// no or a layout is not NCHW. Never throws for a case it declines. Local.
+std::unique_ptr<ConvKernel<float>> make_narrow_conv(const ConvShapes& shapes,
+                                                    const reference::ConvGeometry& g);
+
+// Whether the oneDNN backend computes the convolutions narrow_conv_fits takes with the narrow
+// kernels: on (the default) or off (TESSERA_NARROW_CONV=0: oneDNN's, in its 8-channel blocks).
+// Process-wide like set_conv_winograd (kernels/backend.hpp): make_runtime sets it from
+// RuntimeOptions::narrow_conv before a model plans its kernels. Local.
+void set_conv_narrow(bool on);
+bool conv_narrow();
+
+}  // namespace tessera

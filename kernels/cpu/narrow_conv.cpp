@@ -1,0 +1,608 @@
+// The narrow convolution kernels (include/tessera/kernels/narrow_conv.hpp): AVX-512 loops over
+// rows of NCHW planes, 16 pixels a vector, split over the kernel threads by rows.
+#include "tessera/kernels/narrow_conv.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/simd.hpp"
+#include "tessera/parallel.hpp"
+
+namespace tessera {
+namespace {
+
+bool g_conv_narrow = true;
+
+constexpr std::int64_t kOut = 8;     // output channels whose sums one pass keeps in registers
+constexpr std::int64_t kLanes = 16;  // floats in a vector
+constexpr std::int64_t kMaxExtent = 7, kMaxOut = 16, kMaxIn = 64;
+
+// One output row's sums over the taps of some input channels: for w < out_w and o < outs,
+// out[o][w] = start + sum over input channels i, taps (a, b) of
+// k[(i * kh * kw + a * kw + b) * kOut + o] * in[i][row0 + a * dh][w + col0 + b * dw], where start
+// is out[o][w] itself (accumulate), init[o], or 0; input values outside the in_h x in_w planes
+// count as 0; with `activate`, the sums go out through elementwise::leaky_relu(sum, slope) (ReLU:
+// slope 0), computed alike. The forward reads a window (col0 = row0 - output row = 0, never
+// outside it); the backward-data pass reads dy with the kernel flipped (row0, col0 < 0: the edges
+// are outside).
+struct RowJob {
+  const float* in;  // input channel 0, row 0
+  std::int64_t in_plane, in_row, in_h, in_w;
+  std::int64_t row0, col0;
+  const float* k;
+  std::int64_t kh, kw, dh, dw;
+  float* out;  // output channel 0 of the row
+  std::int64_t out_plane, out_w, outs;
+  const float* init;  // nullptr: 0
+  bool activate = false;
+  float slope = 0;
+};
+
+#if TESSERA_HAS_WIDE_LOOPS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
+namespace wide {
+
+constexpr std::int64_t kChunk = 8;  // input channels summed per pass over a row
+
+// The lanes l of 16 columns from `first` with 0 <= first + l < limit.
+inline __mmask16 columns_within(std::int64_t first, std::int64_t limit) {
+  const std::int64_t lo = std::clamp<std::int64_t>(-first, 0, kLanes);
+  const std::int64_t hi = std::clamp<std::int64_t>(limit - first, 0, kLanes);
+  if (hi <= lo) return 0;
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// p + k as an address, for a masked load whose first lanes lie before p's row (and may lie before
+// its allocation): the masked-off lanes are never read, but forming such a pointer by arithmetic
+// would be undefined.
+inline const float* at(const float* p, std::int64_t k) {
+  return reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(p) +
+                                        static_cast<std::uintptr_t>(k) * sizeof(float));
+}
+
+// Output columns [w0, w0 + 16 * PV) of a RowJob over input channels [i0, i1) and tap rows
+// [a0, a1); kMasked where some of them lie outside the output row or some of their reads outside
+// the input's. KH, KW: the kernel's extent when known at compile time (0: job.kh, job.kw): 3x3
+// unrolled issues the loads of all nine taps of a channel early, 25-30% faster than the loop.
+template <int PV, bool kMasked, int KH, int KW>
+void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t a0,
+               std::int64_t a1, bool accumulate, bool finish, std::int64_t w0) {
+  const std::int64_t kh = KH > 0 ? KH : job.kh, kw = KW > 0 ? KW : job.kw;
+  __mmask16 store[PV];
+  for (int p = 0; p < PV; ++p)
+    store[p] = kMasked ? columns_within(w0 + kLanes * p, job.out_w) : __mmask16(0xffff);
+  __m512 acc[kOut][PV];
+  for (std::int64_t o = 0; o < kOut; ++o)
+    for (int p = 0; p < PV; ++p) {
+      const float* out = job.out + o * job.out_plane + w0 + kLanes * p;
+      acc[o][p] = o >= job.outs         ? _mm512_setzero_ps()
+                  : accumulate          ? _mm512_maskz_loadu_ps(store[p], out)
+                  : job.init != nullptr ? _mm512_set1_ps(job.init[o])
+                                        : _mm512_setzero_ps();
+    }
+  __mmask16 load[kMaxExtent][PV];
+  if constexpr (kMasked)
+    for (std::int64_t b = 0; b < kw; ++b)
+      for (int p = 0; p < PV; ++p)
+        load[b][p] = columns_within(w0 + job.col0 + b * job.dw + kLanes * p, job.in_w);
+  const std::int64_t taps = kh * kw;
+  // The taps of input channel i; with every tap row inside the input (kAllRows), a loop the
+  // compiler unrolls whole for a known extent.
+  auto channel = [&](std::int64_t i, auto all_rows) {
+    for (std::int64_t a = 0; a < kh; ++a) {
+      if constexpr (!decltype(all_rows)::value)
+        if (a < a0 || a >= a1) continue;
+      const float* row = job.in + i * job.in_plane + (job.row0 + a * job.dh) * job.in_row;
+      const float* k = job.k + (i * taps + a * kw) * kOut;
+      for (std::int64_t b = 0; b < kw; ++b, k += kOut) {
+        const std::int64_t c = w0 + job.col0 + b * job.dw;
+        __m512 v[PV];
+        for (int p = 0; p < PV; ++p)
+          v[p] = kMasked ? _mm512_maskz_loadu_ps(load[b][p], at(row, c + kLanes * p))
+                         : _mm512_loadu_ps(row + c + kLanes * p);
+        for (std::int64_t o = 0; o < kOut; ++o) {
+          const __m512 weight = _mm512_set1_ps(k[o]);
+          for (int p = 0; p < PV; ++p)
+            acc[o][p] = _mm512_fmadd_ps(weight, v[p], acc[o][p]);
+        }
+      }
+    }
+  };
+  if (a0 == 0 && a1 == kh)
+    for (std::int64_t i = i0; i < i1; ++i)
+      channel(i, std::true_type{});
+  else
+    for (std::int64_t i = i0; i < i1; ++i)
+      channel(i, std::false_type{});
+  if (finish && job.activate) {
+    // elementwise::leaky_relu: x > 0 ? x : slope * x, NaN and -0 included.
+    const __m512 slope = _mm512_set1_ps(job.slope), zero = _mm512_setzero_ps();
+    for (std::int64_t o = 0; o < kOut; ++o)
+      for (int p = 0; p < PV; ++p) {
+        const __mmask16 positive = _mm512_cmp_ps_mask(acc[o][p], zero, _CMP_GT_OQ);
+        acc[o][p] = _mm512_mask_blend_ps(positive, _mm512_mul_ps(slope, acc[o][p]), acc[o][p]);
+      }
+  }
+  for (std::int64_t o = 0; o < kOut; ++o)
+    for (int p = 0; p < PV; ++p) {
+      float* out = job.out + o * job.out_plane + w0 + kLanes * p;
+      if (o >= job.outs)
+        continue;
+      else if constexpr (kMasked)
+        _mm512_mask_storeu_ps(out, store[p], acc[o][p]);
+      else
+        _mm512_storeu_ps(out, acc[o][p]);
+    }
+}
+
+// The whole RowJob over `channels` input channels, kChunk of them per pass over the row: 8
+// channels x 3 tap rows are as many rows as stream through the caches well at once (24 -> 8
+// channels 3x3 at 2048x2048, one Skylake-SP core: 24 channels a pass 34 GFLOP/s, 8 a pass 90).
+void correlate_row(const RowJob& job, std::int64_t channels) {
+  constexpr int kVectors = 3;  // 8 x 3 sums, 3 inputs and a weight: 28 of 32 registers
+  constexpr std::int64_t kStep = kLanes * kVectors;
+  std::int64_t a0 = 0, a1 = job.kh;  // the tap rows inside the input
+  while (a0 < a1 && job.row0 + a0 * job.dh < 0)
+    ++a0;
+  while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
+    --a1;
+  const std::int64_t reach = job.col0 + (job.kw - 1) * job.dw;  // the last tap's column offset
+  for (std::int64_t i0 = 0; i0 < channels; i0 += kChunk) {
+    const std::int64_t i1 = std::min(channels, i0 + kChunk);
+    const bool finish = i1 == channels;
+    for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kStep) {
+      const bool inside =
+          w0 + job.col0 >= 0 && w0 + kStep <= job.out_w && w0 + kStep + reach <= job.in_w;
+      const bool three = job.kh == 3 && job.kw == 3;
+      if (inside && three)
+        row_block<kVectors, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+      else if (inside)
+        row_block<kVectors, false, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+      else if (three)
+        row_block<kVectors, true, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+      else
+        row_block<kVectors, true, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+    }
+  }
+}
+
+constexpr std::int64_t kFilterColumns = 512;
+
+// partial[o][g][lane] += the products dy[o][w] * x[w + (b0 + g) * dw] over the `vectors` x 16
+// columns of a piece of a row, g < NB, summed per lane (w % 16) in float: those of tap b0 + g of
+// output channel o at partial + (g * 8 + o) * 16, one contiguous block. dy: 8 rows of
+// kFilterColumns, copies (zeros past the piece and for channels past the last). The sums are three
+// arrays rather than one of two dimensions, and dy is one block addressed by constant offsets: GCC
+// 12 at -O3 kept the sums in memory otherwise, short of registers for eight row pointers.
+template <int NB>
+void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int64_t dw,
+                 float* partial) {
+  static_assert(NB >= 1 && NB <= 3);
+  __m512 s0[kOut], s1[kOut], s2[kOut];
+  for (std::int64_t o = 0; o < kOut; ++o)
+    s0[o] = s1[o] = s2[o] = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < vectors; ++j) {
+    const float* xj = x + j * kLanes;
+    const __m512 v0 = _mm512_loadu_ps(xj);
+    const __m512 v1 = NB > 1 ? _mm512_loadu_ps(xj + dw) : _mm512_setzero_ps();
+    const __m512 v2 = NB > 2 ? _mm512_loadu_ps(xj + 2 * dw) : _mm512_setzero_ps();
+    for (std::int64_t o = 0; o < kOut; ++o) {
+      const __m512 d = _mm512_load_ps(dy + o * kFilterColumns + j * kLanes);
+      s0[o] = _mm512_fmadd_ps(d, v0, s0[o]);
+      if constexpr (NB > 1) s1[o] = _mm512_fmadd_ps(d, v1, s1[o]);
+      if constexpr (NB > 2) s2[o] = _mm512_fmadd_ps(d, v2, s2[o]);
+    }
+  }
+  for (std::int64_t o = 0; o < kOut; ++o) {
+    float* p = partial + o * kLanes;
+    constexpr std::int64_t tap = kOut * kLanes;
+    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), s0[o]));
+    if constexpr (NB > 1) _mm512_storeu_ps(p + tap, _mm512_add_ps(_mm512_loadu_ps(p + tap), s1[o]));
+    if constexpr (NB > 2)
+      _mm512_storeu_ps(p + 2 * tap, _mm512_add_ps(_mm512_loadu_ps(p + 2 * tap), s2[o]));
+  }
+}
+
+// n values from `from` into `to`, and zeros after them up to `to_length`.
+void copy_padded(const float* from, std::int64_t n, float* to, std::int64_t to_length) {
+  std::copy(from, from + n, to);
+  std::fill(to + n, to + to_length, 0.0f);
+}
+
+// The filter-gradient products of one output row added into float partial sums per lane: for
+// output channels [0, outs) of dy (its row), input channels c of x (the row of output row 0's
+// taps) and taps (a, b), partial[(((c * kh + a) * kw + b) * 8 + o) * 16 + lane]. The row
+// goes in pieces of kFilterColumns columns, each through every channel and tap with its 8 rows of
+// dy copied into a block that stays in the first-level cache (whole 2048-column rows came from
+// the second).
+void filter_row(const float* dy, std::int64_t dy_plane, std::int64_t outs, std::int64_t out_w,
+                const float* x, std::int64_t x_plane, std::int64_t x_row, std::int64_t channels,
+                std::int64_t kh, std::int64_t kw, std::int64_t dh, std::int64_t dw,
+                float* partial) {
+  const std::int64_t x_extra = (kw - 1) * dw;
+  alignas(64) float dy_block[kOut * kFilterColumns];
+  std::vector<float> x_piece(static_cast<std::size_t>(kFilterColumns + x_extra + kLanes));
+  for (std::int64_t w0 = 0; w0 < out_w; w0 += kFilterColumns) {
+    const std::int64_t n = std::min(kFilterColumns, out_w - w0);
+    const std::int64_t vectors = (n + kLanes - 1) / kLanes;
+    for (std::int64_t o = 0; o < kOut; ++o)
+      copy_padded(dy + o * dy_plane + w0, o < outs ? n : 0, dy_block + o * kFilterColumns,
+                  kFilterColumns);
+    // A piece of whole vectors reads x as it lies; the last piece of a row of another width, a
+    // copy, so that its loads stay inside the row.
+    const bool whole = vectors * kLanes == n;
+    for (std::int64_t c = 0; c < channels; ++c)
+      for (std::int64_t a = 0; a < kh; ++a) {
+        const float* xr = x + c * x_plane + a * dh * x_row + w0;
+        // The next piece of this row of x, asked for now: the 8 x 3 rows a piece reads are too
+        // many streams for the prefetchers to follow.
+        if (w0 + kFilterColumns < out_w)
+          for (std::int64_t l = 0; l < kFilterColumns; l += kLanes)
+            _mm_prefetch(reinterpret_cast<const char*>(xr + kFilterColumns + l), _MM_HINT_T0);
+        if (!whole) {
+          copy_padded(xr, n + x_extra, x_piece.data(), static_cast<std::int64_t>(x_piece.size()));
+          xr = x_piece.data();
+        }
+        float* pa = partial + (c * kh + a) * kw * kOut * kLanes;
+        for (std::int64_t b0 = 0; b0 < kw; b0 += 3) {
+          const float* xb = xr + b0 * dw;
+          float* pb = pa + b0 * kOut * kLanes;
+          switch (std::min<std::int64_t>(3, kw - b0)) {
+            case 1:
+              filter_taps<1>(dy_block, vectors, xb, dw, pb);
+              break;
+            case 2:
+              filter_taps<2>(dy_block, vectors, xb, dw, pb);
+              break;
+            default:
+              filter_taps<3>(dy_block, vectors, xb, dw, pb);
+          }
+        }
+      }
+  }
+}
+
+// sums[j] += partial[j] in double and partial[j] = 0, for j < n (a multiple of 16).
+void flush(float* partial, double* sums, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; j += kLanes) {
+    // The maskz forms: GCC 12's unmasked ones start from an "undefined" vector that
+    // -Wmaybe-uninitialized flags.
+    const __m512 v = _mm512_loadu_ps(partial + j);
+    const __m512d low = _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 0));
+    const __m512d high = _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+    _mm512_storeu_pd(sums + j, _mm512_add_pd(_mm512_loadu_pd(sums + j), low));
+    _mm512_storeu_pd(sums + j + 8, _mm512_add_pd(_mm512_loadu_pd(sums + j + 8), high));
+    _mm512_storeu_ps(partial + j, _mm512_setzero_ps());
+  }
+}
+
+// The sum of p[0, n) in double: per lane in float over the row, then the lanes in double.
+double row_sum(const float* p, std::int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (std::int64_t w0 = 0; w0 < n; w0 += kLanes)
+    acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(columns_within(w0, n), p + w0));
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, acc);
+  double s = 0;
+  for (float v : lanes)
+    s += v;
+  return s;
+}
+
+}  // namespace wide
+#pragma GCC pop_options
+#endif
+
+// NCHW planes of a tensor or of a box of one: channel c of sample n at
+// data + (n * channels + c) * plane, rows `row` apart.
+template <typename F>
+struct Planes {
+  F* data;
+  std::int64_t channels, plane, row;
+  F* at(std::int64_t n, std::int64_t c, std::int64_t r) const {
+    return data + (n * channels + c) * plane + r * row;
+  }
+};
+
+template <typename F>
+Planes<F> planes_of(F* data, const Shape4& outer, BoxAt at = {}) {
+  return {data + at.h * outer.w + at.w, outer.c, outer.h * outer.w, outer.w};
+}
+
+class NarrowConv final : public ConvKernel<float> {
+ public:
+  NarrowConv(const ConvShapes& shapes, const reference::ConvGeometry& g)
+      : s_(shapes), dh_(g.dilation_h), dw_(g.dilation_w) {}
+  // Planned with ConvShapes::activation: the forward applies it as it writes y.
+  bool applies_activation() const override { return s_.activation.has_value(); }
+
+  void forward(const Tensor<float>& x, const Tensor<float>& w, std::span<const float> bias,
+               Tensor<float>& y) override {
+    check("forward", x, s_.x, w, y, s_.y, bias);
+    run_forward(planes_of(x.data(), s_.x), w, bias, planes_of(y.data(), s_.y));
+  }
+
+  void forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<float>& w,
+                   std::span<const float> bias, Tensor<float>& y, BoxAt y_at) override {
+    TESSERA_CHECK(s_.is_box(), "narrow conv: forward_box of a kernel planned for whole tensors");
+    check("forward_box", x, s_.x_outer, w, y, s_.y_outer, bias);
+    const auto fits = [](BoxAt at, const Shape4& box, const Shape4& outer) {
+      return at.h >= 0 && at.w >= 0 && at.h + box.h <= outer.h && at.w + box.w <= outer.w;
+    };
+    TESSERA_CHECK(fits(x_at, s_.x, s_.x_outer) && fits(y_at, s_.y, s_.y_outer),
+                  "narrow conv: forward_box called with boxes outside their tensors");
+    run_forward(planes_of(x.data(), s_.x_outer, x_at), w, bias,
+                planes_of(y.data(), s_.y_outer, y_at));
+  }
+
+  void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override {
+    check("backward_data", dx, s_.x, w, dy, s_.y, {});
+    const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
+    const std::int64_t taps = ws.h * ws.w, blocks = (xs.c + kOut - 1) / kOut;
+    // k[block][o][a][b][j] = w[o][block * 8 + j][kh - 1 - a][kw - 1 - b]: dx is dy correlated
+    // with the flipped kernel, output and input channels swapped.
+    std::vector<float> k(static_cast<std::size_t>(blocks * ws.n * taps * kOut), 0.0f);
+    for (std::int64_t o = 0; o < ws.n; ++o)
+      for (std::int64_t c = 0; c < ws.c; ++c)
+        for (std::int64_t t = 0; t < taps; ++t)
+          k[static_cast<std::size_t>((((c / kOut) * ws.n + o) * taps + t) * kOut + c % kOut)] =
+              w.data()[(o * ws.c + c) * taps + (taps - 1 - t)];
+    const Planes<const float> in = planes_of(dy.data(), ys);
+    const Planes<float> out = planes_of(dx.data(), xs);
+    parallel_for(
+        xs.n * xs.h,
+        [&](std::int64_t first, std::int64_t last) {
+          for (std::int64_t r = first; r < last; ++r) {
+            const std::int64_t n = r / xs.h, h = r % xs.h;
+            for (std::int64_t block = 0; block < blocks; ++block)
+              correlate({.in = in.at(n, 0, 0),
+                         .in_plane = in.plane,
+                         .in_row = in.row,
+                         .in_h = ys.h,
+                         .in_w = ys.w,
+                         .row0 = h - (ws.h - 1) * dh_,
+                         .col0 = -(ws.w - 1) * dw_,
+                         .k = k.data() + block * ws.n * taps * kOut,
+                         .kh = ws.h,
+                         .kw = ws.w,
+                         .dh = dh_,
+                         .dw = dw_,
+                         .out = out.at(n, block * kOut, h),
+                         .out_plane = out.plane,
+                         .out_w = xs.w,
+                         .outs = std::min(kOut, xs.c - block * kOut),
+                         .init = nullptr},
+                        ws.n);
+          }
+        },
+        grain_for(xs.w * ws.n * taps));
+  }
+
+  void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
+                       std::span<float> dbias) override {
+    check("backward_filter", x, s_.x, dw, dy, s_.y, dbias);
+    const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
+    const std::int64_t taps = ws.h * ws.w, rows = ys.n * ys.h;
+    const std::int64_t per_block = kOut * ws.c * taps * kLanes;
+    const std::int64_t blocks = (ys.c + kOut - 1) / kOut;
+    // Each part of the rows sums into its own doubles, added part by part in order: the same
+    // result on every run with the same thread count. Within a part, products go into float
+    // partial sums per lane that are added into the doubles every kFlushRows rows.
+    constexpr std::int64_t kFlushRows = 4;
+    const std::int64_t parts = std::clamp<std::int64_t>(kernel_threads().count, 1, rows);
+    std::vector<double> sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0);
+    std::vector<double> bias_sums(static_cast<std::size_t>(parts * ys.c), 0.0);
+    const Planes<const float> in = planes_of(x.data(), xs), grad = planes_of(dy.data(), ys);
+    parallel_for(
+        parts,
+        [&](std::int64_t first, std::int64_t last) {
+          std::vector<float> partial(static_cast<std::size_t>(blocks * per_block), 0.0f);
+          for (std::int64_t part = first; part < last; ++part) {
+            double* part_sums = sums.data() + part * blocks * per_block;
+            const std::int64_t begin = rows * part / parts, end = rows * (part + 1) / parts;
+            for (std::int64_t r = begin; r < end; ++r) {
+              const std::int64_t n = r / ys.h, h = r % ys.h;
+              for (std::int64_t block = 0; block < blocks; ++block)
+                filter(grad.at(n, block * kOut, h), grad.plane, std::min(kOut, ys.c - block * kOut),
+                       ys.w, in.at(n, 0, h), in.plane, in.row, xs.c, ws.h, ws.w,
+                       partial.data() + block * per_block);
+              if ((r - begin) % kFlushRows == kFlushRows - 1 || r == end - 1)
+                add_partials(partial.data(), part_sums, blocks * per_block);
+              if (!dbias.empty())
+                for (std::int64_t o = 0; o < ys.c; ++o)
+                  bias_sums[static_cast<std::size_t>(part * ys.c + o)] +=
+                      sum(grad.at(n, o, h), ys.w);
+            }
+          }
+        },
+        1);
+    // sums of part p, block: [c][tap][o % 8][lane]
+    for (std::int64_t o = 0; o < ys.c; ++o)
+      for (std::int64_t c = 0; c < xs.c; ++c)
+        for (std::int64_t t = 0; t < taps; ++t) {
+          double total = 0;
+          for (std::int64_t part = 0; part < parts; ++part) {
+            const double* s = sums.data() + (part * blocks + o / kOut) * per_block +
+                              ((c * taps + t) * kOut + o % kOut) * kLanes;
+            for (std::int64_t lane = 0; lane < kLanes; ++lane)
+              total += s[lane];
+          }
+          dw.data()[(o * xs.c + c) * taps + t] += static_cast<float>(total);
+        }
+    for (std::int64_t o = 0; o < static_cast<std::int64_t>(dbias.size()); ++o) {
+      double total = 0;
+      for (std::int64_t part = 0; part < parts; ++part)
+        total += bias_sums[static_cast<std::size_t>(part * ys.c + o)];
+      dbias[static_cast<std::size_t>(o)] += static_cast<float>(total);
+    }
+  }
+
+  std::string name() const override { return "narrow avx512"; }
+
+ private:
+  // The fused activation's slope as elementwise::leaky_relu takes it: ReLU's is 0.
+  float activation_slope() const {
+    const std::optional<FusedActivation>& f = s_.activation;
+    return f && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
+  }
+
+  // Throws unless the tensors have the planned shapes in NCHW and the weights and bias fit.
+  void check(const char* pass, const Tensor<float>& x, const Shape4& xs, const Tensor<float>& w,
+             const Tensor<float>& y, const Shape4& ys, std::span<const float> bias) const {
+    TESSERA_CHECK(
+        x.shape() == xs && y.shape() == ys && w.shape() == s_.w && x.layout() == Layout::nchw &&
+            y.layout() == Layout::nchw && w.layout() == Layout::nchw &&
+            (bias.empty() || static_cast<std::int64_t>(bias.size()) == s_.w.n),
+        std::string("narrow conv planned for ") + xs.str() + " -> " + ys.str() + " (weights " +
+            s_.w.str() + ") in NCHW, " + pass + " called with " + x.shape().str() + " -> " +
+            y.shape().str() + " (weights " + w.shape().str() + ")");
+  }
+
+  void run_forward(Planes<const float> x, const Tensor<float>& w, std::span<const float> bias,
+                   Planes<float> y) {
+    const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
+    const std::int64_t taps = ws.h * ws.w, blocks = (ys.c + kOut - 1) / kOut;
+    // k[block][c][a][b][j] = w[block * 8 + j][c][a][b], zero for channels past the last.
+    std::vector<float> k(static_cast<std::size_t>(blocks * ws.c * taps * kOut), 0.0f);
+    for (std::int64_t o = 0; o < ws.n; ++o)
+      for (std::int64_t c = 0; c < ws.c; ++c)
+        for (std::int64_t t = 0; t < taps; ++t)
+          k[static_cast<std::size_t>((((o / kOut) * ws.c + c) * taps + t) * kOut + o % kOut)] =
+              w.data()[(o * ws.c + c) * taps + t];
+    parallel_for(
+        ys.n * ys.h,
+        [&](std::int64_t first, std::int64_t last) {
+          for (std::int64_t r = first; r < last; ++r) {
+            const std::int64_t n = r / ys.h, h = r % ys.h;
+            for (std::int64_t block = 0; block < blocks; ++block)
+              correlate({.in = x.at(n, 0, 0),
+                         .in_plane = x.plane,
+                         .in_row = x.row,
+                         .in_h = xs.h,
+                         .in_w = xs.w,
+                         .row0 = h,
+                         .col0 = 0,
+                         .k = k.data() + block * ws.c * taps * kOut,
+                         .kh = ws.h,
+                         .kw = ws.w,
+                         .dh = dh_,
+                         .dw = dw_,
+                         .out = y.at(n, block * kOut, h),
+                         .out_plane = y.plane,
+                         .out_w = ys.w,
+                         .outs = std::min(kOut, ys.c - block * kOut),
+                         .init = bias.empty() ? nullptr : bias.data() + block * kOut,
+                         .activate = s_.activation.has_value(),
+                         .slope = activation_slope()},
+                        xs.c);
+          }
+        },
+        grain_for(ys.w * xs.c * taps));
+  }
+
+  static void correlate(const RowJob& job, std::int64_t channels) {
+#if TESSERA_HAS_WIDE_LOOPS
+    wide::correlate_row(job, channels);
+#else
+    (void)job;
+    (void)channels;
+    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
+#endif
+  }
+
+  void filter(const float* dy, std::int64_t dy_plane, std::int64_t outs, std::int64_t out_w,
+              const float* x, std::int64_t x_plane, std::int64_t x_row, std::int64_t channels,
+              std::int64_t kh, std::int64_t kw, float* partial) const {
+#if TESSERA_HAS_WIDE_LOOPS
+    wide::filter_row(dy, dy_plane, outs, out_w, x, x_plane, x_row, channels, kh, kw, dh_, dw_,
+                     partial);
+#else
+    (void)dy, (void)dy_plane, (void)outs, (void)out_w, (void)x, (void)x_plane, (void)x_row;
+    (void)channels, (void)kh, (void)kw, (void)partial;
+    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
+#endif
+  }
+
+  static void add_partials(float* partial, double* sums, std::int64_t n) {
+#if TESSERA_HAS_WIDE_LOOPS
+    wide::flush(partial, sums, n);
+#else
+    (void)partial, (void)sums, (void)n;
+    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
+#endif
+  }
+
+  static double sum(const float* p, std::int64_t n) {
+#if TESSERA_HAS_WIDE_LOOPS
+    return wide::row_sum(p, n);
+#else
+    (void)p, (void)n;
+    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
+    return 0;
+#endif
+  }
+
+  ConvShapes s_;
+  std::int64_t dh_, dw_;
+};
+
+// Where the narrow kernels were faster than oneDNN's (one Skylake-SP core, 3x3, the three passes
+// together; README "Narrow convolutions"): up to 8 outputs from up to 64 inputs (24 -> 8: 618
+// against 900 ms at 2048x2048; oneDNN's 8-channel kernels are AVX2), and 16 outputs from fewer
+// than 32 inputs not a multiple of 16 (8 -> 16: 103 against 155 ms at 1024x1024). From 16 or 48
+// inputs to 16 outputs oneDNN's AVX-512 kernels on 16-channel blocks, or Winograd, are faster.
+bool few_channels(std::int64_t in, std::int64_t out) {
+  if (out <= kOut) return in <= kMaxIn;
+  return out <= kMaxOut && in < 2 * kMaxOut && in % kMaxOut != 0;
+}
+
+}  // namespace
+
+bool narrow_conv_fits(const ConvShapes& s, const reference::ConvGeometry& g) {
+  if (!TESSERA_HAS_WIDE_LOOPS || !g_conv_narrow || simd_level() != SimdLevel::avx512 || conv_bf16())
+    return false;
+  const Shape4 &x = s.x, &w = s.w, &y = s.y;
+  return g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
+         g.dilation_h >= 1 && g.dilation_w >= 1 && w.h >= 1 && w.w >= 1 && w.h <= kMaxExtent &&
+         w.w <= kMaxExtent && w.h * w.w > 1 &&
+         (!s.activation || s.activation->kind != ActivationKind::sigmoid) && y.c >= 1 && x.c >= 1 &&
+         few_channels(x.c, y.c) && w.n == y.c && w.c == x.c && x.n == y.n && y.n > 0 && y.h > 0 &&
+         y.w > 0 && y.h == x.h - g.dilation_h * (w.h - 1) && y.w == x.w - g.dilation_w * (w.w - 1);
+}
+
+std::unique_ptr<ConvKernel<float>> make_narrow_conv(const ConvShapes& shapes,
+                                                    const reference::ConvGeometry& g) {
+  if (!narrow_conv_fits(shapes, g) || shapes.x_layout != Layout::nchw ||
+      shapes.y_layout != Layout::nchw)
+    return nullptr;
+  if (shapes.is_box()) {
+    const Shape4 &xo = shapes.x_outer, &yo = shapes.y_outer;
+    const bool inside = xo.n == shapes.x.n && xo.c == shapes.x.c && yo.n == shapes.y.n &&
+                        yo.c == shapes.y.c && shapes.x_at.h >= 0 && shapes.x_at.w >= 0 &&
+                        shapes.y_at.h >= 0 && shapes.y_at.w >= 0 &&
+                        shapes.x_at.h + shapes.x.h <= xo.h && shapes.x_at.w + shapes.x.w <= xo.w &&
+                        shapes.y_at.h + shapes.y.h <= yo.h && shapes.y_at.w + shapes.y.w <= yo.w;
+    if (!inside) return nullptr;
+  }
+  return std::make_unique<NarrowConv>(shapes, g);
+}
+
+void set_conv_narrow(bool on) {
+  g_conv_narrow = on;
+}
+bool conv_narrow() {
+  return g_conv_narrow;
+}
+
+}  // namespace tessera
