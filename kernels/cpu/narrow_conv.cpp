@@ -346,47 +346,10 @@ class NarrowConv final : public ConvKernel<float> {
                 planes_of(y.data(), s_.y_outer, y_at));
   }
 
+  // dx is dy correlated with the flipped kernel, input and output channels swapped.
   void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override {
     check("backward_data", dx, s_.x, w, dy, s_.y, {});
-    const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
-    const std::int64_t taps = ws.h * ws.w, blocks = (xs.c + kOut - 1) / kOut;
-    // k[block][o][a][b][j] = w[o][block * 8 + j][kh - 1 - a][kw - 1 - b]: dx is dy correlated
-    // with the flipped kernel, output and input channels swapped.
-    std::vector<float> k(static_cast<std::size_t>(blocks * ws.n * taps * kOut), 0.0f);
-    for (std::int64_t o = 0; o < ws.n; ++o)
-      for (std::int64_t c = 0; c < ws.c; ++c)
-        for (std::int64_t t = 0; t < taps; ++t)
-          k[static_cast<std::size_t>((((c / kOut) * ws.n + o) * taps + t) * kOut + c % kOut)] =
-              w.data()[(o * ws.c + c) * taps + (taps - 1 - t)];
-    const Planes<const float> in = planes_of(dy.data(), ys);
-    const Planes<float> out = planes_of(dx.data(), xs);
-    parallel_for(
-        xs.n * xs.h,
-        [&](std::int64_t first, std::int64_t last) {
-          for (std::int64_t r = first; r < last; ++r) {
-            const std::int64_t n = r / xs.h, h = r % xs.h;
-            for (std::int64_t block = 0; block < blocks; ++block)
-              correlate({.in = in.at(n, 0, 0),
-                         .in_plane = in.plane,
-                         .in_row = in.row,
-                         .in_h = ys.h,
-                         .in_w = ys.w,
-                         .row0 = h - (ws.h - 1) * dh_,
-                         .col0 = -(ws.w - 1) * dw_,
-                         .k = k.data() + block * ws.n * taps * kOut,
-                         .kh = ws.h,
-                         .kw = ws.w,
-                         .dh = dh_,
-                         .dw = dw_,
-                         .out = out.at(n, block * kOut, h),
-                         .out_plane = out.plane,
-                         .out_w = xs.w,
-                         .outs = std::min(kOut, xs.c - block * kOut),
-                         .init = nullptr},
-                        ws.n);
-          }
-        },
-        grain_for(xs.w * ws.n * taps));
+    correlate_all(planes_of(dy.data(), s_.y), s_.y, planes_of(dx.data(), s_.x), s_.x, true, w, {});
   }
 
   void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
@@ -471,44 +434,67 @@ class NarrowConv final : public ConvKernel<float> {
 
   void run_forward(Planes<const float> x, const Tensor<float>& w, std::span<const float> bias,
                    Planes<float> y) {
-    const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
-    const std::int64_t taps = ws.h * ws.w, blocks = (ys.c + kOut - 1) / kOut;
-    // k[block][c][a][b][j] = w[block * 8 + j][c][a][b], zero for channels past the last.
-    std::vector<float> k(static_cast<std::size_t>(blocks * ws.c * taps * kOut), 0.0f);
+    correlate_all(x, s_.x, y, s_.y, false, w, bias);
+  }
+
+  // The weights as correlate_row reads them, k[block][i][tap][j] for blocks of 8 j, zero for j
+  // past the last: the forward's, i the input channel and j the output channel; the `adjoint`'s
+  // (backward-data), i the output channel, j the input channel and the taps reversed.
+  std::vector<float> packed(const Tensor<float>& w, bool adjoint) const {
+    const Shape4& ws = s_.w;
+    const std::int64_t taps = ws.h * ws.w, is = adjoint ? ws.n : ws.c, js = adjoint ? ws.c : ws.n;
+    std::vector<float> k(static_cast<std::size_t>((js + kOut - 1) / kOut * is * taps * kOut), 0.0f);
     for (std::int64_t o = 0; o < ws.n; ++o)
       for (std::int64_t c = 0; c < ws.c; ++c)
-        for (std::int64_t t = 0; t < taps; ++t)
-          k[static_cast<std::size_t>((((o / kOut) * ws.c + c) * taps + t) * kOut + o % kOut)] =
+        for (std::int64_t t = 0; t < taps; ++t) {
+          const std::int64_t i = adjoint ? o : c, j = adjoint ? c : o;
+          const std::int64_t tap = adjoint ? taps - 1 - t : t;
+          k[static_cast<std::size_t>((((j / kOut) * is + i) * taps + tap) * kOut + j % kOut)] =
               w.data()[(o * ws.c + c) * taps + t];
+        }
+    return k;
+  }
+
+  // Every row of `out` (shape `os`) from `in` (shape `is`) as correlate_row computes it: the
+  // forward (x to y, with the bias and the fused activation) or the adjoint (dy to dx: output
+  // row h reads dy's rows from h - (kh - 1) * dh on, columns from -(kw - 1) * dw).
+  void correlate_all(const Planes<const float>& in, const Shape4& is, const Planes<float>& out,
+                     const Shape4& os, bool adjoint, const Tensor<float>& w,
+                     std::span<const float> bias) {
+    const Shape4& ws = s_.w;
+    const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
+    const std::vector<float> k = packed(w, adjoint);
+    const std::int64_t row_shift = adjoint ? -(ws.h - 1) * dh_ : 0;
+    const std::int64_t col0 = adjoint ? -(ws.w - 1) * dw_ : 0;
     parallel_for(
-        ys.n * ys.h,
+        os.n * os.h,
         [&](std::int64_t first, std::int64_t last) {
           for (std::int64_t r = first; r < last; ++r) {
-            const std::int64_t n = r / ys.h, h = r % ys.h;
+            const std::int64_t n = r / os.h, h = r % os.h;
             for (std::int64_t block = 0; block < blocks; ++block)
-              correlate({.in = x.at(n, 0, 0),
-                         .in_plane = x.plane,
-                         .in_row = x.row,
-                         .in_h = xs.h,
-                         .in_w = xs.w,
-                         .row0 = h,
-                         .col0 = 0,
-                         .k = k.data() + block * ws.c * taps * kOut,
+              correlate({.in = in.at(n, 0, 0),
+                         .in_plane = in.plane,
+                         .in_row = in.row,
+                         .in_h = is.h,
+                         .in_w = is.w,
+                         .row0 = h + row_shift,
+                         .col0 = col0,
+                         .k = k.data() + block * is.c * taps * kOut,
                          .kh = ws.h,
                          .kw = ws.w,
                          .dh = dh_,
                          .dw = dw_,
-                         .out = y.at(n, block * kOut, h),
-                         .out_plane = y.plane,
-                         .out_w = ys.w,
-                         .outs = std::min(kOut, ys.c - block * kOut),
+                         .out = out.at(n, block * kOut, h),
+                         .out_plane = out.plane,
+                         .out_w = os.w,
+                         .outs = std::min(kOut, os.c - block * kOut),
                          .init = bias.empty() ? nullptr : bias.data() + block * kOut,
-                         .activate = s_.activation.has_value(),
+                         .activate = !adjoint && s_.activation.has_value(),
                          .slope = activation_slope()},
-                        xs.c);
+                        is.c);
           }
         },
-        grain_for(ys.w * xs.c * taps));
+        grain_for(os.w * is.c * taps));
   }
 
   static void correlate(const RowJob& job, std::int64_t channels) {

@@ -210,27 +210,20 @@ TEST(NarrowConv, DeclinesWhatItDoesNotTake) {
   REQUIRE_NARROW_KERNELS();
   const Case base = narrow_case(1, 8, 8, 3, 1, 5, 9, false);
   ASSERT_NE(make(base), nullptr);
-  auto declined = [&](Case c, const char* why) { EXPECT_EQ(make(c), nullptr) << why; };
-  Case c = base;
-  c.stride = 2;
-  declined(c, "stride 2");
-  c = base;
-  c.groups = 2;
-  declined(c, "groups");
-  c = base;
-  c.pad = 1;
-  declined(c, "padding inside the kernel");
-  c = base;
-  c.kernel = 1;
-  declined(c, "1x1 (the GEMM heads' case)");
-  c = base;
-  c.kernel = 8;
-  declined(c, "kernel 8x8");
-  for (auto [in, out] : {std::pair{16, 16}, {32, 16}, {48, 16}, {65, 8}, {8, 17}}) {
-    c = base;
-    c.c = in, c.o = out;
-    declined(c, "channels oneDNN's kernels compute faster, or too many");
-  }
+  const auto declined = [&](auto change, const std::string& why) {
+    Case c = base;
+    change(c);
+    EXPECT_EQ(make(c), nullptr) << why;
+  };
+  declined([](Case& c) { c.stride = 2; }, "stride 2");
+  declined([](Case& c) { c.groups = 2; }, "groups");
+  declined([](Case& c) { c.pad = 1; }, "padding inside the kernel");
+  declined([](Case& c) { c.kernel = 1; }, "1x1 (the GEMM heads' case)");
+  declined([](Case& c) { c.kernel = 8; }, "kernel 8x8");
+  // Channels oneDNN's kernels compute faster, or too many.
+  for (auto [in, out] : {std::pair{16, 16}, {32, 16}, {48, 16}, {65, 8}, {8, 17}})
+    declined([&](Case& c) { c.c = in, c.o = out; },
+             std::to_string(in) + " -> " + std::to_string(out) + " channels");
   ConvShapes s = base.shapes();
   s.activation = FusedActivation{.kind = ActivationKind::sigmoid};
   EXPECT_EQ(make_narrow_conv(s, base.geometry()), nullptr) << "a fused sigmoid";
