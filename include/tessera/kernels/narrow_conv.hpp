@@ -9,7 +9,7 @@
 // caches' prefetchers at once). The backward-data pass is the same loop over dy with the kernel
 // flipped, the backward-filter pass sums dy x the shifted input per tap over a row in float
 // vectors and over rows in double. AVX-512 only (simd_level()); float32, NCHW, stride 1, no
-// groups, no fused activation.
+// groups; bias, and a (leaky) ReLU applied as the forward writes y.
 #pragma once
 
 #include <memory>
@@ -21,9 +21,10 @@ namespace tessera {
 // Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
 // aside (they take NCHW x and y only): AVX-512 available and chosen (simd_level()), the kernels
 // switched on (set_conv_narrow), float32 products (not --precision bf16), no groups, stride 1, any
-// dilation, no padding (the window holds it), kernels up to 7x7 other than 1x1, at most 16 output
-// channels and at most 32 input channels, no fused activation. The oneDNN backend plans NCHW
-// windows and outputs for such convolutions (Backend::conv). Local.
+// dilation, no padding (the window holds it), kernels up to 7x7 other than 1x1, up to 8 output
+// channels from up to 64 inputs or up to 16 from fewer than 32 inputs not a multiple of 16, no
+// fused sigmoid. The oneDNN backend plans NCHW windows and outputs for such convolutions
+// (Backend::conv_in_nchw). Local.
 bool narrow_conv_fits(const ConvShapes& shapes, const reference::ConvGeometry& g);
 
 // The narrow kernel for `shapes` (box kernels included), or nullptr where narrow_conv_fits says
@@ -32,9 +33,9 @@ std::unique_ptr<ConvKernel<float>> make_narrow_conv(const ConvShapes& shapes,
                                                     const reference::ConvGeometry& g);
 
 // Whether the oneDNN backend computes the convolutions narrow_conv_fits takes with the narrow
-// kernels: on (the default) or off (TESSERA_NARROW_CONV=0: oneDNN's, in its 8-channel blocks).
-// Process-wide like set_conv_winograd (kernels/backend.hpp): make_runtime sets it from
-// RuntimeOptions::narrow_conv before a model plans its kernels. Local.
+// kernels: on or off (oneDNN's, in its 8-channel blocks). Process-wide like set_conv_winograd
+// (kernels/backend.hpp): make_runtime sets it from RuntimeOptions::narrow_conv (default
+// wide_multiplies_pay(), TESSERA_NARROW_CONV=0|1) before a model plans its kernels. Local.
 void set_conv_narrow(bool on);
 bool conv_narrow();
 
