@@ -282,7 +282,7 @@ bool conv_winograd() {
 
 bool bf16_supported() {
 #if TESSERA_HAVE_ONEDNN
-  return onednn_bf16_supported();
+  return onednn_bf16_native() && onednn_bf16_supported();
 #else
   return false;
 #endif

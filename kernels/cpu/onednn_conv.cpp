@@ -515,6 +515,12 @@ bool onednn_bf16_supported() {
   return supported;
 }
 
+bool onednn_bf16_native() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;  // the ISA values are nested masks: AMX includes it
+}
+
 namespace {
 
 void sgemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -655,11 +656,28 @@ TEST(OneDnnConv, EightChannelWindowsDeclineWhereWinogradPays) {
   EXPECT_EQ(bf16, nullptr);
 }
 
+// --precision bf16 is offered where the CPU has the bfloat16 instructions, and not where oneDNN
+// would emulate them with float multiplies (slower than float32; its kernels are tested there).
+TEST(OneDnnConv, Bf16IsOfferedWhereTheCpuHasTheInstructions) {
+  if (std::getenv("DNNL_MAX_CPU_ISA") != nullptr)
+    GTEST_SKIP() << "DNNL_MAX_CPU_ISA limits the instructions oneDNN uses";
+  const bool instructions = __builtin_cpu_supports("avx512bf16");
+  EXPECT_EQ(bf16_supported(), instructions);
+  EXPECT_EQ(onednn_bf16_native(), instructions);
+  const bool avx512_core = __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (avx512_core) {
+    EXPECT_TRUE(onednn_bf16_supported()) << "natively or emulated";
+  }
+}
+
 // Under --precision bf16 a 1x1 conv to fewer than 16 channels (a segmentation head: memory-bound)
 // computes in float32, so it matches the float32 reference to float32's tolerance, on oneDNN's
 // kernels and as GEMMs on 8-channel blocks; a 3x3 conv still computes in bfloat16.
 TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
-  if (!onednn_bf16_supported()) GTEST_SKIP() << "this CPU has no bfloat16 instructions oneDNN uses";
+  if (!onednn_bf16_supported())
+    GTEST_SKIP() << "oneDNN has no bfloat16 convolutions of its own here";
   struct Bf16 {
     Bf16() { set_conv_bf16(true); }
     ~Bf16() { set_conv_bf16(false); }

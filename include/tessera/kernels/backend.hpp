@@ -225,8 +225,10 @@ bool conv_bf16();
 void set_conv_winograd(bool on);
 bool conv_winograd();
 // Whether this CPU runs oneDNN's bfloat16 convolutions with its own instructions (AVX512_BF16 or
-// AMX): a small bfloat16 convolution planned here is not oneDNN's reference implementation.
-// False in a build without oneDNN. Local.
+// AMX): oneDNN's effective instruction set has them, and a small bfloat16 convolution planned here
+// is not oneDNN's reference implementation. Where oneDNN would only emulate them (AVX-512 without
+// AVX512_BF16, e.g. Skylake-SP) --precision bf16 would be slower than float32: false there, and
+// in a build without oneDNN. Local.
 bool bf16_supported();
 
 }  // namespace tessera

@@ -73,7 +73,13 @@ std::string onednn_description();
 // dnnl_sgemm's rate on n x n matrices, best of `repeats`, in GFLOP/s (see sgemm_gflops). Local.
 double onednn_sgemm_gflops(std::int64_t n, int repeats);
 
-// See bf16_supported (kernels/backend.hpp). Local.
+// Whether oneDNN plans a small bfloat16 convolution with a kernel of its own rather than its
+// reference loops: with the CPU's bfloat16 instructions, or emulating them with AVX-512 float
+// multiplies (its jit_bf16:avx512_core, on AVX-512 CPUs without them: 3.7x slower than float32
+// on conv-bench). The bf16 kernel tests run wherever this holds. Local.
 bool onednn_bf16_supported();
+// Whether oneDNN's effective instruction set has the bfloat16 instructions themselves
+// (avx512_core_bf16: AVX512_BF16, or AMX), so that it does not emulate them. Local.
+bool onednn_bf16_native();
 
 }  // namespace tessera
