@@ -659,8 +659,8 @@ TEST(OneDnnConv, EightChannelWindowsDeclineWhereWinogradPays) {
 // --precision bf16 is offered where the CPU has the bfloat16 instructions, and not where oneDNN
 // would emulate them with float multiplies (slower than float32; its kernels are tested there).
 TEST(OneDnnConv, Bf16IsOfferedWhereTheCpuHasTheInstructions) {
-  if (std::getenv("DNNL_MAX_CPU_ISA") != nullptr)
-    GTEST_SKIP() << "DNNL_MAX_CPU_ISA limits the instructions oneDNN uses";
+  if (std::getenv("DNNL_MAX_CPU_ISA") != nullptr || std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr)
+    GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA limits the instructions oneDNN uses";
   const bool instructions = __builtin_cpu_supports("avx512bf16");
   EXPECT_EQ(bf16_supported(), instructions);
   EXPECT_EQ(onednn_bf16_native(), instructions);
