@@ -30,10 +30,10 @@ class OneDnnBackend final : public Backend {
  public:
   KernelBackend kind() const override { return KernelBackend::onednn; }
   std::string description() const override {
-    const bool narrow = conv_narrow() && simd_level() == SimdLevel::avx512;
     return "onednn for float32 convolutions, transposed convolutions and pooling (" +
            onednn_description() + "); " +
-           (narrow ? "narrow AVX-512 kernels for convolutions of few channels; " : "") +
+           (narrow_conv_available() ? "narrow AVX-512 kernels for convolutions of few channels; "
+                                    : "") +
            "threaded loops for batch norm (" + to_string(simd_level()) +
            "), activations, the loss, upsampling by 2 and max pooling by windows that tile the "
            "image; reference (plain loops) for the rest";

@@ -23,8 +23,10 @@ namespace {
 
 bool g_conv_narrow = true;
 
-constexpr std::int64_t kOut = 8;     // output channels whose sums one pass keeps in registers
+constexpr std::int64_t kOut = 8;  // output channels whose sums one pass keeps in registers
+#if TESSERA_HAS_WIDE_LOOPS
 constexpr std::int64_t kLanes = 16;  // floats in a vector
+#endif
 constexpr std::int64_t kMaxExtent = 7, kMaxOut = 16, kMaxIn = 64;
 
 // One output row's sums over the taps of some input channels: for w < out_w and o < outs,
@@ -228,14 +230,14 @@ void copy_padded(const float* from, std::int64_t n, float* to, std::int64_t to_l
 // taps) and taps (a, b), partial[(((c * kh + a) * kw + b) * 8 + o) * 16 + lane]. The row
 // goes in pieces of kFilterColumns columns, each through every channel and tap with its 8 rows of
 // dy copied into a block that stays in the first-level cache (whole 2048-column rows came from
-// the second).
+// the second). `x_piece`: the caller's scratch, kept from row to row.
 void filter_row(const float* dy, std::int64_t dy_plane, std::int64_t outs, std::int64_t out_w,
                 const float* x, std::int64_t x_plane, std::int64_t x_row, std::int64_t channels,
-                std::int64_t kh, std::int64_t kw, std::int64_t dh, std::int64_t dw,
-                float* partial) {
+                std::int64_t kh, std::int64_t kw, std::int64_t dh, std::int64_t dw, float* partial,
+                std::vector<float>& x_piece) {
   const std::int64_t x_extra = (kw - 1) * dw;
   alignas(64) float dy_block[kOut * kFilterColumns];
-  std::vector<float> x_piece(static_cast<std::size_t>(kFilterColumns + x_extra + kLanes));
+  x_piece.resize(static_cast<std::size_t>(kFilterColumns + x_extra + kLanes));
   for (std::int64_t w0 = 0; w0 < out_w; w0 += kFilterColumns) {
     const std::int64_t n = std::min(kFilterColumns, out_w - w0);
     const std::int64_t vectors = (n + kLanes - 1) / kLanes;
@@ -323,6 +325,7 @@ Planes<F> planes_of(F* data, const Shape4& outer, BoxAt at = {}) {
   return {data + at.h * outer.w + at.w, outer.c, outer.h * outer.w, outer.w};
 }
 
+#if TESSERA_HAS_WIDE_LOOPS
 class NarrowConv final : public ConvKernel<float> {
  public:
   NarrowConv(const ConvShapes& shapes, const reference::ConvGeometry& g)
@@ -333,7 +336,7 @@ class NarrowConv final : public ConvKernel<float> {
   void forward(const Tensor<float>& x, const Tensor<float>& w, std::span<const float> bias,
                Tensor<float>& y) override {
     check("forward", x, s_.x, w, y, s_.y, bias);
-    run_forward(planes_of(x.data(), s_.x), w, bias, planes_of(y.data(), s_.y));
+    correlate_all(planes_of(x.data(), s_.x), s_.x, planes_of(y.data(), s_.y), s_.y, false, w, bias);
   }
 
   void forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<float>& w,
@@ -345,8 +348,8 @@ class NarrowConv final : public ConvKernel<float> {
     };
     TESSERA_CHECK(fits(x_at, s_.x, s_.x_outer) && fits(y_at, s_.y, s_.y_outer),
                   "narrow conv: forward_box called with boxes outside their tensors");
-    run_forward(planes_of(x.data(), s_.x_outer, x_at), w, bias,
-                planes_of(y.data(), s_.y_outer, y_at));
+    correlate_all(planes_of(x.data(), s_.x_outer, x_at), s_.x,
+                  planes_of(y.data(), s_.y_outer, y_at), s_.y, false, w, bias);
   }
 
   // dx is dy correlated with the flipped kernel, input and output channels swapped.
@@ -374,21 +377,23 @@ class NarrowConv final : public ConvKernel<float> {
         parts,
         [&](std::int64_t first, std::int64_t last) {
           std::vector<float> partial(static_cast<std::size_t>(blocks * per_block), 0.0f);
+          std::vector<float> x_piece;
           for (std::int64_t part = first; part < last; ++part) {
             double* part_sums = sums.data() + part * blocks * per_block;
             const std::int64_t begin = rows * part / parts, end = rows * (part + 1) / parts;
             for (std::int64_t r = begin; r < end; ++r) {
               const std::int64_t n = r / ys.h, h = r % ys.h;
               for (std::int64_t block = 0; block < blocks; ++block)
-                filter(grad.at(n, block * kOut, h), grad.plane, std::min(kOut, ys.c - block * kOut),
-                       ys.w, in.at(n, 0, h), in.plane, in.row, xs.c, ws.h, ws.w,
-                       partial.data() + block * per_block);
+                wide::filter_row(grad.at(n, block * kOut, h), grad.plane,
+                                 std::min(kOut, ys.c - block * kOut), ys.w, in.at(n, 0, h),
+                                 in.plane, in.row, xs.c, ws.h, ws.w, dh_, dw_,
+                                 partial.data() + block * per_block, x_piece);
               if ((r - begin) % kFlushRows == kFlushRows - 1 || r == end - 1)
-                add_partials(partial.data(), part_sums, blocks * per_block);
+                wide::flush(partial.data(), part_sums, blocks * per_block);
               if (!dbias.empty())
                 for (std::int64_t o = 0; o < ys.c; ++o)
                   bias_sums[static_cast<std::size_t>(part * ys.c + o)] +=
-                      sum(grad.at(n, o, h), ys.w);
+                      wide::row_sum(grad.at(n, o, h), ys.w);
             }
           }
         },
@@ -435,11 +440,6 @@ class NarrowConv final : public ConvKernel<float> {
             y.shape().str() + " (weights " + w.shape().str() + ")");
   }
 
-  void run_forward(Planes<const float> x, const Tensor<float>& w, std::span<const float> bias,
-                   Planes<float> y) {
-    correlate_all(x, s_.x, y, s_.y, false, w, bias);
-  }
-
   // The weights as correlate_row reads them, k[block][i][tap][j] for blocks of 8 j, zero for j
   // past the last: the forward's, i the input channel and j the output channel; the `adjoint`'s
   // (backward-data), i the output channel, j the input channel and the taps reversed.
@@ -475,76 +475,35 @@ class NarrowConv final : public ConvKernel<float> {
           for (std::int64_t r = first; r < last; ++r) {
             const std::int64_t n = r / os.h, h = r % os.h;
             for (std::int64_t block = 0; block < blocks; ++block)
-              correlate({.in = in.at(n, 0, 0),
-                         .in_plane = in.plane,
-                         .in_row = in.row,
-                         .in_h = is.h,
-                         .in_w = is.w,
-                         .row0 = h + row_shift,
-                         .col0 = col0,
-                         .k = k.data() + block * is.c * taps * kOut,
-                         .kh = ws.h,
-                         .kw = ws.w,
-                         .dh = dh_,
-                         .dw = dw_,
-                         .out = out.at(n, block * kOut, h),
-                         .out_plane = out.plane,
-                         .out_w = os.w,
-                         .outs = std::min(kOut, os.c - block * kOut),
-                         .init = bias.empty() ? nullptr : bias.data() + block * kOut,
-                         .activate = !adjoint && s_.activation.has_value(),
-                         .slope = activation_slope()},
-                        is.c);
+              wide::correlate_row({.in = in.at(n, 0, 0),
+                                   .in_plane = in.plane,
+                                   .in_row = in.row,
+                                   .in_h = is.h,
+                                   .in_w = is.w,
+                                   .row0 = h + row_shift,
+                                   .col0 = col0,
+                                   .k = k.data() + block * is.c * taps * kOut,
+                                   .kh = ws.h,
+                                   .kw = ws.w,
+                                   .dh = dh_,
+                                   .dw = dw_,
+                                   .out = out.at(n, block * kOut, h),
+                                   .out_plane = out.plane,
+                                   .out_w = os.w,
+                                   .outs = std::min(kOut, os.c - block * kOut),
+                                   .init = bias.empty() ? nullptr : bias.data() + block * kOut,
+                                   .activate = !adjoint && s_.activation.has_value(),
+                                   .slope = activation_slope()},
+                                  is.c);
           }
         },
         grain_for(os.w * is.c * taps));
   }
 
-  static void correlate(const RowJob& job, std::int64_t channels) {
-#if TESSERA_HAS_WIDE_LOOPS
-    wide::correlate_row(job, channels);
-#else
-    (void)job;
-    (void)channels;
-    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
-#endif
-  }
-
-  void filter(const float* dy, std::int64_t dy_plane, std::int64_t outs, std::int64_t out_w,
-              const float* x, std::int64_t x_plane, std::int64_t x_row, std::int64_t channels,
-              std::int64_t kh, std::int64_t kw, float* partial) const {
-#if TESSERA_HAS_WIDE_LOOPS
-    wide::filter_row(dy, dy_plane, outs, out_w, x, x_plane, x_row, channels, kh, kw, dh_, dw_,
-                     partial);
-#else
-    (void)dy, (void)dy_plane, (void)outs, (void)out_w, (void)x, (void)x_plane, (void)x_row;
-    (void)channels, (void)kh, (void)kw, (void)partial;
-    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
-#endif
-  }
-
-  static void add_partials(float* partial, double* sums, std::int64_t n) {
-#if TESSERA_HAS_WIDE_LOOPS
-    wide::flush(partial, sums, n);
-#else
-    (void)partial, (void)sums, (void)n;
-    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
-#endif
-  }
-
-  static double sum(const float* p, std::int64_t n) {
-#if TESSERA_HAS_WIDE_LOOPS
-    return wide::row_sum(p, n);
-#else
-    (void)p, (void)n;
-    TESSERA_CHECK(false, "narrow conv: not built for this compiler");
-    return 0;
-#endif
-  }
-
   ConvShapes s_;
   std::int64_t dh_, dw_;
 };
+#endif
 
 // Where the narrow kernels were faster than oneDNN's (one Skylake-SP core, 3x3, the three passes
 // together; README "Narrow convolutions"): up to 8 outputs from up to 64 inputs (24 -> 8: 618
@@ -558,9 +517,13 @@ bool few_channels(std::int64_t in, std::int64_t out) {
 
 }  // namespace
 
+bool narrow_conv_available() {
+  return TESSERA_HAS_WIDE_LOOPS && g_conv_narrow && simd_level() == SimdLevel::avx512 &&
+         !conv_bf16();
+}
+
 bool narrow_conv_fits(const ConvShapes& s, const reference::ConvGeometry& g) {
-  if (!TESSERA_HAS_WIDE_LOOPS || !g_conv_narrow || simd_level() != SimdLevel::avx512 || conv_bf16())
-    return false;
+  if (!narrow_conv_available()) return false;
   const Shape4 &x = s.x, &w = s.w, &y = s.y;
   return g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
          g.dilation_h >= 1 && g.dilation_w >= 1 && w.h >= 1 && w.w >= 1 && w.h <= kMaxExtent &&
@@ -584,7 +547,11 @@ std::unique_ptr<ConvKernel<float>> make_narrow_conv(const ConvShapes& shapes,
                         shapes.y_at.h + shapes.y.h <= yo.h && shapes.y_at.w + shapes.y.w <= yo.w;
     if (!inside) return nullptr;
   }
+#if TESSERA_HAS_WIDE_LOOPS
   return std::make_unique<NarrowConv>(shapes, g);
+#else
+  return nullptr;  // narrow_conv_fits said no
+#endif
 }
 
 void set_conv_narrow(bool on) {

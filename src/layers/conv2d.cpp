@@ -95,16 +95,12 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
 
 template <typename T>
 bool Conv2d<T>::computes_in_nchw(const Backend& backend) const {
+  // The whole image's window: the input with its padding, as the kernels see a window.
   const Shape4& y = this->out_dist().global;
-  const Shape4& w = weight_.value.shape();
-  const auto extent = [](std::int64_t out, std::int64_t stride, std::int64_t dilation,
-                         std::int64_t kernel) {
-    return (out - 1) * stride + dilation * (kernel - 1) + 1;
-  };
-  const Shape4 x{y.n, this->in_dist().global.c,
-                 extent(y.h, geometry_.stride_h, geometry_.dilation_h, w.h),
-                 extent(y.w, geometry_.stride_w, geometry_.dilation_w, w.w)};
-  return backend.conv_in_nchw<T>({.x = x, .w = w, .y = y, .bias = spec_.bias}, geometry_);
+  const Shape4 x{y.n, this->in_dist().global.c, input_window({0, y.h}, spec_.axis(0)).size(),
+                 input_window({0, y.w}, spec_.axis(1)).size()};
+  return backend.conv_in_nchw<T>({.x = x, .w = weight_.value.shape(), .y = y, .bias = spec_.bias},
+                                 geometry_);
 }
 
 template <typename T>

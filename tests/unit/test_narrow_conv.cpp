@@ -280,6 +280,8 @@ TEST(NarrowConv, TheOneDnnBackendPlansNchwForItsCases) {
     const NarrowSwitch scope(narrow);
     Conv2d<float> conv("d1", spec, 1);
     conv.setup(in);
+    // What the model asks before it decides layouts: the padded image's shapes.
+    EXPECT_EQ(conv.computes_in_nchw(backend), narrow);
     conv.allow_blocked_output(true);
     conv.bind(single);
     EXPECT_EQ(conv.kernel()->name() == "narrow avx512", narrow) << conv.kernel()->name();

@@ -18,9 +18,13 @@
 
 namespace tessera {
 
+// Whether the narrow kernels may compute any convolution here: built with the AVX-512 loops,
+// AVX-512 chosen (simd_level()), switched on (set_conv_narrow), float32 products (not --precision
+// bf16). Local.
+bool narrow_conv_available();
+
 // Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
-// aside (they take NCHW x and y only): AVX-512 available and chosen (simd_level()), the kernels
-// switched on (set_conv_narrow), float32 products (not --precision bf16), no groups, stride 1, any
+// aside (they take NCHW x and y only): narrow_conv_available(), no groups, stride 1, any
 // dilation, no padding (the window holds it), kernels up to 7x7 other than 1x1, up to 8 output
 // channels from up to 64 inputs or up to 16 from fewer than 32 inputs not a multiple of 16, no
 // fused sigmoid. The oneDNN backend plans NCHW windows and outputs for such convolutions
