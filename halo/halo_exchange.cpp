@@ -45,7 +45,16 @@ HaloRequest<T>::~HaloRequest() {
 
 template <typename T>
 HaloExchange<T>::~HaloExchange() {
-  if (!abandoned_) return;
+  if (!abandoned_) {
+    // Copies queued on the staging buffers may still use them.
+    if (copies_queued_) {
+      try {
+        memory_->wait_ordered();
+      } catch (...) {  // a lost device: nothing left to protect
+      }
+    }
+    return;
+  }
   // Deliberately leaked (the job is ending): moving keeps the buffers where MPI writes.
   new std::vector<Tensor<T>>(std::move(recv_buffers_));
   new std::vector<Tensor<T>>(std::move(send_buffers_));
@@ -74,6 +83,7 @@ HaloExchange<T>::HaloExchange(HaloPlan plan, const Comm& comm, int tag, std::str
 template <typename T>
 void HaloExchange<T>::size_buffers(std::int64_t planes) {
   if (planes == planes_) return;
+  settle_copies();  // queued copies may still use the old buffers
   auto size = [&](const std::vector<HaloTransfer>& transfers, std::vector<Tensor<T>>& bufs,
                   std::vector<Tensor<T>>& staging) {
     bufs.clear();
@@ -90,6 +100,13 @@ void HaloExchange<T>::size_buffers(std::int64_t planes) {
   size(plan_.recv, recv_buffers_, recv_staging_);
   size(plan_.send, send_buffers_, send_staging_);
   planes_ = planes;
+}
+
+template <typename T>
+void HaloExchange<T>::settle_copies() {
+  if (!copies_queued_) return;
+  memory_->wait_ordered();
+  copies_queued_ = false;
 }
 
 template <typename T>
@@ -181,14 +198,23 @@ HaloRequest<T> HaloExchange<T>::start(Direction how, const Tensor<T>& source, Te
       send.push_back({outgoing[k].peer, box.data_in(box.space()), box.numel()});
       continue;
     }
-    if (staged()) {  // packed on the device, then copied out for the Comm
+    if (staged()) {  // packed on the device, then copied out for the Comm (below)
       Tensor<T>& box = out_staging[k];
       copies_->pack(in, outgoing[k].box, box.data_in(box.space()));
-      download(box, out_buffers[k].data());
+      copies_queued_ = true;  // before the copy: an exception after it still waits for it
+      download_ordered(box, out_buffers[k].data());
     } else {
       copies_->pack(in, outgoing[k].box, out_buffers[k].data());
     }
     send.push_back({outgoing[k].peer, out_buffers[k].data(), out_buffers[k].numel()});
+  }
+  if (copies_queued_) {
+    // The downloads wait for the kernels queued before them (the layer that computed the tile:
+    // compute, not communication, so outside the halo's time), and the uploads of this
+    // exchange's last finish() are done with the buffers the messages now land in.
+    timed.reset();
+    settle_copies();
+    timed.emplace(Activity::halo);
   }
   HaloRequest<T> request;
   try {
@@ -237,7 +263,10 @@ void HaloExchange<T>::finish(HaloRequest<T>& request) {
   for (std::size_t k = 0; k < incoming.size(); ++k) {
     if (on_device()) {  // (staged: copied into the device first) unpacked there
       Tensor<T>& box = staging[k];
-      if (staged()) upload(buffers[k].data(), box);
+      if (staged()) {  // queued: the host goes on while the device copies and unpacks
+        copies_queued_ = true;
+        upload_ordered(buffers[k].data(), box);
+      }
       copies_->unpack(box.data_in(box.space()), incoming[k].box, out, how_);
     } else {
       copies_->unpack(buffers[k].data(), incoming[k].box, out, how_);

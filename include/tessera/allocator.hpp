@@ -34,6 +34,19 @@ class Allocator {
   // reads or frees next. memcpy unless overridden.
   virtual void upload(void* dst, const void* host_src, std::size_t bytes) const;
   virtual void download(void* host_dst, const void* src, std::size_t bytes) const;
+  // Copies between a block and host memory of staging() in the order of this allocator's queue of
+  // work (a GPU's stream: after the kernels queued before, before those queued after), returning
+  // before they are done. The host side of an ordered download may be read, and that of an ordered
+  // upload written, only after wait_ordered() returned; it waits for every ordered copy made so
+  // far (and so for the work queued before them), not for work queued after. upload and download
+  // (finished on return) unless overridden; wait_ordered then has nothing to wait for.
+  virtual void upload_ordered(void* dst, const void* host_src, std::size_t bytes) const {
+    upload(dst, host_src, bytes);
+  }
+  virtual void download_ordered(void* host_dst, const void* src, std::size_t bytes) const {
+    download(host_dst, src, bytes);
+  }
+  virtual void wait_ordered() const {}
   // Sets `bytes` of a block to zero bits (0.0 for float and double). memset unless overridden.
   virtual void zero(void* dst, std::size_t bytes) const;
   // Whether host code may read and write this allocator's blocks directly (Tensor's host

@@ -110,7 +110,9 @@ class HaloExchange {
   // the strips only.
   void clear_halos(Tensor<T>& window) const;
 
-  // Completes the exchange. Local wait (Comm::wait, with its deadline).
+  // Completes the exchange. Local wait (Comm::wait, with its deadline). In device memory the
+  // received boxes are unpacked by the device's queue: the target is complete for the kernels
+  // queued after this (a staged transport's uploads are queued too, not waited for).
   void finish(HaloRequest<T>& request);
 
   void fill(const Tensor<T>& tile, Tensor<T>& window) {
@@ -127,6 +129,9 @@ class HaloExchange {
   HaloRequest<T> start(Direction how, const Tensor<T>& source, Tensor<T>& target, Into into,
                        std::int64_t window_channel);
   void size_buffers(std::int64_t planes);
+  // Waits for the copies between the staging buffers and the device that start() and finish()
+  // queued (staged transport), before the host reads, writes or frees those buffers.
+  void settle_copies();
 
   HaloPlan plan_;
   const Comm* comm_;
@@ -151,6 +156,8 @@ class HaloExchange {
   bool direct() const { return on_device() && comm_->reaches(memory_->space()); }
   bool staged() const { return on_device() && !direct(); }
   std::vector<Tensor<T>> recv_staging_, send_staging_;
+  // Copies on the host buffers are queued (set before each is queued, cleared by settle_copies).
+  bool copies_queued_ = false;
   // Of the exchange in flight: its direction and where finish() unpacks.
   Direction how_ = Direction::fill;
   Planes<T> target_{nullptr, {}, {}, Layout::nchw};

@@ -208,6 +208,17 @@ template <typename T>
 void upload(const T* from, Tensor<T>& t) {
   t.allocator().upload(t.data_in(t.space()), from, t.size() * sizeof(T));
 }
+// download and upload in the order of the allocator's queue, returning before they are done:
+// `to` / `from` are staging memory, read or written again only after t.allocator().wait_ordered()
+// (Allocator::download_ordered). Local.
+template <typename T>
+void download_ordered(const Tensor<T>& t, T* to) {
+  t.allocator().download_ordered(to, t.data_in(t.space()), t.size() * sizeof(T));
+}
+template <typename T>
+void upload_ordered(const T* from, Tensor<T>& t) {
+  t.allocator().upload_ordered(t.data_in(t.space()), from, t.size() * sizeof(T));
+}
 
 // `t` with its shape and layout in the memory of `allocator` (a plain copy when it is already
 // there). Local.

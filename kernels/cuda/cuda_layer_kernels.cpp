@@ -183,6 +183,16 @@ class CudaLinear final : public LinearKernel<T> {
 template <typename T>
 class CudaBatchNorm final : public BatchNormKernel<T> {
  public:
+  CudaBatchNorm() = default;
+  CudaBatchNorm(const CudaBatchNorm&) = delete;
+  CudaBatchNorm& operator=(const CudaBatchNorm&) = delete;
+  ~CudaBatchNorm() override {
+    if (staged_.bytes() == 0) return;
+    try {  // a queued upload may still read staged_
+      device_allocator()->wait_ordered();
+    } catch (...) {  // a lost device: nothing left to protect
+    }
+  }
   std::string name() const override { return "cuda"; }
 
   void sum(const Tensor<T>& x, Layout layout, std::span<double> sum) const override {
@@ -256,13 +266,24 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
   }
 
  private:
-  // Copies per-channel vectors (C values each) one after another into device memory.
+  // Copies per-channel vectors (C values each) one after another into device memory, through
+  // page-locked memory and queued: the host does not wait here for the kernels before (a copy
+  // from pageable memory would). Before it writes the staging buffer again it waits for the
+  // allocator's latest ordered copy (and so for this kernel's last one); here that costs nothing,
+  // as the sums before (add_planes) have just waited for the whole stream.
   const double* upload_channels(std::initializer_list<std::span<const double>> vectors) const {
-    host_.clear();
+    Allocator& memory = *device_allocator();
+    std::size_t count = 0;
     for (const std::span<const double> v : vectors)
-      host_.insert(host_.end(), v.begin(), v.end());
-    double* d = channels_.get<double>(host_.size());
-    device_allocator()->upload(d, host_.data(), host_.size() * sizeof(double));
+      count += v.size();
+    memory.wait_ordered();
+    if (staged_.bytes() < count * sizeof(double))
+      staged_ = Storage(memory.staging(), count * sizeof(double));
+    auto* at = static_cast<double*>(staged_.data());
+    for (const std::span<const double> v : vectors)
+      at = std::copy(v.begin(), v.end(), at);
+    double* d = channels_.get<double>(count);
+    memory.upload_ordered(d, staged_.data(), count * sizeof(double));
     return d;
   }
   // out[j][c] = the sum over samples n, in order, of planes[k * (n * C + c) + j].
@@ -281,7 +302,8 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
   }
 
   mutable Scratch channels_, plane_sums_;
-  mutable std::vector<double> host_;
+  mutable std::vector<double> host_;  // add_planes' download
+  mutable Storage staged_;            // upload_channels' page-locked buffer
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CUDA backend's pointwise kernels, merges and halo copies (kernels/cuda/cuda_backend.hpp):
 // checks on the host, then one launcher of kernels/cuda/cuda_kernels.hpp each.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +137,16 @@ class CudaMerge final : public MergeKernel<T> {
 template <typename T>
 class CudaLoss final : public LossKernel<T> {
  public:
+  CudaLoss() = default;
+  CudaLoss(const CudaLoss&) = delete;
+  CudaLoss& operator=(const CudaLoss&) = delete;
+  ~CudaLoss() override {
+    if (!upload_queued_) return;
+    try {  // a call that threw after queueing the labels' upload left it unwaited for
+      device_allocator()->wait_ordered();
+    } catch (...) {  // a lost device: nothing left to protect
+    }
+  }
   std::string name() const override { return "cuda"; }
   double cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
                        Tensor<T>* dlogits) const override {
@@ -144,11 +155,18 @@ class CudaLoss final : public LossKernel<T> {
     const std::size_t pixels = labels.size();
     if (pixels == 0) return 0;
     Allocator& memory = *device_allocator();
+    // Only after a call that threw between queueing the labels' upload and the download below.
+    if (upload_queued_) memory.wait_ordered();
     if (labels_.bytes() != pixels * sizeof(std::int32_t)) {
       labels_ = Storage(memory, pixels * sizeof(std::int32_t));
+      staged_labels_ = Storage(memory.staging(), labels_.bytes());
       losses_ = Storage(memory, pixels * sizeof(double));
     }
-    memory.upload(labels_.data(), labels.data(), labels_.bytes());
+    // Through page-locked memory, queued behind the forward pass's kernels (the host does not
+    // wait for them here); the download of the total below waits for this copy too.
+    std::memcpy(staged_labels_.data(), labels.data(), labels_.bytes());
+    upload_queued_ = true;
+    memory.upload_ordered(labels_.data(), staged_labels_.data(), labels_.bytes());
     cuda::cross_entropy(device(logits), static_cast<const std::int32_t*>(labels_.data()), scale,
                         dlogits != nullptr ? device(*dlogits) : nullptr,
                         static_cast<double*>(losses_.data()), s.n, s.c, s.h * s.w, stream());
@@ -156,13 +174,15 @@ class CudaLoss final : public LossKernel<T> {
     double* sums = sums_.get<double>(static_cast<std::size_t>(plane_sums_size(1, n, 1)));
     sum_values(static_cast<const double*>(losses_.data()), n, sums, stream());
     double total = 0;
-    memory.download(&total, sums, sizeof(double));  // after the kernels
+    memory.download(&total, sums, sizeof(double));  // after the kernels and the upload
+    upload_queued_ = false;
     return total;
   }
 
  private:
   // Reused from call to call (the same tile every step).
-  mutable Storage labels_, losses_;
+  mutable Storage labels_, staged_labels_, losses_;
+  mutable bool upload_queued_ = false;  // the labels' upload may still read staged_labels_
   mutable Scratch sums_;
 };
 

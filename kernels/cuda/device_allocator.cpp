@@ -58,6 +58,7 @@ class CudaAllocator final : public Allocator {
     TESSERA_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool_, device));
     std::uint64_t keep_all = UINT64_MAX;
     TESSERA_CHECK_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    TESSERA_CHECK_CUDA(cudaEventCreateWithFlags(&ordered_, cudaEventDisableTiming));
   }
 
   MemorySpace space() const override { return MemorySpace::device; }
@@ -109,6 +110,17 @@ class CudaAllocator final : public Allocator {
   void download(void* host_dst, const void* src, std::size_t bytes) const override {
     synchronous_copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
   }
+  // Queued on the stream; an event recorded after each marks how far wait_ordered waits (a
+  // stream synchronisation would also wait for the kernels queued since).
+  void upload_ordered(void* dst, const void* host_src, std::size_t bytes) const override {
+    ordered_copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+  }
+  void download_ordered(void* host_dst, const void* src, std::size_t bytes) const override {
+    ordered_copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  void wait_ordered() const override {  // returns at once while nothing was recorded
+    TESSERA_CHECK_CUDA(cudaEventSynchronize(ordered_));
+  }
   void zero(void* dst, std::size_t bytes) const override {
     if (bytes > 0)
       TESSERA_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, cuda::Context::get().stream()));
@@ -126,7 +138,15 @@ class CudaAllocator final : public Allocator {
     TESSERA_CHECK_CUDA(cudaStreamSynchronize(stream));
   }
 
+  void ordered_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) const {
+    if (bytes == 0) return;
+    const cudaStream_t stream = cuda::Context::get().stream();
+    TESSERA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    TESSERA_CHECK_CUDA(cudaEventRecord(ordered_, stream));
+  }
+
   cudaMemPool_t pool_ = nullptr;
+  cudaEvent_t ordered_ = nullptr;  // recorded after the latest ordered copy
 };
 
 }  // namespace

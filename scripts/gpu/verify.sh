@@ -3,18 +3,28 @@
 # scripts/gpu/bundle.sh (binaries, mpiexec, Debian's shared libraries) plus the CUDA libraries of
 # the machine's PyTorch install (libcudart, libcudnn, libnccl).
 #
-# Usage: scripts/gpu/verify.sh [-b BUNDLE] [-o LOGDIR] [STEP...]
-#   STEP: info kernels gradcheck mpi train nccl bench compare (default: all, in that order).
+# Usage: scripts/gpu/verify.sh [-b BUNDLE] [-B BASE_BUNDLE] [-o LOGDIR] [STEP...]
+#   STEP: info kernels gradcheck mpi train nccl bench compare (default: all, in that order), and
+#   ab: with -B, a second bundle (of the code before a change) timed against BUNDLE in the same
+#   run, alternating: `tessera bench --device cuda` of unet-small on 1 rank and on 2 ranks sharing
+#   the GPU, and of conv-bench on 2 ranks (make it with a `git worktree` of the base commit and
+#   scripts/gpu/bundle.sh there; unpack it into a folder of its own, e.g. base/).
 # Each check runs under a time limit; all output goes to LOGDIR/verify.log (default $OUT, else
 # gpu-logs) and to the terminal, and the results files (bench JSON, metrics) beside it.
 # The last line says which steps passed and which failed; the exit status is 1 when any failed.
+# Seconds each step took on an H100 (2026-11-26), for a device budget: info 1, kernels 3, mpi 35,
+# gradcheck ~10, train ~10, nccl ~5, bench ~15, ab ~20, compare ~250 (each PyTorch process
+# spends ~35 s in its first step: cudnn.benchmark over the 2048x2048 shapes), plus ~30 s for the
+# machine's start.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle=build-gpu-bundle
+base=""
 logs=${OUT:-gpu-logs}
-while getopts b:o: opt; do
+while getopts b:B:o: opt; do
   case $opt in
     b) bundle=$OPTARG ;;
+    B) base=$OPTARG ;;
     o) logs=$OPTARG ;;
     *) exit 2 ;;
   esac
@@ -23,6 +33,7 @@ shift $((OPTIND - 1))
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info kernels gradcheck mpi train nccl bench compare)
 bundle=$(cd "$bundle" && pwd)
+[ -n "$base" ] && base=$(cd "$base" && pwd)
 mkdir -p "$logs"
 export PATH="$bundle/bin:$PATH"
 # The CUDA libraries: PyTorch's wheels carry them (nvidia/*/lib), or a toolkit under /usr/local.
@@ -97,11 +108,23 @@ for step in "${steps[@]}"; do
       TESSERA_CUDNN_SEARCH=heuristic run bench_conv_1rank_heuristic 240 tessera bench --device cuda --model conv-bench --steps 5
       run bench_unet_2rank_layer_sync 240 mpiexec -n 2 tessera bench --device cuda --share-devices --model unet-small --steps 5 --layer-sync
       ;;
+    ab)
+      if [ -z "$base" ]; then echo "verify: step ab needs -B BASE_BUNDLE" >&2; exit 2; fi
+      for round in 1 2; do
+        for which in new base; do
+          bin=$bundle/bin
+          [ $which = base ] && bin=$base/bin
+          run "ab_unet_2rank_${which}_$round" 120 mpiexec -n 2 "$bin/tessera" bench --device cuda --share-devices --model unet-small --grid 1x1x2 --steps 5 --json "$logs/ab_unet2_${which}_$round.json"
+          run "ab_unet_1rank_${which}_$round" 120 "$bin/tessera" bench --device cuda --model unet-small --steps 5 --json "$logs/ab_unet1_${which}_$round.json"
+          run "ab_conv_2rank_${which}_$round" 120 mpiexec -n 2 "$bin/tessera" bench --device cuda --share-devices --model conv-bench --grid 1x1x2 --steps 5 --json "$logs/ab_conv2_${which}_$round.json"
+        done
+      done
+      ;;
     compare)
       for model in unet-small conv-bench; do
         PYTHONUNBUFFERED=1 run "compare_pytorch_$model" 400 python3 scripts/bench/compare_pytorch.py \
           --device cuda --model "$model" --tessera "$bundle/bin/tessera" --cores 1 --steps 5 \
-          --repeat 1 --json "$logs/compare_$model.json"
+          --no-scaling --baseline both --json "$logs/compare_$model.json"
       done
       ;;
     *) echo "verify: unknown step '$step'" >&2; exit 2 ;;

@@ -214,6 +214,13 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
 
 template <typename T>
 Model<T>::~Model() {
+  // Uploads of reduced gradients that reduce_gradients queued may still read the staging buffers.
+  if (uploads_queued_in_ != nullptr) {
+    try {
+      uploads_queued_in_->wait_ordered();
+    } catch (...) {  // a lost device: nothing left to protect
+    }
+  }
   for (Bucket& b : buckets_)
     if (b.request.pending()) new Tensor<T>(std::move(b.flat));  // deliberately leaked
 }
@@ -379,13 +386,16 @@ void Model<T>::start_bucket(std::size_t index) {
     b.started = true;
     return;
   }
-  // The MPI transport reduces host memory: device gradients are copied out (host staging).
+  // The MPI transport reduces host memory: device gradients are copied out (host staging),
+  // queued together and waited for once. The wait also covers the uploads of the last reduction
+  // from this buffer (queued before), so the reduction may write it.
   T* at = b.flat.data();
   for (std::size_t k = b.first; k < b.last; ++k)
     for (Param<T>* p : nodes_[k].layer->params()) {
-      download(p->grad, at);
+      download_ordered(p->grad, at);
       at += p->grad.size();
     }
+  runtime_.allocator().wait_ordered();
   b.request = runtime_.comm().start_allreduce(b.flat.span(), ReduceOp::sum, Group::world, b.what);
   b.started = true;
 }
@@ -422,10 +432,13 @@ void Model<T>::reduce_gradients() {
         }
       continue;
     }
+    // Queued: the optimizer's kernels follow them on the device; start_bucket waits for them
+    // before the buffer is written again.
+    uploads_queued_in_ = &memory;  // before the copies: an exception after one still waits
     const T* at = b.flat.data();
     for (std::size_t k = b.first; k < b.last; ++k)
       for (Param<T>* p : nodes_[k].layer->params()) {
-        upload(at, p->grad);
+        upload_ordered(at, p->grad);
         at += p->grad.size();
       }
   }

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <utility>
 
 #include "mpi_test.hpp"
@@ -261,7 +263,17 @@ TEST(HaloExchange, SplitPhaseRefusesASecondExchangeInFlight) {
   s.exchange->fill(x, window);                       // usable again
 }
 
-// Host memory that counts the bytes taken from it.
+// Queued uploads of an emulated device (below): the host bytes each read, and what they held.
+using QueuedUploads = std::vector<std::pair<const void*, std::vector<unsigned char>>>;
+
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+// Host memory that counts the bytes taken from it, and the blocks freed while an upload queued
+// from them (`queued`, when set) has not been waited for.
 class CountingHostMemory final : public Allocator {
  public:
   MemorySpace space() const override { return MemorySpace::host; }
@@ -270,17 +282,48 @@ class CountingHostMemory final : public Allocator {
     return host_allocator().allocate(bytes);
   }
   void deallocate(void* p, std::size_t bytes) noexcept override {
+    if (queued != nullptr)
+      for (const auto& [at, held] : *queued)
+        if (overlaps(p, bytes, at, held.size())) ++freed_while_queued;
     host_allocator().deallocate(p, bytes);
   }
   void copy(void* dst, const void* src, std::size_t bytes) const override {
     host_allocator().copy(dst, src, bytes);
   }
   std::int64_t allocated = 0;
+  const QueuedUploads* queued = nullptr;
+  int freed_while_queued = 0;
 };
 
-// Emulated device memory whose staging memory is counted, as a GPU's is page-locked.
+// Emulated device memory whose staging memory is counted, as a GPU's is page-locked. Its ordered
+// copies are done at once (as a device whose queue is empty), but it keeps what each ordered
+// upload read until wait_ordered, and there compares: a write of other bytes in between shows
+// (the contract a GPU's queued copy needs, Allocator::upload_ordered), as does the staging
+// memory freed in between.
 class DeviceWithStaging final : public Allocator {
  public:
+  DeviceWithStaging() { staging_memory.queued = &queued; }
+  void upload_ordered(void* dst, const void* host_src, std::size_t bytes) const override {
+    upload(dst, host_src, bytes);
+    const auto* from = static_cast<const unsigned char*>(host_src);
+    queued.push_back({host_src, std::vector<unsigned char>(from, from + bytes)});
+  }
+  // A download queued after an upload from the same host bytes runs after it on the device: what
+  // it writes is expected there, but the host still may not write them before wait_ordered.
+  void download_ordered(void* host_dst, const void* src, std::size_t bytes) const override {
+    download(host_dst, src, bytes);
+    for (auto& [at, expected] : queued)
+      if (overlaps(host_dst, bytes, at, expected.size()))
+        std::memcpy(expected.data(), at, expected.size());
+  }
+  void wait_ordered() const override {
+    for (const auto& [at, bytes] : queued)
+      if (std::memcmp(at, bytes.data(), bytes.size()) != 0) ++overwritten;
+    queued.clear();
+  }
+  mutable QueuedUploads queued;
+  mutable int overwritten = 0;  // queued uploads whose source changed before wait_ordered
+
   MemorySpace space() const override { return device().space(); }
   void* allocate(std::size_t bytes) override { return device().allocate(bytes); }
   void deallocate(void* p, std::size_t bytes) noexcept override { device().deallocate(p, bytes); }
@@ -322,6 +365,75 @@ TEST(HaloExchange, StagesDeviceBoxesInTheDeviceAllocatorsStagingMemory) {
   const bool staged = !test::world().reaches(MemorySpace::device);
   EXPECT_EQ(device.staging_memory.allocated, staged ? host_copies : 0)
       << (staged ? "staged" : "direct") << " transport";
+}
+
+// Through a staged transport, finish() queues the uploads of received boxes and returns (the
+// host goes on queueing kernels); the next exchange waits for them before messages land in their
+// buffers again, and before it frees them for a batch of another size. Every exchange sends other
+// values, so a buffer written before the wait shows. Two geometries: halos on every side, and a
+// 2x2 kernel without padding, whose windows reach only right and down, so that some ranks
+// receive without sending (and the reverse).
+TEST(HaloExchange, QueuesTheUploadsOfStagedBoxesAndWaitsBeforeReusingTheirBuffers) {
+  if (test::world().reaches(MemorySpace::device)) GTEST_SKIP() << "the transport is not staged";
+  const WindowAxis around{.kernel = 3, .pad_begin = 1, .pad_end = 1};
+  const WindowAxis ahead{.kernel = 2};
+  for (const WindowAxis& a : {around, ahead}) {
+    const Geometry g{{3, 2, 17, 15}, a, a};
+    DeviceWithStaging device;
+    ExchangeSetup<> on_host(g);
+    ExchangeSetup<> on_device(g, emulated_backend().halo_copy<double>(), &device);
+    const HaloPlan& plan = on_device.exchange->plan();
+    const auto salt = static_cast<std::uint64_t>(test::world().rank()) << 40;
+    for (std::uint64_t round = 0; round < 4; ++round) {
+      const std::string where =
+          "kernel " + std::to_string(a.kernel) + ", round " + std::to_string(round);
+      // Batches of 2 and 1 samples: the buffers are sized anew every other round.
+      Shape4 tile_shape = on_host.in.local_shape(), window_shape = on_host.window_shape();
+      tile_shape.n = window_shape.n = 2 - static_cast<std::int64_t>(round / 2);
+      Tensor<double> tile(tile_shape), grad(window_shape);
+      for (std::size_t k = 0; k < tile.span().size(); ++k)
+        tile.span()[k] = uniform01(1, 30 + round, salt + k) - 0.5;
+      for (std::size_t k = 0; k < grad.span().size(); ++k)
+        grad.span()[k] = uniform01(2, 30 + round, salt + k) - 0.5;
+      const Tensor<double> device_tile = copy_to(tile, device);
+      const Tensor<double> device_grad = copy_to(grad, device);
+      Tensor<double> window(window_shape, Layout::nchw, uninitialized, device);
+      Tensor<double> tile_grad(tile_shape, Layout::nchw, uninitialized, device);
+      // Two fills in a row (as predict's forward passes): a rank that receives without sending
+      // has no downloads of its own to wait for before its second fill.
+      Tensor<double> first_window(window_shape, Layout::nchw, uninitialized, device);
+      for (Tensor<double>* w : {&first_window, &window}) {
+        auto fill = on_device.exchange->start_fill(device_tile, *w);
+        EXPECT_TRUE(device.queued.empty()) << where << ": start_fill did not wait";
+        on_device.exchange->finish(fill);
+        EXPECT_EQ(device.queued.size(), plan.recv.size())
+            << where << ": the fill's uploads were not queued";
+      }
+      auto back = on_device.exchange->start_accumulate(device_grad, tile_grad, Into::overwrite);
+      EXPECT_TRUE(device.queued.empty()) << where << ": start_accumulate did not wait";
+      on_device.exchange->finish(back);
+      EXPECT_EQ(device.queued.size(), plan.send.size())
+          << where << ": the accumulate's uploads were not queued";
+
+      Tensor<double> want_window(window_shape), want_grad(tile_shape);
+      on_host.exchange->fill(tile, want_window);
+      on_host.exchange->accumulate(grad, want_grad);
+      for (const Tensor<double>* w : {&first_window, &window}) {
+        const Tensor<double> got_window = copy_to(*w, host_allocator());
+        EXPECT_TRUE(std::equal(want_window.span().begin(), want_window.span().end(),
+                               got_window.span().begin()))
+            << where;
+      }
+      const Tensor<double> got_grad = copy_to(tile_grad, host_allocator());
+      EXPECT_TRUE(
+          std::equal(want_grad.span().begin(), want_grad.span().end(), got_grad.span().begin()))
+          << where;
+    }
+    on_device.exchange.reset();  // waits for the last uploads
+    EXPECT_TRUE(device.queued.empty());
+    EXPECT_EQ(device.overwritten, 0) << "kernel " << a.kernel;
+    EXPECT_EQ(device.staging_memory.freed_while_queued, 0) << "kernel " << a.kernel;
+  }
 }
 
 }  // namespace

@@ -154,6 +154,9 @@ class Model {
   bool input_grad_ = true;
   bool synchronized_timings_ = false;
   std::vector<Bucket> buckets_;  // in backward order: the last layers first
+  // The memory whose queue holds uploads of reduced gradients from the buckets' staging buffers
+  // (reduce_gradients queues them); nullptr before any.
+  const Allocator* uploads_queued_in_ = nullptr;
   std::vector<LayerTiming> timings_;
   PassTiming reduce_timing_;
   std::vector<ActivationFusion> fused_;
