@@ -525,7 +525,8 @@ LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
                            const LossKernel<T>& kernel) {
   const Shape4& g = logits.dist.global;
   LossResult<T> r;
-  r.grad = DistTensor<T>(logits.dist, Layout::nchw, logits.local.allocator());
+  // The kernel writes every element of the gradient: no zeros first.
+  r.grad = DistTensor<T>(logits.dist, Layout::nchw, uninitialized, logits.local.allocator());
   // Replicated logits (one vector per sample) are whole on every spatial rank: all compute the
   // gradient, only the first rank of each sample group counts the loss.
   const bool counts = !logits.dist.replicated || (comm.coords().i == 0 && comm.coords().j == 0);

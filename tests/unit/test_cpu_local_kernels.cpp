@@ -1,8 +1,9 @@
 // The CPU backend's threaded local kernels against the reference: nearest upsampling by 2 across
 // the columns (bit for bit, every phase and row scale, odd widths, NCHW and the blocked layouts)
 // and the threaded softmax cross-entropy (gradient bit for bit, loss to double rounding and the
-// same on 1 and 2 threads). The CPU batch norm's normalisation with the following (leaky) ReLU
-// applied as it writes: bit for bit the two passes apart, both layouts. Single process.
+// same on 1 and 2 threads and in its AVX-512 loop). The CPU batch norm's normalisation with the
+// following (leaky) ReLU applied as it writes: bit for bit the two passes apart, both layouts.
+// Single process.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
@@ -30,13 +32,14 @@ using reference::UpsampleGeometry;
 
 constexpr std::uint64_t kSeed = 20261125;
 
-// Bit for bit: the same value and sign.
+// Bit for bit: the same value and sign, or NaN both.
 template <typename T>
 std::int64_t mismatches(const Tensor<T>& got, const Tensor<T>& want) {
   std::int64_t wrong = 0;
-  for (std::int64_t k = 0; k < want.numel(); ++k)
-    wrong += !(got.data()[k] == want.data()[k] &&
-               std::signbit(got.data()[k]) == std::signbit(want.data()[k]));
+  for (std::int64_t k = 0; k < want.numel(); ++k) {
+    const T a = got.data()[k], b = want.data()[k];
+    wrong += !((a == b && std::signbit(a) == std::signbit(b)) || (std::isnan(a) && std::isnan(b)));
+  }
   return wrong;
 }
 
@@ -136,30 +139,80 @@ TEST(CpuMerge, BiasGradientsAreSummedInDoubleInEveryLayout) {
   }
 }
 
-TEST(CpuLoss, ThreadedCrossEntropyMatchesTheReference) {
-  // More pixels than one chunk, over two samples, with labels of every class.
-  const Shape4 s{2, 3, 129, 131};
-  const Tensor<float> logits = test::random_tensor<float>(s, kSeed, 1, -4, 4);
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(s.n * s.h * s.w));
+// Logits of `s` in [-4, 4) with special values (NaN, +-inf, a tie, large ones) in a few pixels,
+// and labels of every class.
+template <typename T>
+Tensor<T> loss_logits(const Shape4& s, std::vector<std::int32_t>& labels) {
+  Tensor<T> logits = test::random_tensor<T>(s, kSeed, 1, -4, 4);
+  labels.resize(static_cast<std::size_t>(s.n * s.h * s.w));
   for (std::size_t k = 0; k < labels.size(); ++k)
-    labels[k] = static_cast<std::int32_t>(uniform01(kSeed, 2, k) * 3);
-  const float scale = 1.0f / static_cast<float>(labels.size());
-  Tensor<float> want_d(s);
+    labels[k] = static_cast<std::int32_t>(uniform01(kSeed, 2, k) * static_cast<double>(s.c));
+  const T inf = std::numeric_limits<T>::infinity();
+  logits.at(0, 0, 0, 1) = std::numeric_limits<T>::quiet_NaN();
+  logits.at(0, 1, 0, 3) = std::numeric_limits<T>::quiet_NaN();  // not the first channel's
+  logits.at(0, 0, 0, 5) = inf;
+  logits.at(0, 1, 0, 7) = -inf;
+  logits.at(0, 0, 0, 9) = logits.at(0, 1, 0, 9) = T(0.5);  // a tie for the largest
+  logits.at(0, 0, 0, 11) = T(800);                         // e^-800 is 0 in double
+  logits.at(1, s.c - 1, s.h - 1, s.w - 1) = T(-1000);      // the last pixel
+  return logits;
+}
+
+// The threaded kernel on 1 and 2 threads and (where the CPU has it) its AVX-512 loop, 8 pixels a
+// vector, against the reference's per-pixel loop: the gradient bit for bit, NaN and infinities
+// included; the loss the same on every path (the same per-pixel values, added in the same
+// chunks), and the reference's to double rounding (its one sequential sum) where it is finite.
+template <typename T>
+void expect_threaded_loss_matches(const Shape4& s) {
+  std::vector<std::int32_t> labels;
+  const Tensor<T> logits = loss_logits<T>(s, labels);
+  const T scale = T(1) / static_cast<T>(labels.size());
+  Tensor<T> want_d(s);
   const double want = reference::pixel_cross_entropy(logits, labels, scale, &want_d);
-  std::unique_ptr<LossKernel<float>> k = make_cpu_loss<float>();
-  double got[2];
-  for (int threads : {1, 2}) {
-    Threads scope(threads);
-    Tensor<float> d(s, 7.0f);
-    got[threads - 1] = k->cross_entropy(logits, labels, scale, &d);
-    EXPECT_EQ(mismatches(d, want_d), 0) << threads << " threads";
-    EXPECT_NEAR(got[threads - 1], want, 1e-12 * std::abs(want)) << threads << " threads";
-    // Without a gradient, the same loss.
-    EXPECT_EQ(k->cross_entropy(logits, labels, scale, nullptr), got[threads - 1]);
-  }
-  EXPECT_EQ(got[0], got[1]) << "the loss does not depend on the thread count";
-  labels[17] = 3;
+  ASSERT_TRUE(std::isnan(want)) << "a NaN logit makes the loss NaN";
+  // Without the NaN and infinite pixels: a finite loss to compare.
+  Tensor<T> finite = logits;
+  for (T& v : finite.span())
+    if (!std::isfinite(v)) v = T(1);
+  Tensor<T> want_finite_d(s);
+  const double want_finite = reference::pixel_cross_entropy(finite, labels, scale, &want_finite_d);
+  std::unique_ptr<LossKernel<T>> k = make_cpu_loss<T>();
+  const SimdLevel level = simd_level();
+  std::vector<SimdLevel> levels{SimdLevel::baseline};
+  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
+  std::vector<double> got;
+  for (SimdLevel l : levels)
+    for (int threads : {1, 2}) {
+      set_simd_level(l);
+      Threads scope(threads);
+      const std::string what =
+          s.str() + ", " + to_string(l) + ", " + std::to_string(threads) + " threads";
+      Tensor<T> d(s, T(7));
+      EXPECT_TRUE(std::isnan(k->cross_entropy(logits, labels, scale, &d))) << what;
+      EXPECT_EQ(mismatches(d, want_d), 0) << what;
+      Tensor<T> fd(s, T(7));
+      got.push_back(k->cross_entropy(finite, labels, scale, &fd));
+      EXPECT_EQ(mismatches(fd, want_finite_d), 0) << what;
+      EXPECT_NEAR(got.back(), want_finite, 1e-12 * std::abs(want_finite)) << what;
+      // Without a gradient, the same loss.
+      EXPECT_EQ(k->cross_entropy(finite, labels, scale, nullptr), got.back()) << what;
+      EXPECT_EQ(got.back(), got.front()) << what << ": the loss differs between the paths";
+    }
+  set_simd_level(level);
+  labels[17] = static_cast<std::int32_t>(s.c);
   EXPECT_THROW(k->cross_entropy(logits, labels, scale, nullptr), Error);
+  labels[17] = -1;
+  EXPECT_THROW(k->cross_entropy(logits, labels, scale, nullptr), Error);
+}
+
+TEST(CpuLoss, ThreadedCrossEntropyMatchesTheReference) {
+  // More pixels than one chunk, over two samples (a chunk and a vector of 8 pixels straddle
+  // them: 129 x 131 is odd), the classes' exps kept (up to 8) or taken again (10).
+  for (const Shape4& s : {Shape4{2, 3, 129, 131}, Shape4{2, 2, 129, 131}, Shape4{2, 10, 37, 29},
+                          Shape4{2, 2, 3, 13}}) {
+    expect_threaded_loss_matches<float>(s);
+    expect_threaded_loss_matches<double>(s);
+  }
 }
 
 TEST(CpuBatchNorm, AppliesTheFollowingReluAsItWrites) {

@@ -11,6 +11,7 @@
 
 #include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/reference.hpp"
 #include "tessera/layers/pointwise.hpp"
 #include "tessera/random.hpp"
@@ -590,6 +591,54 @@ TEST(DropoutKernel, DrawsTheGlobalMaskDouble) {
 }
 TEST(DropoutKernel, DrawsTheGlobalMaskFloat) {
   check_dropout_kernel<float>();
+}
+
+// Units in the last place between two positive doubles (their bit patterns' distance).
+std::int64_t ulps_apart(double a, double b) {
+  const auto bits = [](double x) {
+    std::int64_t v;
+    std::memcpy(&v, &x, sizeof v);
+    return v;
+  };
+  return std::abs(bits(a) - bits(b));
+}
+
+// The cross-entropy's own exp and log (include/tessera/kernels/elementwise.hpp) against the C
+// library's, over their whole working range: within 2 units in the last place (each is within 1
+// of the exact value); their edges and special values as documented.
+TEST(ExpAndLog, AreWithinTwoUnitsInTheLastPlace) {
+  using elementwise::exp_poly, elementwise::log_poly;
+  std::int64_t worst_exp = 0, worst_log = 0;
+  for (std::int64_t k = 0; k <= 2000000; ++k) {
+    const double a = -708.0 + 1417.0 * static_cast<double>(k) / 2000000.0;  // [-708, 709]
+    worst_exp = std::max(worst_exp, ulps_apart(exp_poly(a), std::exp(a)));
+    const double small = -1.0 + 2.0 * uniform01(7, 1, static_cast<std::uint64_t>(k));  // |r| small
+    worst_exp = std::max(worst_exp, ulps_apart(exp_poly(small), std::exp(small)));
+    const double x = std::ldexp(1.0 + uniform01(7, 2, static_cast<std::uint64_t>(k)),
+                                static_cast<int>(k % 2045) - 1022);  // every exponent
+    worst_log = std::max(worst_log, ulps_apart(log_poly(x), std::log(x)));
+    const double near_one = 1.0 + 1e-6 * uniform01(7, 3, static_cast<std::uint64_t>(k));
+    if (near_one != 1.0)
+      worst_log = std::max(worst_log, ulps_apart(log_poly(near_one), std::log(near_one)));
+  }
+  EXPECT_LE(worst_exp, 2);
+  EXPECT_LE(worst_log, 2);
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(exp_poly(0.0), 1.0);
+  EXPECT_EQ(exp_poly(-708.5), 0.0);  // below kExpLowest
+  EXPECT_EQ(exp_poly(-inf), 0.0);
+  EXPECT_EQ(exp_poly(709.5), inf);
+  EXPECT_TRUE(std::isnan(exp_poly(std::numeric_limits<double>::quiet_NaN())));
+  EXPECT_GT(exp_poly(-708.0), 0.0);
+  EXPECT_EQ(log_poly(1.0), 0.0);
+  EXPECT_EQ(log_poly(inf), inf);
+  EXPECT_TRUE(std::isnan(log_poly(std::numeric_limits<double>::quiet_NaN())));
+  EXPECT_LE(ulps_apart(log_poly(std::numeric_limits<double>::min()),
+                       std::log(std::numeric_limits<double>::min())),
+            2);
+  EXPECT_LE(ulps_apart(log_poly(std::numeric_limits<double>::max()),
+                       std::log(std::numeric_limits<double>::max())),
+            2);
 }
 
 TEST(ReferenceCrossEntropy, ValueMatchesTheDefinition) {
