@@ -47,12 +47,7 @@ template <typename T>
 HaloExchange<T>::~HaloExchange() {
   if (!abandoned_) {
     // Copies queued on the staging buffers may still use them.
-    if (copies_queued_) {
-      try {
-        memory_->wait_ordered();
-      } catch (...) {  // a lost device: nothing left to protect
-      }
-    }
+    if (copies_queued_) memory_->wait_ordered_quietly();
     return;
   }
   // Deliberately leaked (the job is ending): moving keeps the buffers where MPI writes.

@@ -47,6 +47,14 @@ class Allocator {
     download(host_dst, src, bytes);
   }
   virtual void wait_ordered() const {}
+  // wait_ordered for a destructor: an error (a lost device) is swallowed, since nothing is left
+  // to protect then. Local.
+  void wait_ordered_quietly() const noexcept {
+    try {
+      wait_ordered();
+    } catch (...) {
+    }
+  }
   // Sets `bytes` of a block to zero bits (0.0 for float and double). memset unless overridden.
   virtual void zero(void* dst, std::size_t bytes) const;
   // Whether host code may read and write this allocator's blocks directly (Tensor's host

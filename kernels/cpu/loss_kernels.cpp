@@ -35,8 +35,6 @@ namespace wide {
 
 using namespace elementwise;
 
-// The maskz forms of the intrinsics below: GCC 12's unmasked ones start from an "undefined"
-// vector that -Wmaybe-uninitialized flags (as in kernels/cpu/narrow_conv.cpp).
 inline __m512d all(double v) {
   return _mm512_set1_pd(v);
 }
@@ -108,7 +106,9 @@ inline void log_poly8(const Lanes& x, Lanes& out) {
   }
 }
 
-// The lanes of `mask` of 8 values from p, in double (zeros elsewhere).
+// The lanes of `mask` of 8 values from p, in double (zeros elsewhere). Here and above, the maskz
+// forms of the intrinsics: GCC 12's unmasked ones start from an "undefined" vector that
+// -Wmaybe-uninitialized flags (as in kernels/cpu/narrow_conv.cpp).
 inline __m512d load8(const float* p, __mmask8 mask) {
   return _mm512_maskz_cvtps_pd(0xff, _mm256_maskz_loadu_ps(mask, p));
 }
@@ -210,7 +210,10 @@ class ThreadedLoss final : public LossKernel<T> {
     const std::int64_t pixels = s.n * s.h * s.w;
     const std::int64_t chunks = (pixels + kChunk - 1) / kChunk;
     std::vector<double> partial(static_cast<std::size_t>(chunks), 0.0);
-    const auto range = simd_level() == SimdLevel::avx512 ? wide_range : scalar_range;
+    auto range = scalar_range;
+#if TESSERA_HAS_WIDE_LOOPS
+    if (simd_level() == SimdLevel::avx512) range = wide_range;
+#endif
     parallel_for(
         chunks,
         [&](std::int64_t first, std::int64_t last) {
@@ -227,22 +230,18 @@ class ThreadedLoss final : public LossKernel<T> {
   }
 
  private:
-  using Range = double (*)(const Tensor<T>&, std::span<const std::int32_t>, T, Tensor<T>*,
-                           std::int64_t, std::int64_t);
   static double scalar_range(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
                              Tensor<T>* dlogits, std::int64_t first, std::int64_t last) {
     return reference::pixel_cross_entropy_range(logits, labels, scale, dlogits, first, last);
   }
+#if TESSERA_HAS_WIDE_LOOPS
   static double wide_range(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,
                            Tensor<T>* dlogits, std::int64_t first, std::int64_t last) {
-#if TESSERA_HAS_WIDE_LOOPS
     const Shape4& s = logits.shape();
     return wide::cross_entropy_range(logits.data(), labels.data(), s.c, s.h * s.w, scale,
                                      dlogits != nullptr ? dlogits->data() : nullptr, first, last);
-#else
-    return scalar_range(logits, labels, scale, dlogits, first, last);
-#endif
   }
+#endif
 };
 
 }  // namespace

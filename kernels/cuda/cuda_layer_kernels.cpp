@@ -187,11 +187,8 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
   CudaBatchNorm(const CudaBatchNorm&) = delete;
   CudaBatchNorm& operator=(const CudaBatchNorm&) = delete;
   ~CudaBatchNorm() override {
-    if (staged_.bytes() == 0) return;
-    try {  // a queued upload may still read staged_
-      device_allocator()->wait_ordered();
-    } catch (...) {  // a lost device: nothing left to protect
-    }
+    // A queued upload may still read staged_.
+    if (staged_.bytes() != 0) device_allocator()->wait_ordered_quietly();
   }
   std::string name() const override { return "cuda"; }
 

@@ -141,11 +141,8 @@ class CudaLoss final : public LossKernel<T> {
   CudaLoss(const CudaLoss&) = delete;
   CudaLoss& operator=(const CudaLoss&) = delete;
   ~CudaLoss() override {
-    if (!upload_queued_) return;
-    try {  // a call that threw after queueing the labels' upload left it unwaited for
-      device_allocator()->wait_ordered();
-    } catch (...) {  // a lost device: nothing left to protect
-    }
+    // A call that threw after queueing the labels' upload left it unwaited for.
+    if (upload_queued_) device_allocator()->wait_ordered_quietly();
   }
   std::string name() const override { return "cuda"; }
   double cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels, T scale,

@@ -215,12 +215,7 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
 template <typename T>
 Model<T>::~Model() {
   // Uploads of reduced gradients that reduce_gradients queued may still read the staging buffers.
-  if (uploads_queued_in_ != nullptr) {
-    try {
-      uploads_queued_in_->wait_ordered();
-    } catch (...) {  // a lost device: nothing left to protect
-    }
-  }
+  if (uploads_queued_in_ != nullptr) uploads_queued_in_->wait_ordered_quietly();
   for (Bucket& b : buckets_)
     if (b.request.pending()) new Tensor<T>(std::move(b.flat));  // deliberately leaked
 }
