@@ -3,9 +3,10 @@
 test (as root; Debian's slurm-wlm and munge), one node, the real sbatch scripts submitted.
 Usage: slurm_tests.py BUILD_DIR
 Checks, in one cluster (its daemons are stopped at the end, whatever happened):
-  1. requeue: a training job told by Slurm's own signal (sbatch --signal=B:USR1 of the script)
-     checkpoints, exits 75 and is requeued; it then resumes, runs to its end, and its metrics hold
-     the losses of the same run straight through under srun, for every step;
+  1. requeue: a training job given the signal Slurm sends before a time limit (the script's
+     --signal=B:USR1: SIGUSR1 to the batch shell) checkpoints, exits 75 and is requeued; it then
+     resumes, runs to its end, and its metrics hold the losses of the same run straight through
+     under srun, for every step;
   2. the time limit: a job with a 2-minute limit is signalled by Slurm's timer before the limit,
      checkpoints and requeues itself; then scancel while it runs again leaves a checkpoint that a
      later run resumes from;
@@ -17,6 +18,7 @@ import csv
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -182,6 +184,16 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
                      f"{fields.get('Restarts')} restart(s)", out + self.logs())
             time.sleep(0.5)
 
+    def wait_output(self, out_name, text, what, seconds):
+        """Polls a job's output file alone until it holds text: slurmctld can take as long to
+        answer `scontrol show job` as a short job runs (9 s seen while a job started on 2 busy
+        cores), so a wait that asks it first can see a job's early lines only after its end."""
+        deadline = time.monotonic() + seconds
+        while text not in self.output(out_name):
+            if time.monotonic() > deadline:
+                fail(f"expected {what} within {seconds} s", self.output(out_name) + self.logs())
+            time.sleep(0.2)
+
     def release(self, job_id, minutes=10):
         """A requeued job waits before it may start again (its BeginTime, two minutes or so):
         let it start now, with room to finish, once the step daemons of its last start are gone
@@ -210,6 +222,21 @@ def step_daemons_running(job_id):
     return False
 
 
+def batch_shell(job_id):
+    """The PID of a job's batch shell, the process that runs
+    `<SlurmdSpoolDir>/job<id>/slurm_script` (found from /proc, like step_daemons_running)."""
+    pattern = re.compile(rf"/job0*{job_id}/slurm_script(\s|$)")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pattern.search(cmdline):
+            return int(pid)
+    return None
+
+
 def losses(path):
     with open(path, newline="") as f:
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"}
@@ -233,11 +260,21 @@ def check_requeue(c, exe):
     job = c.submit("-n", "2", "--job-name", "requeue", "-o", "requeue.out",
                    SCRIPTS / "train.sbatch", *args, "--metrics", "requeue.csv",
                    env={"TESSERA": str(exe)})
-    c.wait(job, lambda f, out: "step 20/" in out, "training to begin", 120, "requeue.out")
-    # What --signal=B:USR1@T makes Slurm do at the time limit, now: USR1 to the batch shell.
-    c.run("scancel", "--batch", "--signal=USR1", job)
-    fields, out = c.wait(job, lambda f, out: int(f.get("Restarts", 0)) >= 1, "a requeue", 120,
+    c.wait_output("requeue.out", "step 20/", "training to begin", 120)
+    # What --signal=B:USR1@T makes slurmd do at the time limit, now: SIGUSR1 to the batch shell.
+    # Sent from here, not with `scancel --batch --signal=USR1`: slurmctld, slow to answer while the
+    # job starts, delivered that one after the 10-second run had ended (a CI failure); the
+    # time-limit check below has Slurm's own timer send it.
+    shell = batch_shell(job)
+    if shell is None:
+        fail(f"job {job}: no batch shell runs, though its output shows training",
+             c.output("requeue.out"))
+    os.kill(shell, signal.SIGUSR1)
+    fields, out = c.wait(job, lambda f, out: int(f.get("Restarts", 0)) >= 1 or
+                         f.get("JobState") in ("COMPLETED", "FAILED"), "a requeue", 120,
                          "requeue.out")
+    if int(fields.get("Restarts", 0)) < 1:
+        fail(f"job {job}: expected a requeue; it ended {fields.get('JobState')} instead", out)
     c.release(job)
     fields, out = c.wait(job, ended("COMPLETED"), "the resumed job to complete", 300,
                          "requeue.out")
