@@ -130,9 +130,13 @@ std::optional<AxisPad> axis_pad(std::int64_t in, std::int64_t out, std::int64_t 
 }
 
 // A Winograd primitive whose scratchpad is larger than this is planned direct instead: oneDNN
-// 2.6 gives some shapes (32 channels at 1024x1024 on backward-data) a schedule that transforms
-// the whole tensor at once, 587 MiB of scratchpad against the 6-9 MiB of its tiled schedule.
-constexpr std::size_t kWinogradScratchLimit = std::size_t{64} << 20;
+// 2.6 gives some shapes a schedule that transforms the whole tensor at once (32 channels at
+// 1024x1024 on backward-data: 587 MiB of scratchpad), slower than the direct kernel wherever
+// measured, while its tiled schedule takes 6-10 MiB whatever the image (16 to 128 channels). The
+// whole-tensor scratchpad grows with the image: 12 MiB for 16 -> 32 channels at 128x128, 60 MiB
+// at 512x256, the forward of unet-small's m1 on each of 2 ranks: 27 ms against 10 ms direct (one
+// Skylake-SP core; 256x256: 13 against 5 ms), so the limit sits just above the tiled sizes.
+constexpr std::size_t kWinogradScratchLimit = std::size_t{16} << 20;
 
 bool is_winograd(const dnnl::primitive_desc& pd) {
   return pd && std::string(pd.impl_info_str()).find("wino") != std::string::npos;

@@ -594,6 +594,30 @@ TEST(OneDnnConv, WinogradWhereItPaysAndTheReferenceResults) {
   EXPECT_TRUE(direct->applies_activation());
 }
 
+// oneDNN 2.6 plans the forward of a 16 -> 32 channel 3x3 conv with a 512x256 output (unet-small's
+// m1 on each of 2 ranks) in Winograd's whole-tensor schedule, 60 MiB of scratchpad and 2.7x the
+// direct kernel's time: that pass stays direct, its backward passes (tiled, 6-8 MiB) Winograd.
+TEST(OneDnnConv, WinogradWholeTensorSchedulesStayDirect) {
+  if (!cpu_has_avx512_core()) GTEST_SKIP() << "this CPU has no AVX-512: oneDNN has no Winograd";
+  const ConvShapes s{.x = {1, 16, 514, 258},
+                     .w = {32, 16, 3, 3},
+                     .y = {1, 32, 512, 256},
+                     .bias = true,
+                     .x_layout = Layout::nchw16c,
+                     .y_layout = Layout::nchw16c};
+  std::unique_ptr<OneDnnConv> k = OneDnnConv::create(s, ConvGeometry{});
+  ASSERT_NE(k, nullptr);
+  // "onednn <forward>/<backward-data>/<backward-weights>"
+  const std::string name = k->name();
+  const std::size_t first = name.find('/');
+  ASSERT_NE(first, std::string::npos) << name;
+  EXPECT_EQ(name.substr(0, first).find("wino"), std::string::npos) << name;
+  const std::size_t second = name.find('/', first + 1);
+  ASSERT_NE(second, std::string::npos) << name;
+  EXPECT_NE(name.substr(first, second - first).find("wino"), std::string::npos) << name;
+  EXPECT_NE(name.find("wino", second), std::string::npos) << name;
+}
+
 // An 8 -> 8 channel conv computes in oneDNN's 8-channel blocks (converting Tessera's NCHW window,
 // output and gradients on the way) rather than in the half-padded 16-channel blocks oneDNN picks
 // itself: the reference's results, whole tensor or box (which stays with oneDNN's choice).
