@@ -179,17 +179,29 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
             _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T1);
         }
       }
+      // The row's last columns, where fewer than kStep are left, in as few vectors as cover them.
+      const std::int64_t left = job.out_w - w0;
+      const int vectors = left >= kStep ? kVectors : static_cast<int>((left + kLanes - 1) / kLanes);
+      const std::int64_t step = kLanes * vectors;
       const bool inside =
-          w0 + job.col0 >= 0 && w0 + kStep <= job.out_w && w0 + kStep + reach <= job.in_w;
+          w0 + job.col0 >= 0 && w0 + step <= job.out_w && w0 + step + reach <= job.in_w;
       const bool three = job.kh == 3 && job.kw == 3;
-      if (inside && three)
-        row_block<kVectors, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
-      else if (inside)
-        row_block<kVectors, false, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
-      else if (three)
-        row_block<kVectors, true, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+      const auto block = [&]<int PV>() {
+        if (inside && three)
+          row_block<PV, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+        else if (inside)
+          row_block<PV, false, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+        else if (three)
+          row_block<PV, true, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+        else
+          row_block<PV, true, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+      };
+      if (vectors == 1)
+        block.template operator()<1>();
+      else if (vectors == 2)
+        block.template operator()<2>();
       else
-        row_block<kVectors, true, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+        block.template operator()<kVectors>();
     }
   }
 }
