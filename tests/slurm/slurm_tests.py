@@ -207,10 +207,10 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
         self.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}", "StartTime=now")
 
 
-def step_daemons_running(job_id):
-    """Whether a `slurmstepd: [<job>.<step>]` process runs: pgrep -f's question, answered from
-    /proc (a fresh machine may lack procps)."""
-    pattern = re.compile(rf"slurmstepd: \[{job_id}\.")
+def find_process(pattern):
+    """The PID of a process whose command line matches the regular expression, or None: pgrep -f's
+    question, answered from /proc (a fresh machine may lack procps)."""
+    pattern = re.compile(pattern)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -218,23 +218,19 @@ def step_daemons_running(job_id):
         except OSError:
             continue  # ended meanwhile
         if pattern.search(cmdline):
-            return True
-    return False
+            return int(pid)
+    return None
+
+
+def step_daemons_running(job_id):
+    """Whether a `slurmstepd: [<job>.<step>]` process runs."""
+    return find_process(rf"slurmstepd: \[{job_id}\.") is not None
 
 
 def batch_shell(job_id):
     """The PID of a job's batch shell, the process that runs
-    `<SlurmdSpoolDir>/job<id>/slurm_script` (found from /proc, like step_daemons_running)."""
-    pattern = re.compile(rf"/job0*{job_id}/slurm_script(\s|$)")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if pattern.search(cmdline):
-            return int(pid)
-    return None
+    `<SlurmdSpoolDir>/job<id>/slurm_script`."""
+    return find_process(rf"/job0*{job_id}/slurm_script(\s|$)")
 
 
 def losses(path):
