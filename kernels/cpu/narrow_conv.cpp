@@ -160,6 +160,7 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
   while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
     --a1;
   const std::int64_t reach = job.col0 + (job.kw - 1) * job.dw;  // the last tap's column offset
+  const bool three = job.kh == 3 && job.kw == 3;
   // The next output row's last tap row: the one input row it reads that this row did not (for
   // dilation 1), asked for into the second-level cache as this row goes: a row reads the rows of
   // every input channel, too many streams for the hardware prefetchers. 24 -> 8 channels at
@@ -185,7 +186,6 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
       const std::int64_t step = kLanes * vectors;
       const bool inside =
           w0 + job.col0 >= 0 && w0 + step <= job.out_w && w0 + step + reach <= job.in_w;
-      const bool three = job.kh == 3 && job.kw == 3;
       const auto block = [&]<int PV>() {
         if (inside && three)
           row_block<PV, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
