@@ -2,8 +2,14 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -13,6 +19,9 @@
 #include "onednn_common.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/elementwise.hpp"
+#include "tessera/kernels/simd.hpp"
+#include "tessera/parallel.hpp"
 
 namespace tessera {
 namespace {
@@ -156,6 +165,8 @@ bool narrow_head_in_float32(const Shape4& w) {
 
 struct OneDnnConv::Plan {
   ConvShapes shapes;
+  reference::ConvGeometry geometry;
+  bool bf16 = false;  // the primitives read bfloat16 (set_conv_bf16 when planned)
   dnnl::stream stream{cpu_engine()};
   memory::desc bias;
 
@@ -206,6 +217,7 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
 
   auto plan = std::make_unique<Plan>();
   plan->shapes = shapes;
+  plan->geometry = g;
   try {
     using namespace dnnl;
     const memory::dims strides{g.stride_h, g.stride_w};
@@ -216,6 +228,7 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     // gradients (the Ports convert Tessera's float32 on the way in) and write float32. Not a 1x1
     // conv to fewer than 16 channels (a segmentation head, narrow_head_in_float32): float32.
     const auto low = conv_bf16() && !narrow_head_in_float32(w) ? memory::data_type::bf16 : f32;
+    plan->bf16 = low != f32;
     // 8 channels in and out: oneDNN's own choice (16-channel blocks, half of them padding, for
     // the output and both gradients) takes 2-3x the time of its 8-channel blocked kernels, which
     // the Ports then feed with converted copies (8 -> 8 3x3 at 2048x2048, the three passes:
@@ -535,6 +548,256 @@ void sgemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, con
                 "oneDNN dnnl_sgemm failed (status " + std::to_string(status) + ")");
 }
 
+#if TESSERA_HAS_WIDE_LOOPS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
+namespace wide {
+
+constexpr std::int64_t kMaxPointwiseOutputs = 8, kMaxPointwiseSums = 64;
+
+// Pixels [begin, end) of one 8-channel block of a 1x1 conv's backward in one pass (x, dx: the
+// block's pixels x 8; dy: `outs` planes `dy_plane` apart; w: the block's 8 weights of output o at
+// w + o * w_row): dx = sum over o of dy[o] w[o] (overwritten; then times f' of a (leaky) ReLU read
+// from x where `activate`), dw_sums[o * w_row + c] += sum of dy[o] x[c], and bias_sums[o] += sum
+// of dy[o] unless null. Two pixels a vector; the sums go per lane in float for 1024 pixels at a
+// time, then into the doubles. The last pixels (fewer than 16) go one at a time with the same
+// fused multiply-adds, so dx does not depend on where a tile's pixels start.
+void pointwise_backward_block(const float* x, const float* dy, std::int64_t dy_plane,
+                              std::int64_t outs, const float* w, std::int64_t w_row,
+                              std::int64_t begin, std::int64_t end, bool activate, float slope,
+                              bool stream, float* dx, double* dw_sums, double* bias_sums) {
+  constexpr std::int64_t kBlock8 = 8, kPixels = 16, kFlush = 64;
+  __m512 weight[kMaxPointwiseOutputs], acc[kMaxPointwiseOutputs], bias[kMaxPointwiseOutputs];
+  // The maskz forms: GCC 12's unmasked ones start from an "undefined" vector that
+  // -Wmaybe-uninitialized flags (as in kernels/cpu/narrow_conv.cpp).
+  for (std::int64_t o = 0; o < outs; ++o) {
+    weight[o] = _mm512_maskz_broadcast_f32x8(0xffff, _mm256_loadu_ps(w + o * w_row));
+    acc[o] = bias[o] = _mm512_setzero_ps();
+  }
+  // Lanes 0-7 take pixel 2j's dy, lanes 8-15 pixel 2j + 1's.
+  __m512i pair[kBlock8];
+  for (int j = 0; j < kBlock8; ++j)
+    pair[j] =
+        _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * j), _mm512_set1_epi32(2 * j + 1));
+  const __m512 zero = _mm512_setzero_ps(), slopes = _mm512_set1_ps(slope);
+  const auto flush = [&] {
+    alignas(64) float lanes[kPixels];
+    for (std::int64_t o = 0; o < outs; ++o) {
+      _mm512_store_ps(lanes, acc[o]);
+      for (std::int64_t c = 0; c < kBlock8; ++c)
+        dw_sums[o * w_row + c] += double(lanes[c]) + double(lanes[kBlock8 + c]);
+      acc[o] = _mm512_setzero_ps();
+      if (bias_sums == nullptr) continue;
+      _mm512_store_ps(lanes, bias[o]);
+      for (float v : lanes)
+        bias_sums[o] += v;
+      bias[o] = _mm512_setzero_ps();
+    }
+  };
+  std::int64_t p = begin;
+  for (std::int64_t count = 1; p + kPixels <= end; p += kPixels, ++count) {
+    __m512 d[kMaxPointwiseOutputs];
+    for (std::int64_t o = 0; o < outs; ++o) {
+      d[o] = _mm512_loadu_ps(dy + o * dy_plane + p);
+      bias[o] = _mm512_add_ps(bias[o], d[o]);
+    }
+    for (int j = 0; j < kBlock8; ++j) {
+      const std::int64_t at = (p + 2 * j) * kBlock8;
+      const __m512 v = _mm512_loadu_ps(x + at);
+      __m512 g = zero;
+      for (std::int64_t o = 0; o < outs; ++o) {
+        const __m512 dv = _mm512_maskz_permutexvar_ps(0xffff, pair[j], d[o]);
+        g = _mm512_fmadd_ps(dv, weight[o], g);
+        acc[o] = _mm512_fmadd_ps(dv, v, acc[o]);
+      }
+      if (activate) {
+        // elementwise::leaky_relu_grad: x > 0 ? g : slope * g.
+        const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+        g = _mm512_mask_blend_ps(positive, _mm512_mul_ps(slopes, g), g);
+      }
+      if (stream)
+        _mm512_stream_ps(dx + at, g);
+      else
+        _mm512_storeu_ps(dx + at, g);
+    }
+    if (count % kFlush == 0) flush();
+  }
+  flush();
+  for (; p < end; ++p)
+    for (std::int64_t c = 0; c < kBlock8; ++c) {
+      const float v = x[p * kBlock8 + c];
+      float g = 0;
+      for (std::int64_t o = 0; o < outs; ++o) {
+        const float d = dy[o * dy_plane + p];
+        g = std::fma(d, w[o * w_row + c], g);
+        dw_sums[o * w_row + c] += double(d) * double(v);
+        if (bias_sums != nullptr && c == 0) bias_sums[o] += d;
+      }
+      dx[p * kBlock8 + c] = activate ? elementwise::leaky_relu_grad(v > 0.0f, g, slope) : g;
+    }
+}
+
+// The same for NCHW x and dx (`channels` planes `plane` apart, as dy's), pixels [begin, end) of
+// every channel: 16 pixels a vector, the last ones masked; w is O x C row-major, dw_sums too.
+void pointwise_backward_planes(const float* x, std::int64_t plane, const float* dy,
+                               std::int64_t outs, std::int64_t channels, const float* w,
+                               std::int64_t begin, std::int64_t end, bool activate, float slope,
+                               bool stream, float* dx, double* dw_sums, double* bias_sums) {
+  constexpr std::int64_t kPixels = 16, kFlush = 64;
+  __m512 acc[kMaxPointwiseSums], bias[kMaxPointwiseOutputs];
+  for (std::int64_t k = 0; k < outs * channels; ++k)
+    acc[k] = _mm512_setzero_ps();
+  for (std::int64_t o = 0; o < outs; ++o)
+    bias[o] = _mm512_setzero_ps();
+  const __m512 zero = _mm512_setzero_ps(), slopes = _mm512_set1_ps(slope);
+  const auto flush = [&] {
+    alignas(64) float lanes[kPixels];
+    for (std::int64_t k = 0; k < outs * channels; ++k) {
+      _mm512_store_ps(lanes, acc[k]);
+      for (float v : lanes)
+        dw_sums[k] += v;
+      acc[k] = _mm512_setzero_ps();
+    }
+    if (bias_sums == nullptr) return;
+    for (std::int64_t o = 0; o < outs; ++o) {
+      _mm512_store_ps(lanes, bias[o]);
+      for (float v : lanes)
+        bias_sums[o] += v;
+      bias[o] = _mm512_setzero_ps();
+    }
+  };
+  std::int64_t count = 0;
+  for (std::int64_t p = begin; p < end; p += kPixels) {
+    const bool whole = p + kPixels <= end;
+    const __mmask16 lanes = whole ? __mmask16(0xffff) : __mmask16((1u << (end - p)) - 1u);
+    __m512 d[kMaxPointwiseOutputs];
+    for (std::int64_t o = 0; o < outs; ++o) {
+      d[o] = _mm512_maskz_loadu_ps(lanes, dy + o * plane + p);
+      bias[o] = _mm512_add_ps(bias[o], d[o]);
+    }
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, x + c * plane + p);
+      __m512 g = zero;
+      for (std::int64_t o = 0; o < outs; ++o) {
+        g = _mm512_fmadd_ps(d[o], _mm512_set1_ps(w[o * channels + c]), g);
+        acc[o * channels + c] = _mm512_fmadd_ps(d[o], v, acc[o * channels + c]);
+      }
+      if (activate) {
+        const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+        g = _mm512_mask_blend_ps(positive, _mm512_mul_ps(slopes, g), g);
+      }
+      if (stream && whole)
+        _mm512_stream_ps(dx + c * plane + p, g);
+      else
+        _mm512_mask_storeu_ps(dx + c * plane + p, lanes, g);
+    }
+    if (++count % kFlush == 0) flush();
+  }
+  flush();
+}
+
+}  // namespace wide
+#pragma GCC pop_options
+#endif
+
+// backward_data and backward_filter of a 1x1 conv in one pass over x and dy, with f' of a fused
+// input activation read from x (ConvKernel::backward_fused): float32 products (the caller's to
+// say), stride 1, no padding or
+// groups, x and dx in NCHW or nchw8c, y in NCHW, at most 8 outputs (and 64 products per pixel in
+// NCHW, the sums kept in registers), not a sigmoid's f', the AVX-512 loops chosen
+// (simd_level()). False, nothing done, otherwise. The two GEMMs and the separate f' read the
+// tensors three times: 8 -> 2 channels at 2048x2048 from nchw8c, one Skylake-SP core, 74 -> 29 ms
+// (43 -> 14 ms on two threads); unet-small's head (NCHW), `tessera bench` 1 rank x 1 thread,
+// backward 69-85 -> 34-47 ms per step.
+bool pointwise_backward_one_pass(const ConvShapes& s, const reference::ConvGeometry& g,
+                                 const Tensor<float>& x, const Tensor<float>& dy,
+                                 const Tensor<float>& w, const std::optional<FusedActivation>& f,
+                                 Tensor<float>& dx, Tensor<float>& dw, std::span<float> dbias) {
+#if TESSERA_HAS_WIDE_LOOPS
+  const std::int64_t outs = s.y.c, channels = s.x.c;
+  const bool blocked = s.x_layout == Layout::nchw8c;
+  const bool fits =
+      simd_level() == SimdLevel::avx512 && !s.is_box() && s.y_layout == Layout::nchw &&
+      (blocked ? channels % 8 == 0
+               : s.x_layout == Layout::nchw && outs * channels <= wide::kMaxPointwiseSums) &&
+      outs <= wide::kMaxPointwiseOutputs && s.w == Shape4{outs, channels, 1, 1} && s.x.n == s.y.n &&
+      s.x.h == s.y.h && s.x.w == s.y.w && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 &&
+      g.pad_top == 0 && g.pad_left == 0 && !(f && f->kind == ActivationKind::sigmoid);
+  if (!fits) return false;
+  const auto check = [](const Tensor<float>& t, const Shape4& planned, Layout layout,
+                        const char* what) {
+    TESSERA_CHECK(t.shape() == planned && t.layout() == layout,
+                  std::string("1x1 conv backward: the ") + what + " is " + t.shape().str() +
+                      " in " + to_string(t.layout()) + ", planned " + planned.str() + " in " +
+                      to_string(layout));
+  };
+  check(x, s.x, s.x_layout, "input");
+  check(dx, s.x, s.x_layout, "input gradient");
+  check(dy, s.y, Layout::nchw, "output gradient");
+  check(w, s.w, Layout::nchw, "weight");
+  check(dw, s.w, Layout::nchw, "weight gradient");
+  TESSERA_CHECK(dbias.empty() || (s.bias && std::ssize(dbias) == outs),
+                "1x1 conv backward: a bias gradient of " + std::to_string(dbias.size()) +
+                    " values for " + std::to_string(outs) + " outputs" +
+                    (s.bias ? "" : " (planned without bias)"));
+  // Each part of the pixels sums into its own doubles, added part by part in order: the same
+  // result on every run with the same thread count. Parts start on whole vectors; a part for
+  // each kernel thread, from 65536 values of x each (parallel_for's grain).
+  constexpr std::int64_t kPixels = 16, kBlock8 = 8;
+  const std::int64_t n = s.x.h * s.x.w, vectors = (n + kPixels - 1) / kPixels;
+  const std::int64_t parts = std::clamp<std::int64_t>(
+      kernel_threads().count, 1, std::min(vectors, std::max<std::int64_t>(1, x.numel() >> 16)));
+  const std::int64_t per_part = outs * (channels + 1);
+  std::vector<double> sums(static_cast<std::size_t>(parts * per_part), 0.0);
+  const bool stream = x.numel() * std::int64_t(sizeof(float)) >= streaming_store_bytes() &&
+                      reinterpret_cast<std::uintptr_t>(dx.data()) % 64 == 0 &&
+                      (blocked || n % kPixels == 0);
+  const float slope = f ? static_cast<float>(f->slope) : 0.0f;
+  const std::int64_t x_sample = channels * n, y_sample = outs * n;
+  parallel_for(
+      parts,
+      [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t part = first; part < last; ++part) {
+          const std::int64_t begin = std::min(n, vectors * part / parts * kPixels);
+          const std::int64_t end = std::min(n, vectors * (part + 1) / parts * kPixels);
+          double* dw_sums = sums.data() + part * per_part;
+          double* bias_sums = s.bias && !dbias.empty() ? dw_sums + outs * channels : nullptr;
+          for (std::int64_t i = 0; i < s.x.n; ++i) {
+            const float* xi = x.data() + i * x_sample;
+            const float* dyi = dy.data() + i * y_sample;
+            float* dxi = dx.data() + i * x_sample;
+            if (!blocked) {
+              wide::pointwise_backward_planes(xi, n, dyi, outs, channels, w.data(), begin, end,
+                                              f.has_value(), slope, stream, dxi, dw_sums,
+                                              bias_sums);
+              continue;
+            }
+            for (std::int64_t b = 0; b < channels / kBlock8; ++b)
+              wide::pointwise_backward_block(xi + b * n * kBlock8, dyi, n, outs,
+                                             w.data() + b * kBlock8, channels, begin, end,
+                                             f.has_value(), slope, stream, dxi + b * n * kBlock8,
+                                             dw_sums + b * kBlock8, b == 0 ? bias_sums : nullptr);
+          }
+        }
+        if (stream) _mm_sfence();
+      },
+      1);
+  for (std::int64_t k = 0; k < per_part; ++k) {
+    double total = 0;
+    for (std::int64_t part = 0; part < parts; ++part)
+      total += sums[part * per_part + k];
+    if (k < outs * channels)
+      dw.data()[k] += static_cast<float>(total);
+    else if (s.bias && !dbias.empty())
+      dbias[k - outs * channels] += static_cast<float>(total);
+  }
+  return true;
+#else
+  (void)s, (void)g, (void)x, (void)dy, (void)w, (void)f, (void)dx, (void)dw, (void)dbias;
+  return false;
+#endif
+}
+
 // make_onednn_blocked_pointwise's kernel. Per sample, block b of the window is the row-major
 // pixels x 8 matrix X_b, the weight's columns [8b, 8b + 8) the O x 8 matrix W_b (OIHW of a 1x1
 // conv is O x C row-major) and y the O x pixels matrix Y: Y = sum_b W_b X_b^T (+ bias),
@@ -576,6 +839,11 @@ class OneDnnBlockedPointwise final : public ConvKernel<float> {
     });
     if (s_.bias) merge_->add_bias_grad(dy, dbias);
   }
+  bool backward_fused(const Tensor<float>& x, const Tensor<float>& dy, const Tensor<float>& w,
+                      const std::optional<FusedActivation>& f, Tensor<float>& dx, Tensor<float>& dw,
+                      std::span<float> dbias) override {
+    return pointwise_backward_one_pass(s_, reference::ConvGeometry{}, x, dy, w, f, dx, dw, dbias);
+  }
   void forward_box(const Tensor<float>&, BoxAt, const Tensor<float>&, std::span<const float>,
                    Tensor<float>&, BoxAt) override {
     throw Error("the blocked 1x1 GEMM kernel has no box kernel");
@@ -614,6 +882,13 @@ class OneDnnBlockedPointwise final : public ConvKernel<float> {
 };
 
 }  // namespace
+
+bool OneDnnConv::backward_fused(const Tensor<float>& x, const Tensor<float>& dy,
+                                const Tensor<float>& w, const std::optional<FusedActivation>& f,
+                                Tensor<float>& dx, Tensor<float>& dw, std::span<float> dbias) {
+  const Plan& p = *plan_;
+  return !p.bf16 && pointwise_backward_one_pass(p.shapes, p.geometry, x, dy, w, f, dx, dw, dbias);
+}
 
 std::unique_ptr<ConvKernel<float>> make_onednn_blocked_pointwise(const ConvShapes& shapes,
                                                                  const reference::ConvGeometry& g) {

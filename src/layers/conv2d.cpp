@@ -245,6 +245,13 @@ DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) 
   }
   // backward_data overwrites it.
   Tensor<T> window_grad = this->window_grad_uninitialized();
+  // A window that is the tile (a 1x1 conv's) sends nothing: both passes and the fused input
+  // activation's f' in one pass over the window and dy where the kernel offers that.
+  if (this->window_is_tile() &&
+      kernel_->backward_fused(this->kept_window(), dy.local, weight_.value,
+                              this->input_activation_taken(), window_grad, weight_.grad,
+                              bias_.grad.span_in(this->allocator().space())))
+    return this->accumulate_window(window_grad, {}, true);
   kernel_->backward_data(dy.local, weight_.value, window_grad);
   // The filter gradient needs no halo: it overlaps the exchange.
   return this->accumulate_window(window_grad, [&] {

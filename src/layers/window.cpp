@@ -234,11 +234,13 @@ Tensor<T> WindowLayer<T>::window_grad_uninitialized() const {
 
 template <typename T>
 DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
-                                                const std::function<void()>& overlap) {
+                                                const std::function<void()>& overlap,
+                                                bool activated) {
   // The window holds f(x) wherever the image is (the padding's gradient is dropped anyway), and
   // f' applies to each contribution to an element as well as to their sum (to rounding, for
   // leaky ReLU's slope, where halos add up).
-  if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, grad);
+  if (input_activation_grad_ && !activated)
+    input_activation_grad_->backward_from_output(window_, grad);
   // A concat's inputs: each input's gradient from its channels of the window's.
   if (!parts_.empty()) {
     part_grads_.clear();

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "tessera/kernels/reference.hpp"
 #include "tessera/kernels/reference_dense.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/layers/conv2d.hpp"
 #include "tessera/layers/conv_transpose2d.hpp"
 #include "tessera/process_grid.hpp"
@@ -793,6 +795,86 @@ TEST(OneDnnConv, NarrowPointwiseConvsOnEightChannelBlocksAreGemms) {
   ConvShapes s2 = strided.shapes();
   s2.x_layout = Layout::nchw8c;
   EXPECT_EQ(make_onednn_blocked_pointwise(s2, strided.geometry()), nullptr) << "stride 2";
+}
+
+// A 1x1 conv's backward in one pass (backward_fused, what Conv2d runs for a head whose window is
+// its tile), on the GEMMs of 8-channel blocks and on oneDNN's NCHW kernel: dx as backward-data,
+// times f' of the fused input activation read from x (the activation's output), and the weight and
+// bias gradients added to what they held, against the reference in double; image sides that leave
+// pixels past the last 16-pixel vector; two samples. A sigmoid's f', more than 8 outputs and
+// kernels other than 1x1 go the separate way (false, nothing written).
+TEST(OneDnnConv, PointwiseBackwardIsOnePassWithTheActivationsDerivative) {
+  if (simd_level() != SimdLevel::avx512) GTEST_SKIP() << "the fused pass is AVX-512 only";
+  const std::optional<FusedActivation> none;
+  for (const Layout layout : {Layout::nchw8c, Layout::nchw})
+    for (const auto& [channels, outputs, bias, f] :
+         {std::tuple{8, 2, true, std::optional<FusedActivation>{{ActivationKind::relu, 0}}},
+          std::tuple{24, 2, false,
+                     std::optional<FusedActivation>{{ActivationKind::leaky_relu, 0.1}}},
+          std::tuple{8, 8, true, none}}) {
+      Case c = winograd_case(channels, outputs);
+      c.kernel = 1;
+      c.n = 2;
+      c.bias = bias;
+      c.out_w = 19;  // 21 x 19 pixels: 24 vectors and 15 left
+      const std::string what = c.str() + " from " + to_string(layout);
+      ConvShapes shapes = c.shapes();
+      shapes.x_layout = layout;
+      std::unique_ptr<ConvKernel<float>> k =
+          layout == Layout::nchw8c
+              ? make_onednn_blocked_pointwise(shapes, c.geometry())
+              : std::unique_ptr<ConvKernel<float>>(OneDnnConv::create(shapes, c.geometry()));
+      ASSERT_NE(k, nullptr) << what;
+      // x as an activation's output: about a third of it zero (ReLU) or negative (leaky).
+      Tensor<float> x_plain = random_tensor(c.x(), 1);
+      if (f && f->kind == ActivationKind::relu)
+        for (float& v : x_plain.span())
+          v = v < -0.3f ? 0.0f : v;
+      const Tensor<float> x = to_layout(x_plain, layout);
+      const Tensor<float> w = random_tensor(c.w(), 2), dy = random_tensor(c.y(), 3);
+      Tensor<float> dx(c.x(), layout, 7.0f);
+      Tensor<float> dw = random_tensor(c.w(), 5);
+      Tensor<float> db = bias ? random_tensor({c.o, 1, 1, 1}, 6) : Tensor<float>();
+      Tensor<double> dwd = to_double(dw), dbd = to_double(db), dxd(c.x());
+      ASSERT_TRUE(k->backward_fused(x, dy, w, f, dx, dw, db.span())) << what;
+      const Tensor<double> xd = to_double(x_plain), wd = to_double(w), dyd = to_double(dy);
+      reference::conv2d_backward_data(dyd, wd, dxd, c.geometry());
+      if (f)
+        for (std::int64_t i = 0; i < dxd.numel(); ++i)
+          if (!(xd.data()[i] > 0)) dxd.data()[i] *= f->slope;
+      reference::conv2d_backward_filter(xd, dyd, dwd, dbd.span(), c.geometry());
+      const Tensor<float> dx_plain = to_layout(dx, Layout::nchw);
+      EXPECT_LE(rel_error(dx_plain.span(), dxd.span()), kTolerance) << "dx, " << what;
+      EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "dw, " << what;
+      EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "dbias, " << what;
+      if (f) {  // f' made a difference: applied, not skipped
+        Tensor<float> unactivated(c.x(), layout);
+        k->backward_data(dy, w, unactivated);
+        EXPECT_GT(rel_error(to_layout(unactivated, Layout::nchw).span(), dxd.span()), kTolerance)
+            << what;
+      }
+    }
+  // Declined: nothing written.
+  const auto declines = [](const Case& c, Layout layout, const std::optional<FusedActivation>& f,
+                           const std::string& what) {
+    ConvShapes shapes = c.shapes();
+    shapes.x_layout = layout;
+    std::unique_ptr<ConvKernel<float>> k =
+        layout == Layout::nchw8c
+            ? make_onednn_blocked_pointwise(shapes, c.geometry())
+            : std::unique_ptr<ConvKernel<float>>(OneDnnConv::create(shapes, c.geometry()));
+    ASSERT_NE(k, nullptr) << what;
+    const Tensor<float> x(c.x(), layout, 1.0f), w(c.w(), 1.0f), dy(c.y(), 1.0f);
+    Tensor<float> dx(c.x(), layout, 7.0f), dw(c.w(), 0.0f), db({c.o, 1, 1, 1}, 0.0f);
+    EXPECT_FALSE(k->backward_fused(x, dy, w, f, dx, dw, db.span())) << what;
+    EXPECT_EQ(dx.span()[0], 7.0f) << what;
+    EXPECT_EQ(dw.span()[0], 0.0f) << what;
+  };
+  Case fifteen = winograd_case(8, 15), two = winograd_case(8, 2), three = winograd_case(8, 2);
+  fifteen.kernel = two.kernel = 1;
+  declines(fifteen, Layout::nchw8c, none, "15 outputs");
+  declines(two, Layout::nchw8c, FusedActivation{ActivationKind::sigmoid, 0}, "a sigmoid");
+  declines(three, Layout::nchw, none, "a 3x3 kernel");
 }
 
 TEST(OneDnnConv, RefusesTensorsOfOtherShapes) {

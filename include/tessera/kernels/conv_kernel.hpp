@@ -65,6 +65,16 @@ class ConvKernel {
   // as it is. x and y have the planned outer shapes.
   virtual void forward_box(const Tensor<T>& x, BoxAt x_at, const Tensor<T>& w,
                            std::span<const T> bias, Tensor<T>& y, BoxAt y_at) = 0;
+  // backward_data and backward_filter at once, in one pass over x and dy, where the kernel offers
+  // it (false, nothing done, otherwise: the default): dx overwritten as backward_data does, then
+  // multiplied by f' of `f` where one is given, read from x as f's output (the fused input
+  // activation of a layer whose window is its tile: WindowLayer::accumulate_window's rule); dw
+  // and dbias added into as backward_filter does. Same planned shapes as the two passes. Local.
+  virtual bool backward_fused(const Tensor<T>& /*x*/, const Tensor<T>& /*dy*/,
+                              const Tensor<T>& /*w*/, const std::optional<FusedActivation>& /*f*/,
+                              Tensor<T>& /*dx*/, Tensor<T>& /*dw*/, std::span<T> /*dbias*/) {
+    return false;
+  }
   // Which implementation runs ("reference", "onednn jit:avx512_core", ...), for logs and tests.
   virtual std::string name() const = 0;
   // Whether forward and forward_box apply ConvShapes::activation (planned with one). Local.

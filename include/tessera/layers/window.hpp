@@ -142,8 +142,14 @@ class WindowLayer : public UnaryLayer<T> {
   // input activation, `grad` is first multiplied by its f' in place. Releases the kept window;
   // may take `grad` over (then empty) when the window is the tile.
   // `overlap` is local work needing no halo (backward-filter): it runs while the exchange is in
-  // flight. Neighbour-wise collective over the spatial communicator.
-  DistTensor<T> accumulate_window(Tensor<T>& grad, const std::function<void()>& overlap = {});
+  // flight. `activated`: f' was applied already (ConvKernel::backward_fused). Neighbour-wise
+  // collective over the spatial communicator.
+  DistTensor<T> accumulate_window(Tensor<T>& grad, const std::function<void()>& overlap = {},
+                                  bool activated = false);
+  // The fused input activation whose f' accumulate_window applies, if one was taken. Local.
+  std::optional<FusedActivation> input_activation_taken() const {
+    return input_activation_grad_ ? input_activation_ : std::nullopt;
+  }
 
  private:
   int tag_;
