@@ -637,6 +637,56 @@ void pointwise_backward_block(const float* x, const float* dy, std::int64_t dy_p
     }
 }
 
+// The same for a 16-channel block (nchw16c x and dx): a pixel a vector, each output's dy
+// broadcast from its plane; w: the block's 16 weights of output o at w + o * w_row. The bias sums
+// go pixel by pixel in double.
+void pointwise_backward_block16(const float* x, const float* dy, std::int64_t dy_plane,
+                                std::int64_t outs, const float* w, std::int64_t w_row,
+                                std::int64_t begin, std::int64_t end, bool activate, float slope,
+                                bool stream, float* dx, double* dw_sums, double* bias_sums) {
+  constexpr std::int64_t kLanes = 16, kFlush = 1024;
+  __m512 weight[kMaxPointwiseOutputs], acc[kMaxPointwiseOutputs];
+  double bias[kMaxPointwiseOutputs] = {};
+  for (std::int64_t o = 0; o < outs; ++o) {
+    weight[o] = _mm512_loadu_ps(w + o * w_row);
+    acc[o] = _mm512_setzero_ps();
+  }
+  const __m512 zero = _mm512_setzero_ps(), slopes = _mm512_set1_ps(slope);
+  const auto flush = [&] {
+    alignas(64) float lanes[kLanes];
+    for (std::int64_t o = 0; o < outs; ++o) {
+      _mm512_store_ps(lanes, acc[o]);
+      for (std::int64_t c = 0; c < kLanes; ++c)
+        dw_sums[o * w_row + c] += lanes[c];
+      acc[o] = _mm512_setzero_ps();
+    }
+  };
+  for (std::int64_t p = begin; p < end; ++p) {
+    const __m512 v = _mm512_loadu_ps(x + p * kLanes);
+    __m512 g = zero;
+    for (std::int64_t o = 0; o < outs; ++o) {
+      const float d = dy[o * dy_plane + p];
+      const __m512 dv = _mm512_set1_ps(d);
+      g = _mm512_fmadd_ps(dv, weight[o], g);
+      acc[o] = _mm512_fmadd_ps(dv, v, acc[o]);
+      bias[o] += d;
+    }
+    if (activate) {
+      const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+      g = _mm512_mask_blend_ps(positive, _mm512_mul_ps(slopes, g), g);
+    }
+    if (stream)
+      _mm512_stream_ps(dx + p * kLanes, g);
+    else
+      _mm512_storeu_ps(dx + p * kLanes, g);
+    if ((p - begin) % kFlush == kFlush - 1) flush();
+  }
+  flush();
+  if (bias_sums != nullptr)
+    for (std::int64_t o = 0; o < outs; ++o)
+      bias_sums[o] += bias[o];
+}
+
 // The same for NCHW x and dx (`channels` planes `plane` apart, as dy's), pixels [begin, end) of
 // every channel: 16 pixels a vector, the last ones masked; w is O x C row-major, dw_sums too.
 void pointwise_backward_planes(const float* x, std::int64_t plane, const float* dy,
@@ -703,8 +753,8 @@ void pointwise_backward_planes(const float* x, std::int64_t plane, const float* 
 // backward_data and backward_filter of a 1x1 conv in one pass over x and dy, with f' of a fused
 // input activation read from x (ConvKernel::backward_fused): float32 products (the caller's to
 // say), stride 1, no padding or
-// groups, x and dx in NCHW or nchw8c, y in NCHW, at most 8 outputs (and 64 products per pixel in
-// NCHW, the sums kept in registers), not a sigmoid's f', the AVX-512 loops chosen
+// groups, x and dx in NCHW, nchw8c or nchw16c, y in NCHW, at most 8 outputs (and 64 products per
+// pixel in NCHW, the sums kept in registers), not a sigmoid's f', the AVX-512 loops chosen
 // (simd_level()). False, nothing done, otherwise. The two GEMMs and the separate f' read the
 // tensors three times: 8 -> 2 channels at 2048x2048 from nchw8c, one Skylake-SP core, 74 -> 29 ms
 // (43 -> 14 ms on two threads); unet-small's head (NCHW), `tessera bench` 1 rank x 1 thread,
@@ -715,10 +765,11 @@ bool pointwise_backward_one_pass(const ConvShapes& s, const reference::ConvGeome
                                  Tensor<float>& dx, Tensor<float>& dw, std::span<float> dbias) {
 #if TESSERA_HAS_WIDE_LOOPS
   const std::int64_t outs = s.y.c, channels = s.x.c;
-  const bool blocked = s.x_layout == Layout::nchw8c;
+  const std::int64_t block = block_of(s.x_layout);
+  const bool blocked = s.x_layout == Layout::nchw8c || s.x_layout == Layout::nchw16c;
   const bool fits =
       simd_level() == SimdLevel::avx512 && !s.is_box() && s.y_layout == Layout::nchw &&
-      (blocked ? channels % 8 == 0
+      (blocked ? channels % block == 0
                : s.x_layout == Layout::nchw && outs * channels <= wide::kMaxPointwiseSums) &&
       outs <= wide::kMaxPointwiseOutputs && s.w == Shape4{outs, channels, 1, 1} && s.x.n == s.y.n &&
       s.x.h == s.y.h && s.x.w == s.y.w && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 &&
@@ -772,11 +823,12 @@ bool pointwise_backward_one_pass(const ConvShapes& s, const reference::ConvGeome
                                               bias_sums);
               continue;
             }
-            for (std::int64_t b = 0; b < channels / kBlock8; ++b)
-              wide::pointwise_backward_block(xi + b * n * kBlock8, dyi, n, outs,
-                                             w.data() + b * kBlock8, channels, begin, end,
-                                             f.has_value(), slope, stream, dxi + b * n * kBlock8,
-                                             dw_sums + b * kBlock8, b == 0 ? bias_sums : nullptr);
+            const auto pass = block == kBlock8 ? wide::pointwise_backward_block
+                                               : wide::pointwise_backward_block16;
+            for (std::int64_t b = 0; b < channels / block; ++b)
+              pass(xi + b * n * block, dyi, n, outs, w.data() + b * block, channels, begin, end,
+                   f.has_value(), slope, stream, dxi + b * n * block, dw_sums + b * block,
+                   b == 0 ? bias_sums : nullptr);
           }
         }
         if (stream) _mm_sfence();

@@ -797,33 +797,39 @@ TEST(OneDnnConv, NarrowPointwiseConvsOnEightChannelBlocksAreGemms) {
   EXPECT_EQ(make_onednn_blocked_pointwise(s2, strided.geometry()), nullptr) << "stride 2";
 }
 
+// The kernel a 1x1 conv from x in `layout` gets: the GEMMs on 8-channel blocks from nchw8c,
+// oneDNN's otherwise.
+std::unique_ptr<ConvKernel<float>> pointwise_kernel(const Case& c, Layout layout) {
+  ConvShapes shapes = c.shapes();
+  shapes.x_layout = layout;
+  if (layout == Layout::nchw8c) return make_onednn_blocked_pointwise(shapes, c.geometry());
+  return OneDnnConv::create(shapes, c.geometry());
+}
+
 // A 1x1 conv's backward in one pass (backward_fused, what Conv2d runs for a head whose window is
-// its tile), on the GEMMs of 8-channel blocks and on oneDNN's NCHW kernel: dx as backward-data,
-// times f' of the fused input activation read from x (the activation's output), and the weight and
-// bias gradients added to what they held, against the reference in double; image sides that leave
-// pixels past the last 16-pixel vector; two samples. A sigmoid's f', more than 8 outputs and
-// kernels other than 1x1 go the separate way (false, nothing written).
+// its tile), on the GEMMs of 8-channel blocks and on oneDNN's NCHW and nchw16c kernels: dx as
+// backward-data, times f' of the fused input activation read from x (the activation's output), and
+// the weight and bias gradients added to what they held, against the reference in double; image
+// sides that leave pixels past the last 16-pixel vector; two samples. A sigmoid's f', more than 8
+// outputs and kernels other than 1x1 go the separate way (false, nothing written).
 TEST(OneDnnConv, PointwiseBackwardIsOnePassWithTheActivationsDerivative) {
   if (simd_level() != SimdLevel::avx512) GTEST_SKIP() << "the fused pass is AVX-512 only";
   const std::optional<FusedActivation> none;
-  for (const Layout layout : {Layout::nchw8c, Layout::nchw})
-    for (const auto& [channels, outputs, bias, f] :
-         {std::tuple{8, 2, true, std::optional<FusedActivation>{{ActivationKind::relu, 0}}},
-          std::tuple{24, 2, false,
+  for (const Layout layout : {Layout::nchw8c, Layout::nchw, Layout::nchw16c})
+    for (const auto& [eights, outputs, bias, f] :
+         {std::tuple{1, 2, true, std::optional<FusedActivation>{{ActivationKind::relu, 0}}},
+          std::tuple{3, 2, false,
                      std::optional<FusedActivation>{{ActivationKind::leaky_relu, 0.1}}},
-          std::tuple{8, 8, true, none}}) {
+          std::tuple{1, 8, true, none}}) {
+      // 8, 24 and 8 channels; in 16-channel blocks 16, 48 and 16.
+      const std::int64_t channels = eights * (layout == Layout::nchw16c ? 16 : 8);
       Case c = winograd_case(channels, outputs);
       c.kernel = 1;
       c.n = 2;
       c.bias = bias;
       c.out_w = 19;  // 21 x 19 pixels: 24 vectors and 15 left
       const std::string what = c.str() + " from " + to_string(layout);
-      ConvShapes shapes = c.shapes();
-      shapes.x_layout = layout;
-      std::unique_ptr<ConvKernel<float>> k =
-          layout == Layout::nchw8c
-              ? make_onednn_blocked_pointwise(shapes, c.geometry())
-              : std::unique_ptr<ConvKernel<float>>(OneDnnConv::create(shapes, c.geometry()));
+      std::unique_ptr<ConvKernel<float>> k = pointwise_kernel(c, layout);
       ASSERT_NE(k, nullptr) << what;
       // x as an activation's output: about a third of it zero (ReLU) or negative (leaky).
       Tensor<float> x_plain = random_tensor(c.x(), 1);
@@ -857,12 +863,7 @@ TEST(OneDnnConv, PointwiseBackwardIsOnePassWithTheActivationsDerivative) {
   // Declined: nothing written.
   const auto declines = [](const Case& c, Layout layout, const std::optional<FusedActivation>& f,
                            const std::string& what) {
-    ConvShapes shapes = c.shapes();
-    shapes.x_layout = layout;
-    std::unique_ptr<ConvKernel<float>> k =
-        layout == Layout::nchw8c
-            ? make_onednn_blocked_pointwise(shapes, c.geometry())
-            : std::unique_ptr<ConvKernel<float>>(OneDnnConv::create(shapes, c.geometry()));
+    std::unique_ptr<ConvKernel<float>> k = pointwise_kernel(c, layout);
     ASSERT_NE(k, nullptr) << what;
     const Tensor<float> x(c.x(), layout, 1.0f), w(c.w(), 1.0f), dy(c.y(), 1.0f);
     Tensor<float> dx(c.x(), layout, 7.0f), dw(c.w(), 0.0f), db({c.o, 1, 1, 1}, 0.0f);
