@@ -807,7 +807,8 @@ std::unique_ptr<ConvKernel<float>> pointwise_kernel(const Case& c, Layout layout
 }
 
 // A 1x1 conv's backward in one pass (backward_fused, what Conv2d runs for a head whose window is
-// its tile), on the GEMMs of 8-channel blocks and on oneDNN's NCHW and nchw16c kernels: dx as
+// its tile), and its forward, on the GEMMs of 8-channel blocks and on oneDNN's NCHW and nchw16c
+// kernels (from nchw16c both passes are Tessera's loops): dx as
 // backward-data, times f' of the fused input activation read from x (the activation's output), and
 // the weight and bias gradients added to what they held, against the reference in double; image
 // sides that leave pixels past the last 16-pixel vector; two samples. A sigmoid's f', more than 8
@@ -815,51 +816,65 @@ std::unique_ptr<ConvKernel<float>> pointwise_kernel(const Case& c, Layout layout
 TEST(OneDnnConv, PointwiseBackwardIsOnePassWithTheActivationsDerivative) {
   if (simd_level() != SimdLevel::avx512) GTEST_SKIP() << "the fused pass is AVX-512 only";
   const std::optional<FusedActivation> none;
-  for (const Layout layout : {Layout::nchw8c, Layout::nchw, Layout::nchw16c})
-    for (const auto& [eights, outputs, bias, f] :
-         {std::tuple{1, 2, true, std::optional<FusedActivation>{{ActivationKind::relu, 0}}},
-          std::tuple{3, 2, false,
-                     std::optional<FusedActivation>{{ActivationKind::leaky_relu, 0.1}}},
-          std::tuple{1, 8, true, none}}) {
-      // 8, 24 and 8 channels; in 16-channel blocks 16, 48 and 16.
-      const std::int64_t channels = eights * (layout == Layout::nchw16c ? 16 : 8);
-      Case c = winograd_case(channels, outputs);
-      c.kernel = 1;
-      c.n = 2;
-      c.bias = bias;
-      c.out_w = 19;  // 21 x 19 pixels: 24 vectors and 15 left
-      const std::string what = c.str() + " from " + to_string(layout);
-      std::unique_ptr<ConvKernel<float>> k = pointwise_kernel(c, layout);
-      ASSERT_NE(k, nullptr) << what;
-      // x as an activation's output: about a third of it zero (ReLU) or negative (leaky).
-      Tensor<float> x_plain = random_tensor(c.x(), 1);
-      if (f && f->kind == ActivationKind::relu)
-        for (float& v : x_plain.span())
-          v = v < -0.3f ? 0.0f : v;
-      const Tensor<float> x = to_layout(x_plain, layout);
-      const Tensor<float> w = random_tensor(c.w(), 2), dy = random_tensor(c.y(), 3);
-      Tensor<float> dx(c.x(), layout, 7.0f);
-      Tensor<float> dw = random_tensor(c.w(), 5);
-      Tensor<float> db = bias ? random_tensor({c.o, 1, 1, 1}, 6) : Tensor<float>();
-      Tensor<double> dwd = to_double(dw), dbd = to_double(db), dxd(c.x());
-      ASSERT_TRUE(k->backward_fused(x, dy, w, f, dx, dw, db.span())) << what;
-      const Tensor<double> xd = to_double(x_plain), wd = to_double(w), dyd = to_double(dy);
-      reference::conv2d_backward_data(dyd, wd, dxd, c.geometry());
-      if (f)
-        for (std::int64_t i = 0; i < dxd.numel(); ++i)
-          if (!(xd.data()[i] > 0)) dxd.data()[i] *= f->slope;
-      reference::conv2d_backward_filter(xd, dyd, dwd, dbd.span(), c.geometry());
-      const Tensor<float> dx_plain = to_layout(dx, Layout::nchw);
-      EXPECT_LE(rel_error(dx_plain.span(), dxd.span()), kTolerance) << "dx, " << what;
-      EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "dw, " << what;
-      EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "dbias, " << what;
-      if (f) {  // f' made a difference: applied, not skipped
-        Tensor<float> unactivated(c.x(), layout);
-        k->backward_data(dy, w, unactivated);
-        EXPECT_GT(rel_error(to_layout(unactivated, Layout::nchw).span(), dxd.span()), kTolerance)
-            << what;
+  // With and without streaming stores (every output streams where its alignment allows: an odd
+  // pixel count leaves nchw8c's odd blocks and samples on 32 bytes, which must not stream).
+  const std::int64_t streaming = streaming_store_bytes();
+  for (const std::int64_t threshold : {streaming, std::int64_t{0}})
+    for (const Layout layout : {Layout::nchw8c, Layout::nchw, Layout::nchw16c})
+      for (const auto& [eights, outputs, bias, f] :
+           {std::tuple{1, 2, true, std::optional<FusedActivation>{{ActivationKind::relu, 0}}},
+            std::tuple{3, 2, false,
+                       std::optional<FusedActivation>{{ActivationKind::leaky_relu, 0.1}}},
+            std::tuple{1, 8, true, none}}) {
+        // 8, 24 and 8 channels; in 16-channel blocks 16, 48 and 16.
+        const std::int64_t channels = eights * (layout == Layout::nchw16c ? 16 : 8);
+        set_streaming_store_bytes(threshold);
+        Case c = winograd_case(channels, outputs);
+        c.kernel = 1;
+        c.n = 2;
+        c.bias = bias;
+        c.out_w = 19;  // 21 x 19 pixels: 24 vectors and 15 left
+        const std::string what = c.str() + " from " + to_string(layout);
+        std::unique_ptr<ConvKernel<float>> k = pointwise_kernel(c, layout);
+        ASSERT_NE(k, nullptr) << what;
+        // x as an activation's output: about a third of it zero (ReLU) or negative (leaky).
+        Tensor<float> x_plain = random_tensor(c.x(), 1);
+        if (f && f->kind == ActivationKind::relu)
+          for (float& v : x_plain.span())
+            v = v < -0.3f ? 0.0f : v;
+        const Tensor<float> x = to_layout(x_plain, layout);
+        const Tensor<float> w = random_tensor(c.w(), 2), dy = random_tensor(c.y(), 3);
+        Tensor<float> dx(c.x(), layout, 7.0f);
+        Tensor<float> dw = random_tensor(c.w(), 5);
+        Tensor<float> db = bias ? random_tensor({c.o, 1, 1, 1}, 6) : Tensor<float>();
+        Tensor<double> dwd = to_double(dw), dbd = to_double(db), dxd(c.x());
+        ASSERT_TRUE(k->backward_fused(x, dy, w, f, dx, dw, db.span())) << what;
+        const Tensor<double> xd = to_double(x_plain), wd = to_double(w), dyd = to_double(dy);
+        reference::conv2d_backward_data(dyd, wd, dxd, c.geometry());
+        if (f)
+          for (std::int64_t i = 0; i < dxd.numel(); ++i)
+            if (!(xd.data()[i] > 0)) dxd.data()[i] *= f->slope;
+        reference::conv2d_backward_filter(xd, dyd, dwd, dbd.span(), c.geometry());
+        const Tensor<float> dx_plain = to_layout(dx, Layout::nchw);
+        EXPECT_LE(rel_error(dx_plain.span(), dxd.span()), kTolerance) << "dx, " << what;
+        EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "dw, " << what;
+        EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "dbias, " << what;
+        // The forward too (from nchw16c, one pass of Tessera's loops: pointwise_forward_one_pass).
+        const Tensor<float> b = bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
+        Tensor<float> y(c.y(), 7.0f);
+        k->forward(x, w, b.span(), y);
+        Tensor<double> yd(c.y());
+        const Tensor<double> bd = to_double(b);
+        reference::conv2d_forward(xd, wd, bd.span(), yd, c.geometry());
+        EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << what;
+        if (f) {  // f' made a difference: applied, not skipped
+          Tensor<float> unactivated(c.x(), layout);
+          k->backward_data(dy, w, unactivated);
+          EXPECT_GT(rel_error(to_layout(unactivated, Layout::nchw).span(), dxd.span()), kTolerance)
+              << what;
+        }
       }
-    }
+  set_streaming_store_bytes(streaming);
   // Declined: nothing written.
   const auto declines = [](const Case& c, Layout layout, const std::optional<FusedActivation>& f,
                            const std::string& what) {
