@@ -554,6 +554,15 @@ void sgemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, con
                 "oneDNN dnnl_sgemm failed (status " + std::to_string(status) + ")");
 }
 
+// Whether `s` and `g` are a plain 1x1 conv of whole tensors: no groups, stride 1, no padding,
+// the output the input's size, no box. What the one-pass loops and the blocked GEMMs below take
+// (each with its own layouts and counts besides). Local.
+bool plain_pointwise(const ConvShapes& s, const reference::ConvGeometry& g) {
+  return !s.is_box() && s.w == Shape4{s.y.c, s.x.c, 1, 1} && s.x.n == s.y.n && s.x.h == s.y.h &&
+         s.x.w == s.y.w && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 &&
+         g.pad_left == 0;
+}
+
 #if TESSERA_HAS_WIDE_LOOPS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
@@ -789,9 +798,9 @@ void pointwise_backward_planes(const float* x, std::int64_t plane, const float* 
 
 // backward_data and backward_filter of a 1x1 conv in one pass over x and dy, with f' of a fused
 // input activation read from x (ConvKernel::backward_fused): float32 products (the caller's to
-// say), stride 1, no padding or
-// groups, x and dx in NCHW, nchw8c or nchw16c, y in NCHW, at most 8 outputs (and 64 products per
-// pixel in NCHW, the sums kept in registers), not a sigmoid's f', the AVX-512 loops chosen
+// say), plain_pointwise, x and dx in NCHW, nchw8c or nchw16c, y in NCHW, at most 8 outputs (and
+// 64 products per pixel in NCHW, the sums kept in registers), not a sigmoid's f', the AVX-512
+// loops chosen
 // (simd_level()). False, nothing done, otherwise. The two GEMMs and the separate f' read the
 // tensors three times: 8 -> 2 channels at 2048x2048 from nchw8c, one Skylake-SP core, 74 -> 29 ms
 // (43 -> 14 ms on two threads); unet-small's head (NCHW), `tessera bench` 1 rank x 1 thread,
@@ -805,12 +814,10 @@ bool pointwise_backward_one_pass(const ConvShapes& s, const reference::ConvGeome
   const std::int64_t block = block_of(s.x_layout);
   const bool blocked = s.x_layout == Layout::nchw8c || s.x_layout == Layout::nchw16c;
   const bool fits =
-      simd_level() == SimdLevel::avx512 && !s.is_box() && s.y_layout == Layout::nchw &&
+      simd_level() == SimdLevel::avx512 && plain_pointwise(s, g) && s.y_layout == Layout::nchw &&
       (blocked ? channels % block == 0
                : s.x_layout == Layout::nchw && outs * channels <= wide::kMaxPointwiseSums) &&
-      outs <= wide::kMaxPointwiseOutputs && s.w == Shape4{outs, channels, 1, 1} && s.x.n == s.y.n &&
-      s.x.h == s.y.h && s.x.w == s.y.w && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 &&
-      g.pad_top == 0 && g.pad_left == 0 && !(f && f->kind == ActivationKind::sigmoid);
+      outs <= wide::kMaxPointwiseOutputs && !(f && f->kind == ActivationKind::sigmoid);
   if (!fits) return false;
   const auto check = [](const Tensor<float>& t, const Shape4& planned, Layout layout,
                         const char* what) {
@@ -986,12 +993,10 @@ static bool pointwise_forward_one_pass(const ConvShapes& s, const reference::Con
                                        std::span<const float> bias, Tensor<float>& y) {
 #if TESSERA_HAS_WIDE_LOOPS
   const std::int64_t outs = s.y.c, channels = s.x.c, blocks = channels / kBlock;
-  const bool fits = simd_level() == SimdLevel::avx512 && !s.is_box() && !s.activation &&
+  const bool fits = simd_level() == SimdLevel::avx512 && plain_pointwise(s, g) && !s.activation &&
                     s.x_layout == Layout::nchw16c && s.y_layout == Layout::nchw &&
                     channels % kBlock == 0 && blocks <= wide::kMaxPointwiseBlocks &&
-                    outs <= wide::kMaxPointwiseOutputs && s.w == Shape4{outs, channels, 1, 1} &&
-                    s.x.n == s.y.n && s.x.h == s.y.h && s.x.w == s.y.w && g.groups == 1 &&
-                    g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0;
+                    outs <= wide::kMaxPointwiseOutputs;
   if (!fits) return false;
   TESSERA_CHECK(x.layout() == Layout::nchw16c && y.layout() == Layout::nchw && w.shape() == s.w &&
                     std::ssize(bias) == (s.bias ? outs : 0),
@@ -1025,12 +1030,10 @@ bool OneDnnConv::backward_fused(const Tensor<float>& x, const Tensor<float>& dy,
 
 std::unique_ptr<ConvKernel<float>> make_onednn_blocked_pointwise(const ConvShapes& shapes,
                                                                  const reference::ConvGeometry& g) {
-  const Shape4 &x = shapes.x, &w = shapes.w, &y = shapes.y;
-  const bool takes = !shapes.is_box() && !shapes.activation && shapes.x_layout == Layout::nchw8c &&
-                     shapes.y_layout == Layout::nchw && x.c % 8 == 0 && y.c < kBlock &&
-                     g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 &&
-                     g.pad_left == 0 && w == Shape4{y.c, x.c, 1, 1} && x.n == y.n && x.h == y.h &&
-                     x.w == y.w && x.n > 0;
+  const Shape4 &x = shapes.x, &y = shapes.y;
+  const bool takes = plain_pointwise(shapes, g) && !shapes.activation &&
+                     shapes.x_layout == Layout::nchw8c && shapes.y_layout == Layout::nchw &&
+                     x.c % 8 == 0 && y.c < kBlock && x.n > 0;
   if (!takes) return nullptr;
   apply_threads();
   return std::make_unique<OneDnnBlockedPointwise>(shapes);

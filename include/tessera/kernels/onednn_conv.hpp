@@ -38,9 +38,9 @@ class OneDnnConv final : public ConvKernel<float> {
                        std::span<float> dbias) override;
   void forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<float>& w,
                    std::span<const float> bias, Tensor<float>& y, BoxAt y_at) override;
-  // A 1x1 conv of at most 8 outputs from NCHW x (a segmentation head) in float32: one pass over x
-  // and dy with Tessera's AVX-512 loops instead of oneDNN's two GEMMs and a separate f'
-  // (kernels/cpu/onednn_conv.cpp, pointwise_backward_one_pass). False for any other case.
+  // A 1x1 conv of at most 8 outputs from NCHW or nchw16c x (a segmentation head) in float32: one
+  // pass over x and dy with Tessera's AVX-512 loops instead of oneDNN's two GEMMs and a separate
+  // f' (kernels/cpu/onednn_conv.cpp, pointwise_backward_one_pass). False for any other case.
   bool backward_fused(const Tensor<float>& x, const Tensor<float>& dy, const Tensor<float>& w,
                       const std::optional<FusedActivation>& f, Tensor<float>& dx, Tensor<float>& dw,
                       std::span<float> dbias) override;
