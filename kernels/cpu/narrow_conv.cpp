@@ -34,9 +34,9 @@ constexpr std::int64_t kMaxExtent = 7, kMaxOut = 16, kMaxIn = 64;
 // k[(i * kh * kw + a * kw + b) * kOut + o] * in[i][row0 + a * dh][w + col0 + b * dw], where start
 // is out[o][w] itself (accumulate), init[o], or 0; input values outside the in_h x in_w planes
 // count as 0; with `activate`, the sums go out through elementwise::leaky_relu(sum, slope) (ReLU:
-// slope 0), computed alike. The forward reads a window (col0 = row0 - output row = 0, never
-// outside it); the backward-data pass reads dy with the kernel flipped (row0, col0 < 0: the edges
-// are outside).
+// slope 0), computed alike. The forward reads x from row0 = output row - pad_top, col0 =
+// -pad_left (the padding is the reads outside); the backward-data pass reads dy with the kernel
+// flipped (correlate_all: row0, col0 <= 0, the edges outside).
 struct RowJob {
   const float* in;  // input channel 0, row 0
   std::int64_t in_plane, in_row, in_h, in_w;
@@ -73,17 +73,17 @@ inline const float* at(const float* p, std::int64_t k) {
                                         static_cast<std::uintptr_t>(k) * sizeof(float));
 }
 
-// Output columns [w0, w0 + 16 * PV) of a RowJob over input channels [i0, i1) and tap rows
-// [a0, a1); kMasked where some of them lie outside the output row or some of their reads outside
-// the input's. KH, KW: the kernel's extent when known at compile time (0: job.kh, job.kw): 3x3
-// unrolled issues the loads of all nine taps of a channel early, 25-30% faster than the loop.
+// Output columns [w0, end) of a RowJob over input channels [i0, i1) and tap rows [a0, a1), end <=
+// w0 + 16 * PV; kMasked where end is short of that or some of their reads lie outside the input's.
+// KH, KW: the kernel's extent when known at compile time (0: job.kh, job.kw): 3x3 unrolled issues
+// the loads of all nine taps of a channel early, 25-30% faster than the loop.
 template <int PV, bool kMasked, int KH, int KW>
 void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t a0,
-               std::int64_t a1, bool accumulate, bool finish, std::int64_t w0) {
+               std::int64_t a1, bool accumulate, bool finish, std::int64_t w0, std::int64_t end) {
   const std::int64_t kh = KH > 0 ? KH : job.kh, kw = KW > 0 ? KW : job.kw;
   __mmask16 store[PV];
   for (int p = 0; p < PV; ++p)
-    store[p] = kMasked ? columns_within(w0 + kLanes * p, job.out_w) : __mmask16(0xffff);
+    store[p] = kMasked ? columns_within(w0 + kLanes * p, end) : __mmask16(0xffff);
   __m512 acc[kOut][PV];
   for (std::int64_t o = 0; o < kOut; ++o)
     for (int p = 0; p < PV; ++p) {
@@ -167,10 +167,28 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
   // 2048x2048, Skylake-SP, 2 threads: forward 305 -> 225 ms, backward-data 245 -> 210 ms.
   const std::int64_t next = job.row0 + 1 + (job.kh - 1) * job.dh;
   const bool ahead = next >= 0 && next < job.in_h;
+  // Where every input row starts at the same place in a 64-byte line (rows and planes a multiple
+  // of 16 floats apart: a 2048-column tile) and a block's reads from output column w0 would cross
+  // one line more than they need (a 3x3 "same" conv: 50 columns from 1 before a line, 5 lines a
+  // row instead of 4), the first block is short, of `head` columns, and the others read from a
+  // line's start (their stores then do not start on one). 8 -> 8 channels, pad 1, 2048x2048, one
+  // core, best of 25-30 alternated: forward 64-65 -> 61-63 ms. The rest of the gap to a
+  // materialised 2050-column window (56 ms) is the tile's 2048-column rows: the same padded
+  // forward of the same tile lying in 2050-column rows (a box) takes 56.5.
+  std::int64_t head = 0;
+  if (a0 < a1 && job.in_row % kLanes == 0 && job.in_plane % kLanes == 0) {
+    const auto index = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(job.in) /
+                                                 sizeof(float) % kLanes);
+    const std::int64_t offset = ((index + job.col0) % kLanes + kLanes) % kLanes;
+    const std::int64_t span = kStep + (job.kw - 1) * job.dw;  // a block's input columns
+    const auto lines = [](std::int64_t columns) { return (columns + kLanes - 1) / kLanes; };
+    if (lines(offset + span) > lines(span)) head = kLanes - offset + kStep - kLanes;
+    if (head >= job.out_w) head = 0;
+  }
   for (std::int64_t i0 = 0; i0 < channels; i0 += kChunk) {
     const std::int64_t i1 = std::min(channels, i0 + kChunk);
     const bool finish = i1 == channels;
-    for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kStep) {
+    for (std::int64_t w0 = 0, end = 0; w0 < job.out_w; w0 = end) {
       if (ahead) {
         const std::int64_t first = std::max<std::int64_t>(0, w0 + job.col0);
         const std::int64_t last = std::min(job.in_w, w0 + kStep + reach);
@@ -181,20 +199,20 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
         }
       }
       // The row's last columns, where fewer than kStep are left, in as few vectors as cover them.
-      const std::int64_t left = job.out_w - w0;
+      const std::int64_t left = (w0 == 0 && head > 0 ? head : job.out_w) - w0;
       const int vectors = left >= kStep ? kVectors : static_cast<int>((left + kLanes - 1) / kLanes);
       const std::int64_t step = kLanes * vectors;
-      const bool inside =
-          w0 + job.col0 >= 0 && w0 + step <= job.out_w && w0 + step + reach <= job.in_w;
+      end = w0 + std::min(step, left);
+      const bool inside = w0 + job.col0 >= 0 && w0 + step <= end && w0 + step + reach <= job.in_w;
       const auto block = [&]<int PV>() {
         if (inside && three)
-          row_block<PV, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+          row_block<PV, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
         else if (inside)
-          row_block<PV, false, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+          row_block<PV, false, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
         else if (three)
-          row_block<PV, true, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+          row_block<PV, true, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
         else
-          row_block<PV, true, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0);
+          row_block<PV, true, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
       };
       if (vectors == 1)
         block.template operator()<1>();
@@ -208,24 +226,37 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
 
 constexpr std::int64_t kFilterColumns = 512;
 
-// partial[o][g][lane] += the products dy[o][w] * x[w + (b0 + g) * dw] over the `vectors` x 16
-// columns of a piece of a row, g < NB, summed per lane (w % 16) in float: those of tap b0 + g of
-// output channel o at partial + (g * 8 + o) * 16, one contiguous block. dy: 8 rows of
-// kFilterColumns, copies (zeros past the piece and for channels past the last). The sums are three
-// arrays rather than one of two dimensions, and dy is one block addressed by constant offsets: GCC
-// 12 at -O3 kept the sums in memory otherwise, short of registers for eight row pointers.
+// partial[o][g][lane] += the products dy[o][w] * x[col + w + (b0 + g) * dw] over the `vectors` x
+// 16 columns w of a piece of a row (dy's column 0 the piece's first), g < NB, summed per lane
+// (w % 16) in float: those of tap b0 + g of output channel o at partial + (g * 8 + o) * 16, one
+// contiguous block. x: the row of x (its column 0), `col` the piece's first column for tap b0
+// (< 0 in the left padding); columns outside [0, in_w) read as zero: the vectors at the row's
+// ends with masked loads, the others as they lie. dy: 8 rows of kFilterColumns, copies (zeros past
+// the piece and for channels past the last). The sums are three arrays rather than one of two
+// dimensions, and dy is one block addressed by constant offsets: GCC 12 at -O3 kept the sums in
+// memory otherwise, short of registers for eight row pointers.
 template <int NB>
-void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int64_t dw,
-                 float* partial) {
+void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int64_t col,
+                 std::int64_t in_w, std::int64_t dw, float* partial) {
   static_assert(NB >= 1 && NB <= 3);
   __m512 s0[kOut], s1[kOut], s2[kOut];
   for (std::int64_t o = 0; o < kOut; ++o)
     s0[o] = s1[o] = s2[o] = _mm512_setzero_ps();
-  for (std::int64_t j = 0; j < vectors; ++j) {
-    const float* xj = x + j * kLanes;
-    const __m512 v0 = _mm512_loadu_ps(xj);
-    const __m512 v1 = NB > 1 ? _mm512_loadu_ps(xj + dw) : _mm512_setzero_ps();
-    const __m512 v2 = NB > 2 ? _mm512_loadu_ps(xj + 2 * dw) : _mm512_setzero_ps();
+  const auto step = [&](std::int64_t j, auto masked) {
+    const std::int64_t c = col + j * kLanes;
+    __m512 v0, v1, v2;
+    if constexpr (decltype(masked)::value) {
+      v0 = _mm512_maskz_loadu_ps(columns_within(c, in_w), at(x, c));
+      v1 = NB > 1 ? _mm512_maskz_loadu_ps(columns_within(c + dw, in_w), at(x, c + dw))
+                  : _mm512_setzero_ps();
+      v2 = NB > 2 ? _mm512_maskz_loadu_ps(columns_within(c + 2 * dw, in_w), at(x, c + 2 * dw))
+                  : _mm512_setzero_ps();
+    } else {
+      const float* xj = x + c;
+      v0 = _mm512_loadu_ps(xj);
+      v1 = NB > 1 ? _mm512_loadu_ps(xj + dw) : _mm512_setzero_ps();
+      v2 = NB > 2 ? _mm512_loadu_ps(xj + 2 * dw) : _mm512_setzero_ps();
+    }
     for (std::int64_t o = 0; o < kOut; ++o) {
       __m512 d = _mm512_load_ps(dy + o * kFilterColumns + j * kLanes);
       // One load for the NB products: GCC would fold one into each multiply, 27 loads a step for
@@ -235,7 +266,18 @@ void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int
       if constexpr (NB > 1) s1[o] = _mm512_fmadd_ps(d, v1, s1[o]);
       if constexpr (NB > 2) s2[o] = _mm512_fmadd_ps(d, v2, s2[o]);
     }
-  }
+  };
+  // Vectors [0, lo) read some columns left of 0, [hi, vectors) some right of in_w - 1 (vector j
+  // reads col + 16 j to col + 16 j + 15 + (NB - 1) dw); in the same order as one loop would.
+  const std::int64_t lo = col >= 0 ? 0 : std::min(vectors, (kLanes - 1 - col) / kLanes);
+  const std::int64_t room = in_w - col - kLanes - (NB - 1) * dw;
+  const std::int64_t hi = std::max(lo, room < 0 ? 0 : std::min(vectors, room / kLanes + 1));
+  for (std::int64_t j = 0; j < lo; ++j)
+    step(j, std::true_type{});
+  for (std::int64_t j = lo; j < hi; ++j)
+    step(j, std::false_type{});
+  for (std::int64_t j = hi; j < vectors; ++j)
+    step(j, std::true_type{});
   for (std::int64_t o = 0; o < kOut; ++o) {
     float* p = partial + o * kLanes;
     constexpr std::int64_t tap = kOut * kLanes;
@@ -252,53 +294,62 @@ void copy_padded(const float* from, std::int64_t n, float* to, std::int64_t to_l
   std::fill(to + n, to + to_length, 0.0f);
 }
 
-// The filter-gradient products of one output row added into float partial sums per lane: for
-// output channels [0, outs) of dy (its row), input channels c of x (the row of output row 0's
-// taps) and taps (a, b), partial[(((c * kh + a) * kw + b) * 8 + o) * 16 + lane]. The row
-// goes in pieces of kFilterColumns columns, each through every channel and tap with its 8 rows of
-// dy copied into a block that stays in the first-level cache (whole 2048-column rows came from
-// the second). `x_piece`: the caller's scratch, kept from row to row.
-void filter_row(const float* dy, std::int64_t dy_plane, std::int64_t outs, std::int64_t out_w,
-                const float* x, std::int64_t x_plane, std::int64_t x_row, std::int64_t channels,
-                std::int64_t kh, std::int64_t kw, std::int64_t dh, std::int64_t dw, float* partial,
-                std::vector<float>& x_piece) {
-  const std::int64_t x_extra = (kw - 1) * dw;
+// One output row of the filter gradient's products: dy's row of output channels [0, outs), x's
+// planes of `channels` input channels. Output row h's tap (a, b) reads x's row row0 + a * dh,
+// columns col0 + b * dw on (row0 = h - pad_top, col0 = -pad_left); rows outside [0, in_h) are
+// skipped, columns outside [0, in_w) read as zero.
+struct FilterJob {
+  const float* dy;  // output channel 0 of the row
+  std::int64_t dy_plane, outs, out_w;
+  const float* x;  // input channel 0, row 0
+  std::int64_t x_plane, x_row, in_h, in_w, channels;
+  std::int64_t row0, col0;
+  std::int64_t kh, kw, dh, dw;
+};
+
+// The filter-gradient products of a FilterJob added into float partial sums per lane: for output
+// channels o < outs, input channels c and taps (a, b), partial[(((c * kh + a) * kw + b) * 8 + o) *
+// 16 + lane]. The row goes in pieces of kFilterColumns columns, each through every channel and tap
+// with its 8 rows of dy copied into a block that stays in the first-level cache (whole 2048-column
+// rows came from the second). x is read as it lies, its columns outside the row (the padding, and
+// past a last piece that is not whole vectors) as zeros by masked loads of the vectors at the
+// row's ends (filter_taps).
+void filter_row(const FilterJob& job, float* partial) {
+  std::int64_t a0 = 0, a1 = job.kh;  // the tap rows inside x
+  while (a0 < a1 && job.row0 + a0 * job.dh < 0)
+    ++a0;
+  while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
+    --a1;
   alignas(64) float dy_block[kOut * kFilterColumns];
-  x_piece.resize(static_cast<std::size_t>(kFilterColumns + x_extra + kLanes));
-  for (std::int64_t w0 = 0; w0 < out_w; w0 += kFilterColumns) {
-    const std::int64_t n = std::min(kFilterColumns, out_w - w0);
+  for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kFilterColumns) {
+    const std::int64_t n = std::min(kFilterColumns, job.out_w - w0);
     const std::int64_t vectors = (n + kLanes - 1) / kLanes;
     for (std::int64_t o = 0; o < kOut; ++o)
-      copy_padded(dy + o * dy_plane + w0, o < outs ? n : 0, dy_block + o * kFilterColumns,
-                  kFilterColumns);
-    // A piece of whole vectors reads x as it lies; the last piece of a row of another width, a
-    // copy, so that its loads stay inside the row.
-    const bool whole = vectors * kLanes == n;
-    for (std::int64_t c = 0; c < channels; ++c)
-      for (std::int64_t a = 0; a < kh; ++a) {
-        const float* xr = x + c * x_plane + a * dh * x_row + w0;
+      copy_padded(job.dy + o * job.dy_plane + w0, o < job.outs ? n : 0,
+                  dy_block + o * kFilterColumns, kFilterColumns);
+    const std::int64_t col = w0 + job.col0;  // the piece's first column for tap 0
+    for (std::int64_t c = 0; c < job.channels; ++c)
+      for (std::int64_t a = a0; a < a1; ++a) {
+        const float* xr = job.x + c * job.x_plane + (job.row0 + a * job.dh) * job.x_row;
         // The next piece of this row of x, asked for now: the 8 x 3 rows a piece reads are too
         // many streams for the prefetchers to follow.
-        if (w0 + kFilterColumns < out_w)
+        if (w0 + kFilterColumns < job.out_w)
           for (std::int64_t l = 0; l < kFilterColumns; l += kLanes)
-            _mm_prefetch(reinterpret_cast<const char*>(xr + kFilterColumns + l), _MM_HINT_T0);
-        if (!whole) {
-          copy_padded(xr, n + x_extra, x_piece.data(), static_cast<std::int64_t>(x_piece.size()));
-          xr = x_piece.data();
-        }
-        float* pa = partial + (c * kh + a) * kw * kOut * kLanes;
-        for (std::int64_t b0 = 0; b0 < kw; b0 += 3) {
-          const float* xb = xr + b0 * dw;
+            _mm_prefetch(reinterpret_cast<const char*>(at(xr, col + kFilterColumns + l)),
+                         _MM_HINT_T0);
+        float* pa = partial + (c * job.kh + a) * job.kw * kOut * kLanes;
+        for (std::int64_t b0 = 0; b0 < job.kw; b0 += 3) {
+          const std::int64_t cb = col + b0 * job.dw;
           float* pb = pa + b0 * kOut * kLanes;
-          switch (std::min<std::int64_t>(3, kw - b0)) {
+          switch (std::min<std::int64_t>(3, job.kw - b0)) {
             case 1:
-              filter_taps<1>(dy_block, vectors, xb, dw, pb);
+              filter_taps<1>(dy_block, vectors, xr, cb, job.in_w, job.dw, pb);
               break;
             case 2:
-              filter_taps<2>(dy_block, vectors, xb, dw, pb);
+              filter_taps<2>(dy_block, vectors, xr, cb, job.in_w, job.dw, pb);
               break;
             default:
-              filter_taps<3>(dy_block, vectors, xb, dw, pb);
+              filter_taps<3>(dy_block, vectors, xr, cb, job.in_w, job.dw, pb);
           }
         }
       }
@@ -356,7 +407,11 @@ Planes<F> planes_of(F* data, const Shape4& outer, BoxAt at = {}) {
 class NarrowConv final : public ConvKernel<float> {
  public:
   NarrowConv(const ConvShapes& shapes, const reference::ConvGeometry& g)
-      : s_(shapes), dh_(g.dilation_h), dw_(g.dilation_w) {}
+      : s_(shapes),
+        dh_(g.dilation_h),
+        dw_(g.dilation_w),
+        pad_top_(g.pad_top),
+        pad_left_(g.pad_left) {}
   // Planned with ConvShapes::activation: the forward applies it as it writes y.
   bool applies_activation() const override { return s_.activation.has_value(); }
 
@@ -404,17 +459,29 @@ class NarrowConv final : public ConvKernel<float> {
         parts,
         [&](std::int64_t first, std::int64_t last) {
           std::vector<float> partial(static_cast<std::size_t>(blocks * per_block), 0.0f);
-          std::vector<float> x_piece;
           for (std::int64_t part = first; part < last; ++part) {
             double* part_sums = sums.data() + part * blocks * per_block;
             const std::int64_t begin = rows * part / parts, end = rows * (part + 1) / parts;
             for (std::int64_t r = begin; r < end; ++r) {
               const std::int64_t n = r / ys.h, h = r % ys.h;
               for (std::int64_t block = 0; block < blocks; ++block)
-                wide::filter_row(grad.at(n, block * kOut, h), grad.plane,
-                                 std::min(kOut, ys.c - block * kOut), ys.w, in.at(n, 0, h),
-                                 in.plane, in.row, xs.c, ws.h, ws.w, dh_, dw_,
-                                 partial.data() + block * per_block, x_piece);
+                wide::filter_row({.dy = grad.at(n, block * kOut, h),
+                                  .dy_plane = grad.plane,
+                                  .outs = std::min(kOut, ys.c - block * kOut),
+                                  .out_w = ys.w,
+                                  .x = in.at(n, 0, 0),
+                                  .x_plane = in.plane,
+                                  .x_row = in.row,
+                                  .in_h = xs.h,
+                                  .in_w = xs.w,
+                                  .channels = xs.c,
+                                  .row0 = h - pad_top_,
+                                  .col0 = -pad_left_,
+                                  .kh = ws.h,
+                                  .kw = ws.w,
+                                  .dh = dh_,
+                                  .dw = dw_},
+                                 partial.data() + block * per_block);
               if ((r - begin) % kFlushRows == kFlushRows - 1 || r == end - 1)
                 wide::flush(partial.data(), part_sums, blocks * per_block);
               if (!dbias.empty())
@@ -486,16 +553,22 @@ class NarrowConv final : public ConvKernel<float> {
   }
 
   // Every row of `out` (shape `os`) from `in` (shape `is`) as correlate_row computes it: the
-  // forward (x to y, with the bias and the fused activation) or the adjoint (dy to dx: output
-  // row h reads dy's rows from h - (kh - 1) * dh on, columns from -(kw - 1) * dw).
+  // forward (x to y, with the bias and the fused activation: output row h reads x's rows from
+  // h - pad_top on, columns from -pad_left) or the adjoint (dy to dx). The forward's y[h][w] sums
+  // k[a][b] x[h - pad_top + a dh][w - pad_left + b dw], so dx[h][w] sums k[a][b] dy[h + pad_top -
+  // a dh][w + pad_left - b dw]; with the flipped kernel's taps a' = kh - 1 - a, b' = kw - 1 - b,
+  // that is dy[h + pad_top - (kh - 1) dh + a' dh][w + pad_left - (kw - 1) dw + b' dw]: rows from
+  // h + row_shift on, columns from col0, row_shift = pad_top - (kh - 1) dh and col0 = pad_left -
+  // (kw - 1) dw (both <= 0: the padding is at most the kernel's span); dy's values outside its
+  // planes (past the padding) are zero.
   void correlate_all(const Planes<const float>& in, const Shape4& is, const Planes<float>& out,
                      const Shape4& os, bool adjoint, const Tensor<float>& w,
                      std::span<const float> bias) {
     const Shape4& ws = s_.w;
     const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
     const std::vector<float> k = packed(w, adjoint);
-    const std::int64_t row_shift = adjoint ? -(ws.h - 1) * dh_ : 0;
-    const std::int64_t col0 = adjoint ? -(ws.w - 1) * dw_ : 0;
+    const std::int64_t row_shift = adjoint ? pad_top_ - (ws.h - 1) * dh_ : -pad_top_;
+    const std::int64_t col0 = adjoint ? pad_left_ - (ws.w - 1) * dw_ : -pad_left_;
     parallel_for(
         os.n * os.h,
         [&](std::int64_t first, std::int64_t last) {
@@ -528,7 +601,7 @@ class NarrowConv final : public ConvKernel<float> {
   }
 
   ConvShapes s_;
-  std::int64_t dh_, dw_;
+  std::int64_t dh_, dw_, pad_top_, pad_left_;
 };
 #endif
 
@@ -552,12 +625,19 @@ bool narrow_conv_available() {
 bool narrow_conv_fits(const ConvShapes& s, const reference::ConvGeometry& g) {
   if (!narrow_conv_available()) return false;
   const Shape4 &x = s.x, &w = s.w, &y = s.y;
-  return g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
-         g.dilation_h >= 1 && g.dilation_w >= 1 && w.h >= 1 && w.w >= 1 && w.h <= kMaxExtent &&
-         w.w <= kMaxExtent && w.h * w.w > 1 &&
-         (!s.activation || s.activation->kind != ActivationKind::sigmoid) && y.c >= 1 && x.c >= 1 &&
-         few_channels(x.c, y.c) && w.n == y.c && w.c == x.c && x.n == y.n && y.n > 0 && y.h > 0 &&
-         y.w > 0 && y.h == x.h - g.dilation_h * (w.h - 1) && y.w == x.w - g.dilation_w * (w.w - 1);
+  // Zero padding of at most the kernel's span before the input (pad) and after it (the rest of
+  // out - (in - span)), along one axis.
+  const auto padded = [](std::int64_t in, std::int64_t out, std::int64_t span, std::int64_t pad) {
+    const std::int64_t after = out - (in - span) - pad;
+    return pad >= 0 && pad <= span && after >= 0 && after <= span;
+  };
+  return g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h >= 1 &&
+         g.dilation_w >= 1 && w.h >= 1 && w.w >= 1 && w.h <= kMaxExtent && w.w <= kMaxExtent &&
+         w.h * w.w > 1 && (!s.activation || s.activation->kind != ActivationKind::sigmoid) &&
+         y.c >= 1 && x.c >= 1 && few_channels(x.c, y.c) && w.n == y.c && w.c == x.c && x.n == y.n &&
+         y.n > 0 && y.h > 0 && y.w > 0 && x.h > 0 && x.w > 0 &&
+         padded(x.h, y.h, g.dilation_h * (w.h - 1), g.pad_top) &&
+         padded(x.w, y.w, g.dilation_w * (w.w - 1), g.pad_left);
 }
 
 std::unique_ptr<ConvKernel<float>> make_narrow_conv(const ConvShapes& shapes,

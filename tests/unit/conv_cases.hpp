@@ -42,11 +42,16 @@ struct Case {
   std::int64_t out_h, out_w;
   std::int64_t trailing;  // unread input rows and columns past the last window, < stride
   bool bias;
+  // The padding after the last input row and column where it differs from `pad` (before the
+  // first): "same" padding of an even span pads one more after. kSymmetric: `pad`.
+  static constexpr std::int64_t kSymmetric = -1000;
+  std::int64_t pad_after = kSymmetric;
 
+  std::int64_t after() const { return pad_after == kSymmetric ? pad : pad_after; }
   Shape4 x() const {
     const std::int64_t span = dilation * (kernel - 1) + 1;
-    return {n, c, (out_h - 1) * stride + span - 2 * pad + trailing,
-            (out_w - 1) * stride + span - 2 * pad + trailing};
+    return {n, c, (out_h - 1) * stride + span - pad - after() + trailing,
+            (out_w - 1) * stride + span - pad - after() + trailing};
   }
   Shape4 w() const { return {o, c / groups, kernel, kernel}; }
   Shape4 y() const { return {n, o, out_h, out_w}; }
@@ -63,7 +68,8 @@ struct Case {
   std::string str() const {
     return "n" + std::to_string(n) + " c" + std::to_string(c) + " o" + std::to_string(o) + " g" +
            std::to_string(groups) + " k" + std::to_string(kernel) + " s" + std::to_string(stride) +
-           " d" + std::to_string(dilation) + " p" + std::to_string(pad) + " x" + x().str() +
+           " d" + std::to_string(dilation) + " p" + std::to_string(pad) +
+           (after() != pad ? "/" + std::to_string(after()) : "") + " x" + x().str() +
            (bias ? " bias" : "");
   }
 };

@@ -1,8 +1,10 @@
 // The narrow convolution kernels (AVX-512, vectorised over pixels) against the float64 reference:
 // the sweep's cases they take, every row width up to two of their 48-column blocks and more
 // (the masked edges of all three passes), channel counts that fill no block of 8, non-square
-// kernels and unequal dilations, box kernels; that the filter gradients are the same on every run
-// and add into dw; the cases they decline; and that the oneDNN backend plans NCHW for them.
+// kernels and unequal dilations, box kernels, zero padding in the kernel (before and after,
+// "same" and asymmetric, at row widths around the blocks and the filter's pieces); that the
+// filter gradients are the same on every run and add into dw; the cases they decline (padding
+// past the kernel's span among them); and that the oneDNN backend plans NCHW for them.
 // Skipped where the CPU has no AVX-512. Single process.
 #include <gtest/gtest.h>
 
@@ -51,6 +53,25 @@ Case narrow_case(std::int64_t n, std::int64_t c, std::int64_t o, std::int64_t ke
           .out_w = out_w,
           .trailing = 0,
           .bias = bias};
+}
+
+// The same with zero padding in the kernel: `before` rows and columns before the input, `after`
+// after it (x = out + span - before - after).
+Case padded_case(std::int64_t n, std::int64_t c, std::int64_t o, std::int64_t kernel,
+                 std::int64_t dilation, std::int64_t out_h, std::int64_t out_w, bool bias,
+                 std::int64_t before, std::int64_t after) {
+  Case k = narrow_case(n, c, o, kernel, dilation, out_h, out_w, bias);
+  k.pad = before;
+  k.pad_after = after;
+  return k;
+}
+
+// "same" padding: x as large as y, span / 2 before and the rest after (one more for an odd
+// span: kernel 4, or 2 at dilation 1).
+Case same_case(std::int64_t n, std::int64_t c, std::int64_t o, std::int64_t kernel,
+               std::int64_t dilation, std::int64_t out_h, std::int64_t out_w, bool bias) {
+  const std::int64_t span = dilation * (kernel - 1);
+  return padded_case(n, c, o, kernel, dilation, out_h, out_w, bias, span / 2, span - span / 2);
 }
 
 std::unique_ptr<ConvKernel<float>> make(const Case& c) {
@@ -102,41 +123,127 @@ TEST(NarrowConv, MatchesTheReferenceForEveryKernelExtentAndDilation) {
   expect_both_match(narrow_case(1, 64, 8, 3, 1, 3, 37, true));
 }
 
-// Non-square kernels and dilations that differ between the axes, through the reference directly
-// (Case has one extent and one dilation).
+// A kernel extent, dilation and zero padding per axis (Case has one extent, one dilation and
+// padding alike on both axes); `after`: the padding after the input, kSymmetric: `pad`.
+struct Geometry {
+  std::int64_t kh, kw, dh, dw;
+  std::int64_t pad_top = 0, pad_left = 0;
+  std::int64_t after_h = Case::kSymmetric, after_w = Case::kSymmetric;
+};
+
+// All three passes of the narrow kernel for `q` against the reference: n x c -> o channels,
+// output oh x ow.
+void expect_geometry_matches(const Geometry& q, std::int64_t n, std::int64_t c, std::int64_t o,
+                             std::int64_t oh, std::int64_t ow) {
+  const ConvGeometry g{
+      .dilation_h = q.dh, .dilation_w = q.dw, .pad_top = q.pad_top, .pad_left = q.pad_left};
+  const std::int64_t after_h = q.after_h == Case::kSymmetric ? q.pad_top : q.after_h;
+  const std::int64_t after_w = q.after_w == Case::kSymmetric ? q.pad_left : q.after_w;
+  const ConvShapes s{.x = {n, c, oh + q.dh * (q.kh - 1) - q.pad_top - after_h,
+                           ow + q.dw * (q.kw - 1) - q.pad_left - after_w},
+                     .w = {o, c, q.kh, q.kw},
+                     .y = {n, o, oh, ow},
+                     .bias = true};
+  const std::string what = "kernel " + std::to_string(q.kh) + "x" + std::to_string(q.kw) +
+                           " dilation " + std::to_string(q.dh) + "x" + std::to_string(q.dw) +
+                           " padding " + std::to_string(q.pad_top) + "/" + std::to_string(after_h) +
+                           " x " + std::to_string(q.pad_left) + "/" + std::to_string(after_w) +
+                           ", " + std::to_string(c) + " -> " + std::to_string(o) + ", x " +
+                           s.x.str();
+  std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(s, g);
+  ASSERT_NE(k, nullptr) << what;
+  const Tensor<float> x = random_tensor(s.x, 1), w = random_tensor(s.w, 2);
+  const Tensor<float> dy = random_tensor(s.y, 3), b = random_tensor({o, 1, 1, 1}, 4);
+  Tensor<float> y(s.y, 7.0f), dx(s.x, 7.0f), dw = random_tensor(s.w, 5);
+  Tensor<float> db = random_tensor({o, 1, 1, 1}, 6);
+  Tensor<double> yd(s.y), dxd(s.x), dwd = to_double(dw), dbd = to_double(db);
+  k->forward(x, w, b.span(), y);
+  k->backward_data(dy, w, dx);
+  k->backward_filter(x, dy, dw, db.span());
+  const Tensor<double> bd = to_double(b);
+  reference::conv2d_forward(to_double(x), to_double(w), std::as_const(bd).span(), yd, g);
+  reference::conv2d_backward_data(to_double(dy), to_double(w), dxd, g);
+  reference::conv2d_backward_filter(to_double(x), to_double(dy), dwd, dbd.span(), g);
+  EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << what;
+  EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << what;
+  EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << what;
+  EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "backward-bias, " << what;
+}
+
+// Non-square kernels and dilations that differ between the axes, through the reference directly.
 TEST(NarrowConv, MatchesTheReferenceForNonSquareKernels) {
   REQUIRE_NARROW_KERNELS();
-  struct Geometry {
-    std::int64_t kh, kw, dh, dw;
-  };
   for (const Geometry& q : {Geometry{1, 3, 1, 1}, Geometry{3, 1, 1, 1}, Geometry{2, 5, 1, 2},
-                            Geometry{7, 2, 2, 1}, Geometry{3, 3, 2, 1}}) {
-    const std::int64_t n = 2, c = 7, o = 9, oh = 6, ow = 53;
-    const ConvGeometry g{.dilation_h = q.dh, .dilation_w = q.dw};
-    const ConvShapes s{.x = {n, c, oh + q.dh * (q.kh - 1), ow + q.dw * (q.kw - 1)},
-                       .w = {o, c, q.kh, q.kw},
-                       .y = {n, o, oh, ow},
-                       .bias = true};
-    const std::string what = "kernel " + std::to_string(q.kh) + "x" + std::to_string(q.kw) +
-                             " dilation " + std::to_string(q.dh) + "x" + std::to_string(q.dw);
-    std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(s, g);
-    ASSERT_NE(k, nullptr) << what;
-    const Tensor<float> x = random_tensor(s.x, 1), w = random_tensor(s.w, 2);
-    const Tensor<float> dy = random_tensor(s.y, 3), b = random_tensor({o, 1, 1, 1}, 4);
-    Tensor<float> y(s.y, 7.0f), dx(s.x, 7.0f), dw = random_tensor(s.w, 5);
-    Tensor<float> db = random_tensor({o, 1, 1, 1}, 6);
-    Tensor<double> yd(s.y), dxd(s.x), dwd = to_double(dw), dbd = to_double(db);
-    k->forward(x, w, b.span(), y);
-    k->backward_data(dy, w, dx);
-    k->backward_filter(x, dy, dw, db.span());
-    const Tensor<double> bd = to_double(b);
-    reference::conv2d_forward(to_double(x), to_double(w), std::as_const(bd).span(), yd, g);
-    reference::conv2d_backward_data(to_double(dy), to_double(w), dxd, g);
-    reference::conv2d_backward_filter(to_double(x), to_double(dy), dwd, dbd.span(), g);
-    EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << what;
-    EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << what;
-    EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << what;
-    EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "backward-bias, " << what;
+                            Geometry{7, 2, 2, 1}, Geometry{3, 3, 2, 1}})
+    expect_geometry_matches(q, 2, 7, 9, 6, 53);
+}
+
+// Zero padding in the kernel, as a conv computed straight from its tile takes it: "same" (one
+// more after than before where the span is odd), none before and the whole span after, the whole
+// span before and none after, the whole span on both sides; kernels 2 to 7, dilations 1 and 2,
+// 3, 8, 24 -> 8 and 8 -> 16 channels, batch 2; box kernels too (zeros outside the box).
+TEST(NarrowConv, MatchesTheReferenceWithPaddingInTheKernel) {
+  REQUIRE_NARROW_KERNELS();
+  const std::int64_t channels[][2] = {{3, 8}, {8, 8}, {24, 8}, {8, 16}};
+  int i = 0;
+  for (std::int64_t kernel : {2, 3, 4, 5, 7})
+    for (std::int64_t dilation : {1, 2}) {
+      const std::int64_t span = dilation * (kernel - 1);
+      for (const auto& [before, after] :
+           {std::pair{span / 2, span - span / 2}, {0, span}, {span, 0}, {span, span}})
+        for (const auto& [c, o] : channels) {
+          ++i;
+          // x of 3 to 7 rows and 29 to 64 columns.
+          const std::int64_t more = before + after - span;
+          expect_both_match(padded_case(2, c, o, kernel, dilation, 3 + i % 5 + more,
+                                        29 + 7 * (i % 6) + more, i % 2 == 0, before, after));
+        }
+    }
+  // Padding wider than a vector (dilation 9: 18 columns), more than one masked vector at each end
+  // of a row; with the whole span on both sides, rows whose taps all lie in the padding.
+  expect_both_match(same_case(2, 8, 8, 3, 9, 5, 40, true));
+  expect_both_match(padded_case(2, 8, 8, 3, 9, 20, 45, true, 18, 18));
+  expect_both_match(padded_case(1, 24, 8, 7, 3, 20, 530, false, 18, 17));
+}
+
+// Non-square kernels with padding of their own per axis: 1x3 and 3x1 "same" and one-sided,
+// unequal dilations with unequal padding before and after.
+TEST(NarrowConv, MatchesTheReferenceForNonSquareKernelsWithPadding) {
+  REQUIRE_NARROW_KERNELS();
+  const std::int64_t channels[][2] = {{3, 8}, {8, 8}, {24, 8}, {8, 16}};
+  for (const auto& [c, o] : channels)
+    for (const Geometry& q :
+         {Geometry{.kh = 1, .kw = 3, .dh = 1, .dw = 1, .pad_left = 1},
+          Geometry{.kh = 3, .kw = 1, .dh = 1, .dw = 1, .pad_top = 1},
+          Geometry{.kh = 1, .kw = 3, .dh = 1, .dw = 2, .pad_left = 2},
+          Geometry{.kh = 3, .kw = 1, .dh = 2, .dw = 1, .pad_top = 2},
+          Geometry{.kh = 1, .kw = 3, .dh = 1, .dw = 1, .after_h = 0, .after_w = 2},
+          Geometry{.kh = 3, .kw = 1, .dh = 1, .dw = 1, .pad_top = 2, .after_h = 0},
+          Geometry{.kh = 2, .kw = 5, .dh = 1, .dw = 2, .pad_left = 4, .after_h = 1, .after_w = 0},
+          Geometry{.kh = 7, .kw = 2, .dh = 2, .dw = 1, .pad_top = 6, .after_h = 5, .after_w = 1},
+          Geometry{.kh = 3, .kw = 3, .dh = 2, .dw = 1, .pad_top = 2, .pad_left = 1},
+          Geometry{.kh = 5, .kw = 5, .dh = 1, .dw = 1, .pad_top = 2, .pad_left = 2},
+          Geometry{.kh = 7, .kw = 7, .dh = 2, .dw = 2, .pad_top = 6, .pad_left = 6}})
+      expect_geometry_matches(q, 2, c, o, 6, 53);
+}
+
+// Row widths 1 to 100 (the forward's and backward-data's 48-column blocks, 16-column vectors)
+// and 500 to 530 (the filter gradient's 512-column pieces) with "same" padding of 1 to 6 columns
+// (kernels 3, 5, 7, dilations 1 and 2): the masked vectors at both ends of a row in all three
+// passes, rows narrower than the padding, the first and last rows' tap rows in it.
+TEST(NarrowConv, MatchesTheReferenceWithPaddingAtEveryRowWidth) {
+  REQUIRE_NARROW_KERNELS();
+  const std::int64_t channels[][2] = {{3, 8}, {8, 8}, {24, 8}, {8, 16}, {5, 3}};
+  const std::int64_t geometry[][2] = {{3, 1}, {5, 1}, {3, 2}, {7, 2}};  // kernel, dilation
+  for (std::int64_t w = 1; w <= 100; ++w) {
+    const auto [c, o] = channels[w % 5];
+    const auto [kernel, dilation] = geometry[w % 4];
+    expect_both_match(same_case(1 + w % 2, c, o, kernel, dilation, 1 + w % 4, w, w % 3 == 0));
+  }
+  for (std::int64_t w = 500; w <= 530; ++w) {
+    const auto [c, o] = channels[w % 5];
+    const auto [kernel, dilation] = geometry[w % 4];
+    expect_both_match(same_case(1, c, o, kernel, dilation, 2, w, w % 3 == 0));
   }
 }
 
@@ -181,28 +288,34 @@ struct Threads {
 };
 
 // The filter gradient sums per part of the rows in double, parts added in order: the same bits on
-// every run with the same thread count, and within float rounding of one thread's on two.
+// every run with the same thread count, and within float rounding of one thread's on two; with
+// padding in the kernel too (a 530-column row: two filter pieces, masked vectors at both ends).
 TEST(NarrowConv, FilterGradientsAreTheSameOnEveryRun) {
   REQUIRE_NARROW_KERNELS();
-  const Case c = narrow_case(2, 24, 8, 3, 1, 33, 70, true);
-  std::unique_ptr<ConvKernel<float>> k = make(c);
-  ASSERT_NE(k, nullptr);
-  const Tensor<float> x = random_tensor(c.x(), 1), dy = random_tensor(c.y(), 3);
-  auto filter = [&] {
-    Tensor<float> dw(c.w()), db({c.o, 1, 1, 1});
-    k->backward_filter(x, dy, dw, db.span());
-    return std::pair{dw, db};
-  };
-  for (int threads : {1, 2, 3}) {
-    const Threads scope(threads);
-    const auto [dw1, db1] = filter();
-    const auto [dw2, db2] = filter();
-    EXPECT_EQ(std::memcmp(dw1.data(), dw2.data(), dw1.numel() * sizeof(float)), 0) << threads;
-    EXPECT_EQ(std::memcmp(db1.data(), db2.data(), db1.numel() * sizeof(float)), 0) << threads;
-    const Threads one(1);
-    const auto [dw_one, db_one] = filter();
-    EXPECT_LE(rel_error(dw1.span(), dw_one.span()), 1e-6) << threads;
-    EXPECT_LE(rel_error(db1.span(), db_one.span()), 1e-6) << threads;
+  for (const Case& c :
+       {narrow_case(2, 24, 8, 3, 1, 33, 70, true), same_case(2, 24, 8, 3, 1, 33, 530, true),
+        same_case(2, 8, 16, 5, 2, 21, 77, true)}) {
+    std::unique_ptr<ConvKernel<float>> k = make(c);
+    ASSERT_NE(k, nullptr) << c.str();
+    const Tensor<float> x = random_tensor(c.x(), 1), dy = random_tensor(c.y(), 3);
+    auto filter = [&] {
+      Tensor<float> dw(c.w()), db({c.o, 1, 1, 1});
+      k->backward_filter(x, dy, dw, db.span());
+      return std::pair{dw, db};
+    };
+    for (int threads : {1, 2, 3}) {
+      const Threads scope(threads);
+      const auto [dw1, db1] = filter();
+      const auto [dw2, db2] = filter();
+      EXPECT_EQ(std::memcmp(dw1.data(), dw2.data(), dw1.numel() * sizeof(float)), 0)
+          << threads << ", " << c.str();
+      EXPECT_EQ(std::memcmp(db1.data(), db2.data(), db1.numel() * sizeof(float)), 0)
+          << threads << ", " << c.str();
+      const Threads one(1);
+      const auto [dw_one, db_one] = filter();
+      EXPECT_LE(rel_error(dw1.span(), dw_one.span()), 1e-6) << threads << ", " << c.str();
+      EXPECT_LE(rel_error(db1.span(), db_one.span()), 1e-6) << threads << ", " << c.str();
+    }
   }
 }
 
@@ -217,7 +330,20 @@ TEST(NarrowConv, DeclinesWhatItDoesNotTake) {
   };
   declined([](Case& c) { c.stride = 2; }, "stride 2");
   declined([](Case& c) { c.groups = 2; }, "groups");
-  declined([](Case& c) { c.pad = 1; }, "padding inside the kernel");
+  // Padding in the kernel within the span (3x3: 0 to 2 before and after) is taken; past it or
+  // negative declined: before, after, or both, and per axis.
+  for (auto [before, after] : {std::pair{3, 0}, {0, 3}, {3, 3}, {-1, 1}, {1, -1}, {-1, -1}, {2, 3}})
+    declined([&](Case& c) { c.pad = before, c.pad_after = after; },
+             "padding " + std::to_string(before) + " before, " + std::to_string(after) + " after");
+  declined([](Case& c) { c.dilation = 2, c.pad = 5, c.pad_after = 0; }, "padding 5 at dilation 2");
+  {
+    const ConvShapes s{.x = {1, 8, 5, 9}, .w = {8, 8, 1, 3}, .y = {1, 8, 5, 9}, .bias = false};
+    EXPECT_NE(make_narrow_conv(s, {.pad_left = 1}), nullptr) << "1x3, padding 1 x 1";
+    EXPECT_EQ(make_narrow_conv(s, {.pad_top = 1, .pad_left = 1}), nullptr)
+        << "1x3, padding 1 on the rows";
+    const ConvShapes short_x{.x = {1, 8, 4, 9}, .w = {8, 8, 1, 3}, .y = {1, 8, 5, 9}};
+    EXPECT_EQ(make_narrow_conv(short_x, {.pad_left = 1}), nullptr) << "1x3, a row padded after";
+  }
   declined([](Case& c) { c.kernel = 1; }, "1x1 (the GEMM heads' case)");
   declined([](Case& c) { c.kernel = 8; }, "kernel 8x8");
   // Channels oneDNN's kernels compute faster, or too many.

@@ -9,7 +9,8 @@
 // caches' prefetchers at once). The backward-data pass is the same loop over dy with the kernel
 // flipped, the backward-filter pass sums dy x the shifted input per tap over a row in float
 // vectors and over rows in double. AVX-512 only (simd_level()); float32, NCHW, stride 1, no
-// groups; bias, and a (leaky) ReLU applied as the forward writes y.
+// groups, zero padding up to the kernel's span on each side (reads outside the planes are zeros,
+// masked at the rows' ends); bias, and a (leaky) ReLU applied as the forward writes y.
 #pragma once
 
 #include <memory>
@@ -25,9 +26,13 @@ bool narrow_conv_available();
 
 // Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
 // aside (they take NCHW x and y only): narrow_conv_available(), no groups, stride 1, any
-// dilation, no padding (the window holds it), kernels up to 7x7 other than 1x1, up to 8 output
-// channels from up to 64 inputs or up to 16 from fewer than 32 inputs not a multiple of 16, no
-// fused sigmoid. The oneDNN backend plans NCHW windows and outputs for such convolutions
+// dilation, kernels up to 7x7 other than 1x1, up to 8 output channels from up to 64 inputs or up
+// to 16 from fewer than 32 inputs not a multiple of 16, no fused sigmoid. Zero padding as the
+// reference takes it (input values outside the H x W planes, or outside a box kernel's box, are
+// zeros): pad_top in [0, dilation_h * (KH - 1)], and the rows padded after the input, OH - (H -
+// dilation_h * (KH - 1)) - pad_top, in the same range; columns alike ("same" convs: pad_top =
+// dilation_h * (KH - 1) / 2). A window that holds its padding is pad 0 with OH = H - dilation_h *
+// (KH - 1). The oneDNN backend plans NCHW windows and outputs for such convolutions
 // (Backend::conv_in_nchw). Local.
 bool narrow_conv_fits(const ConvShapes& shapes, const reference::ConvGeometry& g);
 
