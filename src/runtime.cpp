@@ -72,6 +72,7 @@ RuntimeOptions runtime_options_from_environment() {
         parsed("TESSERA_KERNELS", [](const std::string& v) { return parse_kernel_backend(v); });
   o.overlap = switch_of("TESSERA_OVERLAP", true);
   o.fuse = switch_of("TESSERA_FUSE", true);
+  o.windowless = switch_of("TESSERA_WINDOWLESS", true);
   o.winograd = switch_of("TESSERA_WINOGRAD", true);
   o.narrow_conv = switch_of("TESSERA_NARROW_CONV", wide_multiplies_pay());
   if (variable("TESSERA_SIMD"))

@@ -23,6 +23,10 @@ struct RuntimeOptions {
   // Activations computed by their neighbouring layers (README "Fused activations"); off only to
   // measure what it saves or to compare.
   bool fuse = true;
+  // Stride-1 convolutions whose input and output tiles coincide compute the tile from the tile
+  // itself with the kernel's zero padding, and only the border strips that read halos from small
+  // strip buffers (README "Windowless convolutions"); off only to compare with the window path.
+  bool windowless = true;
   std::optional<WaitPolicy> wait;  // none: detected from ranks and cores per node
   double timeout = 600;            // seconds any one wait may take (the watchdog)
   // How the host serves large blocks (allocator.hpp); process-wide, like the heap: main applies it.
@@ -52,9 +56,9 @@ struct RuntimeOptions {
 
 // The documented environment defaults, the one place Tessera reads the environment:
 //   TESSERA_KERNELS=reference|onednn|emulated|cuda, TESSERA_OVERLAP=0|1, TESSERA_FUSE=0|1,
-//   TESSERA_WINOGRAD=0|1, TESSERA_NARROW_CONV=0|1, TESSERA_SIMD=baseline|avx512,
-//   TESSERA_WAIT=spin|sleep,
-//   TESSERA_TIMEOUT=seconds, TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated,
+//   TESSERA_WINDOWLESS=0|1, TESSERA_WINOGRAD=0|1, TESSERA_NARROW_CONV=0|1,
+//   TESSERA_SIMD=baseline|avx512, TESSERA_WAIT=spin|sleep, TESSERA_TIMEOUT=seconds,
+//   TESSERA_HOST_MEMORY=pool|system, TESSERA_TRANSPORT=mpi|nccl|emulated,
 //   TESSERA_CUDNN_SEARCH=measure|heuristic, TESSERA_CUDNN_LOG=0|1;
 //   the kernel threads from OMP_NUM_THREADS, else the cores of this process's affinity mask divided
 //   by the ranks the launcher started on this node (MPI_LOCALNRANKS from MPICH's Hydra,
@@ -74,6 +78,7 @@ class Runtime {
   Allocator& allocator() const { return backend_->allocator(); }
   bool overlap() const { return options_.overlap; }
   bool fuse() const { return options_.fuse; }
+  bool windowless() const { return options_.windowless; }
   const RuntimeOptions& options() const { return options_; }
 
   // The same options on a 1x1x1 grid of this rank alone (single-rank reference runs). Local.

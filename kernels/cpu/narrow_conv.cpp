@@ -324,9 +324,11 @@ void filter_row(const FilterJob& job, float* partial) {
   for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kFilterColumns) {
     const std::int64_t n = std::min(kFilterColumns, job.out_w - w0);
     const std::int64_t vectors = (n + kLanes - 1) / kLanes;
+    // Up to the piece's last vector, which is all filter_taps reads: a narrow row (a border
+    // strip's column) copies and zeroes a vector, not the whole block.
     for (std::int64_t o = 0; o < kOut; ++o)
       copy_padded(job.dy + o * job.dy_plane + w0, o < job.outs ? n : 0,
-                  dy_block + o * kFilterColumns, kFilterColumns);
+                  dy_block + o * kFilterColumns, vectors * kLanes);
     const std::int64_t col = w0 + job.col0;  // the piece's first column for tap 0
     for (std::int64_t c = 0; c < job.channels; ++c)
       for (std::int64_t a = a0; a < a1; ++a) {
@@ -449,8 +451,12 @@ class NarrowConv final : public ConvKernel<float> {
     const std::int64_t blocks = (ys.c + kOut - 1) / kOut;
     // Each part of the rows sums into its own doubles, added part by part in order: the same
     // result on every run with the same thread count. Within a part, products go into float
-    // partial sums per lane that are added into the doubles every kFlushRows rows.
-    constexpr std::int64_t kFlushRows = 4;
+    // partial sums per lane that are added into the doubles every kFlushVectors products per lane
+    // (4 rows of 2048 columns; more rows of narrower ones, so that a border strip of one column
+    // flushes every 512 rows, not every 4).
+    constexpr std::int64_t kFlushVectors = 512;
+    const std::int64_t flush_rows =
+        std::max<std::int64_t>(1, kFlushVectors / ((ys.w + kLanes - 1) / kLanes));
     const std::int64_t parts = std::clamp<std::int64_t>(kernel_threads().count, 1, rows);
     std::vector<double> sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0);
     std::vector<double> bias_sums(static_cast<std::size_t>(parts * ys.c), 0.0);
@@ -482,7 +488,7 @@ class NarrowConv final : public ConvKernel<float> {
                                   .dh = dh_,
                                   .dw = dw_},
                                  partial.data() + block * per_block);
-              if ((r - begin) % kFlushRows == kFlushRows - 1 || r == end - 1)
+              if ((r - begin) % flush_rows == flush_rows - 1 || r == end - 1)
                 wide::flush(partial.data(), part_sums, blocks * per_block);
               if (!dbias.empty())
                 for (std::int64_t o = 0; o < ys.c; ++o)

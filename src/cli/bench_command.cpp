@@ -46,7 +46,8 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
              "convolutions' GFLOP/s against the\nSGEMM rate. Default: conv-bench on one "
              "3x2048x2048 image (scripts/bench/compare_pytorch.py\ntimes PyTorch beside it). "
              "TESSERA_OVERLAP=0 turns off the interior/border overlap;\nTESSERA_FUSE=0 computes "
-             "activations apart from their neighbouring layers;\nTESSERA_WINOGRAD=0 computes "
+             "activations apart from their neighbouring layers;\nTESSERA_WINDOWLESS=0 assembles "
+             "every convolution's input window;\nTESSERA_WINOGRAD=0 computes "
              "every convolution with the direct kernel;\nTESSERA_NARROW_CONV=0 computes "
              "convolutions of few channels with oneDNN's kernels.",
              d, args, vm, world, runtime))

@@ -172,6 +172,7 @@ std::vector<Field> option_fields(const po::options_description& options,
   fields.push_back({"TESSERA_TRANSPORT", to_string(runtime.transport)});
   fields.push_back({"TESSERA_OVERLAP", runtime.overlap ? "1" : "0"});
   fields.push_back({"TESSERA_FUSE", runtime.fuse ? "1" : "0"});
+  fields.push_back({"TESSERA_WINDOWLESS", runtime.windowless ? "1" : "0"});
   fields.push_back({"TESSERA_WINOGRAD", runtime.winograd ? "1" : "0"});
   fields.push_back({"TESSERA_NARROW_CONV", runtime.narrow_conv ? "1" : "0"});
   return fields;

@@ -413,6 +413,12 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
       }
       out << "\n";
     }
+    if (const auto kernels = model->kernel_summaries(); !kernels.empty()) {
+      out << "  convolution kernels (rank 0's): ";
+      for (std::size_t k = 0; k < kernels.size(); ++k)
+        out << (k > 0 ? "; " : "") << kernels[k].first << " " << kernels[k].second;
+      out << "\n";
+    }
     if (runtime.backend().kind() == KernelBackend::cuda)
       out << "  per-layer times: "
           << (o.layer_sync ? "the GPU's (--layer-sync: waits at every layer, no overlap between "

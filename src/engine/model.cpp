@@ -453,6 +453,15 @@ void Model<T>::reset_timings() {
 }
 
 template <typename T>
+std::vector<std::pair<std::string, std::string>> Model<T>::kernel_summaries() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Node& node : nodes_)
+    if (std::string s = node.layer->kernel_summary(); !s.empty())
+      out.emplace_back(node.layer->name(), std::move(s));
+  return out;
+}
+
+template <typename T>
 std::vector<NamedParam<T>> Model<T>::params() {
   std::vector<NamedParam<T>> out;
   for (auto& n : nodes_)

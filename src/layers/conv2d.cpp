@@ -1,5 +1,8 @@
 #include "tessera/layers/conv2d.hpp"
 
+#include <algorithm>
+#include <array>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -8,6 +11,39 @@
 #include "tessera/layers/window.hpp"
 
 namespace tessera {
+namespace {
+
+// The output boxes of rank (a, b)'s tile whose inputs are not all its own tile or the image's
+// zero padding (top and bottom the whole width, left and right between them; empty where none),
+// or nothing where the tile has no output reading only those (no interior: a tile too small for
+// the kernel's reach). Local and pure.
+std::optional<std::array<Box, 4>> border_boxes(const Distribution& in, const Distribution& out,
+                                               const WindowMap& map, int a, int b) {
+  const Box owned = in.tile_of(a, b), tile = out.tile_of(a, b);
+  const Range ready_h = ready_without_halo(map.rows(tile.h), owned.h, in.global.h);
+  const Range ready_w = ready_without_halo(map.cols(tile.w), owned.w, in.global.w);
+  const Range ih = outputs_reading_within(tile.h, ready_h, map.rows);
+  const Range iw = outputs_reading_within(tile.w, ready_w, map.cols);
+  if (ih.empty() || iw.empty()) return std::nullopt;
+  return std::array<Box, 4>{Box{{tile.h.begin, ih.begin}, tile.w},
+                            Box{{ih.end, tile.h.end}, tile.w}, Box{ih, {tile.w.begin, iw.begin}},
+                            Box{ih, {iw.end, tile.w.end}}};
+}
+
+// Sets `box` (global coordinates) of every plane of `t` to zero, in any layout.
+template <typename T>
+void zero_box(const Planes<T>& t, const Box& box) {
+  if (box.empty()) return;
+  const std::int64_t v = t.block(), width = box.w.size() * v;
+  for (std::int64_t n = 0; n < t.shape.n; ++n)
+    for (std::int64_t c = 0; c < t.shape.c; c += v)  // a block's columns lie side by side
+      for (std::int64_t r = box.h.begin; r < box.h.end; ++r) {
+        T* row = t.at(n * t.shape.c + c, r, box.w.begin);
+        std::fill(row, row + width, T(0));
+      }
+}
+
+}  // namespace
 
 WindowAxis Conv2dSpec::axis(int a) const {
   return {.kernel = kernel[a],
@@ -84,6 +120,10 @@ Distribution Conv2d<T>::setup(const Distribution& in) {
                .pad_top = 0,
                .pad_left = 0,
                .groups = spec_.groups};
+  // Windowless (bind_kernel), the tile's kernel pads as the layer does.
+  padded_ = geometry_;
+  padded_.pad_top = ah.pad_begin;
+  padded_.pad_left = aw.pad_begin;
   const Shape4 wshape{spec_.out_channels, s.c / spec_.groups, spec_.kernel[0], spec_.kernel[1]};
   weight_ = this->make_param("weight", wshape);
   if (spec_.bias) {
@@ -107,7 +147,10 @@ template <typename T>
 void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // The model is built for one global batch, so every shape here is fixed for the layer's life.
   const Shape4 in = this->in_dist().local_shape();
-  const Shape4 x{in.n, in.c, window.h.size(), window.w.size()};
+  // Windowless: the kernel reads the tile itself, padded as the layer pads.
+  windowless_ = windowless_fits(backend);
+  strips_.clear();
+  const Shape4 x = windowless_ ? in : Shape4{in.n, in.c, window.h.size(), window.w.size()};
   const Shape4 y = this->out_dist().local_shape();
   // The window, and the output where the model allows it, in nchw16c when a fast kernel takes
   // them: the exchange then assembles the window in the layout oneDNN computes in, and the output
@@ -145,6 +188,8 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
     activation_ = fused ? offered_ : std::nullopt;
     for (auto [xl, yl] : layouts) {
       if (this->window_is_tile() && xl == Layout::nchw8c && activation_) continue;
+      // Windowless, dx is a tile of the strips' exchanges, which never pad blocked channels.
+      if (windowless_ && storage_size(x, xl) != x.numel()) continue;
       kernel_ = backend.conv<T>({.x = x,
                                  .w = weight_.value.shape(),
                                  .y = y,
@@ -152,9 +197,11 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
                                  .x_layout = xl,
                                  .y_layout = yl,
                                  .activation = activation_},
-                                geometry_);
-      if (kernel_ && plan_regions(window, x, y, xl, yl, backend)) {
+                                windowless_ ? padded_ : geometry_);
+      if (kernel_ && (windowless_ ? plan_strips(x, y, xl, yl, backend)
+                                  : plan_regions(window, x, y, xl, yl, backend))) {
         this->set_window_layout(xl);
+        x_layout_ = xl;
         out_layout_ = yl;
         return;
       }
@@ -214,7 +261,177 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
 }
 
 template <typename T>
+bool Conv2d<T>::windowless_fits(const Backend& backend) const {
+  // The GPU keeps its windows: the strips' box kernels and exchanges are not measured there.
+  if (!this->windowless_wanted() || backend.allocator().space() != MemorySpace::host ||
+      this->concat_taken() || spec_.stride != Pair{1, 1})
+    return false;
+  if (spec_.axis(0).span() == 1 && spec_.axis(1).span() == 1) return false;  // window is tile
+  const Distribution &in = this->in_dist(), &out = this->out_dist();
+  // Channels that only a padded 16-channel block takes fast (bind_kernel) keep the window, which
+  // may pad them; a windowless tile may not (its gradient is a tile of the strips' exchanges).
+  if (in.global.c > kBlock && in.global.c % 8 != 0) return false;
+  if (in.global.h != out.global.h || in.global.w != out.global.w) return false;
+  // Decided from every rank's tiles, so the same on every rank: the exchanges differ.
+  const WindowMap map = *this->window();
+  for (int a = 0; a < in.grid.h; ++a)
+    for (int b = 0; b < in.grid.w; ++b)
+      if (!(in.tile_of(a, b) == out.tile_of(a, b)) || !border_boxes(in, out, map, a, b))
+        return false;
+  return true;
+}
+
+template <typename T>
+bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, Layout y_layout,
+                            const Backend& backend) {
+  strips_.clear();
+  const Distribution &in = this->in_dist(), &out = this->out_dist();
+  const WindowMap map = *this->window();
+  const int me = in.me.i * in.grid.w + in.me.j;
+  // Every rank's tile, and per side every rank's strip and its footprint.
+  std::vector<Box> owned;
+  std::array<std::vector<Box>, 4> boxes, footprints;
+  for (int a = 0; a < in.grid.h; ++a)
+    for (int b = 0; b < in.grid.w; ++b) {
+      owned.push_back(in.tile_of(a, b));
+      const std::array<Box, 4> sides = *border_boxes(in, out, map, a, b);
+      for (std::size_t s = 0; s < sides.size(); ++s) {
+        boxes[s].push_back(sides[s]);
+        footprints[s].push_back(sides[s].empty() ? Box{}
+                                                 : Box{map.rows(sides[s].h), map.cols(sides[s].w)});
+      }
+    }
+  const Box tile = out.tile();
+  for (std::size_t s = 0; s < boxes.size(); ++s) {
+    if (std::all_of(boxes[s].begin(), boxes[s].end(), [](const Box& b) { return b.empty(); }))
+      continue;
+    const Box& box = boxes[s][static_cast<std::size_t>(me)];
+    const Box& footprint = footprints[s][static_cast<std::size_t>(me)];
+    HaloPlan plan = make_halo_plan(owned, footprints[s], me);
+    HaloPlan others = plan;
+    others.self = Box{};  // the tile's own backward-data pass has its part
+    const Shape4 fs{x.n, x.c, footprint.h.size(), footprint.w.size()};
+    Strip strip{.box = box,
+                .footprint = footprint,
+                .at = {box.h.begin - tile.h.begin, box.w.begin - tile.w.begin},
+                .fill = this->exchange_on(std::move(plan), x_layout),
+                .accumulate = this->exchange_on(std::move(others), x_layout),
+                // The fill writes every element but padding channels, which must read as zeros.
+                .x = storage_size(fs, x_layout) != fs.numel()
+                         ? Tensor<T>(fs, x_layout, this->allocator())
+                         : Tensor<T>(fs, x_layout, uninitialized, this->allocator()),
+                .forward = nullptr,
+                .backward = nullptr};
+    if (!box.empty()) {
+      const Shape4 bs{y.n, y.c, box.h.size(), box.w.size()};
+      strip.forward = backend.conv<T>({.x = fs,
+                                       .w = weight_.value.shape(),
+                                       .y = bs,
+                                       .bias = spec_.bias,
+                                       .x_outer = fs,
+                                       .y_outer = y,
+                                       .x_layout = x_layout,
+                                       .y_layout = y_layout,
+                                       .x_at = {},
+                                       .y_at = strip.at,
+                                       .activation = activation_},
+                                      geometry_);
+      strip.backward = backend.conv<T>({.x = fs,
+                                        .w = weight_.value.shape(),
+                                        .y = bs,
+                                        .bias = false,
+                                        .x_layout = x_layout,
+                                        .y_layout = y_layout},
+                                       geometry_);
+      if (!strip.forward || !strip.backward) {
+        strips_.clear();
+        return false;  // a strip these layouts cannot take: try the next ones
+      }
+    }
+    strips_.push_back(std::move(strip));
+  }
+  return true;
+}
+
+template <typename T>
+std::size_t Conv2d<T>::border_strips() const {
+  return static_cast<std::size_t>(
+      std::count_if(strips_.begin(), strips_.end(), [](const Strip& s) { return !s.box.empty(); }));
+}
+
+template <typename T>
+DistTensor<T> Conv2d<T>::forward_windowless(const DistTensor<T>& x) {
+  DistTensor<T> y(this->out_dist(), out_layout_, uninitialized, this->allocator());
+  const std::span<const T> bias(std::as_const(bias_.value).span_in(this->allocator().space()));
+  // Every rank starts its strips' exchanges in side order: their messages share the layer's tag.
+  std::vector<HaloRequest<T>> requests;
+  requests.reserve(strips_.size());
+  for (Strip& s : strips_)
+    requests.push_back(s.fill.start_fill(x.local, s.x));
+  // The whole tile while the halos travel, reading zeros where they are; then the strips again.
+  kernel_->forward(this->keep_tile(x, x_layout_), weight_.value, bias, y.local);
+  for (std::size_t k = 0; k < strips_.size(); ++k) {
+    Strip& s = strips_[k];
+    s.fill.finish(requests[k]);
+    if (s.forward) s.forward->forward_box(s.x, {}, weight_.value, bias, y.local, s.at);
+  }
+  return y;
+}
+
+template <typename T>
+DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
+  const Tensor<T>& x = this->kept_window();  // the tile keep_tile kept
+  const std::span<T> dbias = bias_.grad.span_in(this->allocator().space());
+  const Box tile = this->out_dist().tile();
+  // dy's strips: the outputs whose inputs include halos.
+  std::vector<Tensor<T>> dys(strips_.size());
+  for (std::size_t k = 0; k < strips_.size(); ++k) {
+    const Strip& s = strips_[k];
+    if (!s.backward) continue;
+    dys[k] = Tensor<T>({dy.local.shape().n, dy.local.shape().c, s.box.h.size(), s.box.w.size()},
+                       dy.layout(), uninitialized, this->allocator());
+    this->copies().move(planes_of(dy.local, tile), planes_of(dys[k], s.box), s.box,
+                        Direction::fill);
+  }
+  // The filter gradient: the tile's with zeros for the halos, plus each strip's from the halos
+  // alone (its own part zeroed: the tile's pass has it), dy's strip against them.
+  const auto filter = [&] {
+    kernel_->backward_filter(x, dy.local, weight_.grad, dbias);
+    for (std::size_t k = 0; k < strips_.size(); ++k) {
+      Strip& s = strips_[k];
+      if (!s.backward) continue;
+      zero_box(planes_of(s.x, s.footprint), s.fill.plan().self);
+      s.backward->backward_filter(s.x, dys[k], weight_.grad, {});
+    }
+  };
+  if (!this->input_grad()) {
+    filter();
+    this->release_window();
+    return {};
+  }
+  // dL/dx: the tile's own dy through the padded kernel, plus what the neighbours' strips give
+  // this tile (their backward-data, accumulated here); this rank's strips' parts go to them.
+  Tensor<T> dx(this->in_dist().local_shape(), x_layout_, uninitialized, this->allocator());
+  kernel_->backward_data(dy.local, weight_.value, dx);
+  std::vector<Tensor<T>> grads;
+  std::vector<HaloRequest<T>> requests;
+  grads.reserve(strips_.size());
+  requests.reserve(strips_.size());
+  for (std::size_t k = 0; k < strips_.size(); ++k) {
+    Strip& s = strips_[k];
+    grads.emplace_back(s.x.shape(), x_layout_, uninitialized, this->allocator());
+    if (s.backward) s.backward->backward_data(dys[k], weight_.value, grads.back());
+    requests.push_back(s.accumulate.start_accumulate(grads.back(), dx, Into::add));
+  }
+  filter();  // needs no halo: it overlaps the exchanges
+  for (std::size_t k = 0; k < strips_.size(); ++k)
+    strips_[k].accumulate.finish(requests[k]);
+  return this->tile_grad(std::move(dx));
+}
+
+template <typename T>
 DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
+  if (windowless_) return forward_windowless(x);
   DistTensor<T> y(this->out_dist(), out_layout_, uninitialized,
                   this->allocator());  // the kernels overwrite it
   const std::span<const T> bias(std::as_const(bias_.value).span_in(this->allocator().space()));
@@ -236,6 +453,7 @@ DistTensor<T> Conv2d<T>::forward(const DistTensor<T>& x, const RunState&) {
 
 template <typename T>
 DistTensor<T> Conv2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
+  if (windowless_) return backward_windowless(dy);
   if (!this->input_grad()) {
     // The first layer in training: no input gradient, no exchange, only the filter gradient.
     kernel_->backward_filter(this->kept_window(), dy.local, weight_.grad,
@@ -267,6 +485,12 @@ LayerFlops Conv2d<T>::flops() const {
   const double forward =
       2.0 * static_cast<double>(y.numel()) * static_cast<double>(w.c * w.h * w.w);
   return {forward, this->input_grad() ? 2 * forward : forward};
+}
+
+template <typename T>
+std::string Conv2d<T>::kernel_summary() const {
+  if (!kernel_) return {};
+  return kernel_->name() + (windowless_ ? ", windowless" : "");
 }
 
 template <typename T>

@@ -88,6 +88,10 @@ const Distribution& WindowLayer<T>::set_distributions(const std::string& who,
 template <typename T>
 void WindowLayer<T>::bind(const Runtime& runtime) {
   overlap_ = runtime.overlap();
+  windowless_wanted_ = runtime.windowless();
+  comm_ = &runtime.comm();
+  backend_ = &runtime.backend();
+  copies_ = backend_->halo_copy<T>();
   exchange_.emplace(window_exchange<T>(in_, out_, *this->window(), runtime.comm(), tag_,
                                        "layer '" + this->name() + "'", runtime.backend()));
   const HaloPlan& plan = exchange_->plan();
@@ -273,6 +277,51 @@ DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
   exchange_->finish(request);
   release_window();
   return dx;
+}
+
+template <typename T>
+HaloExchange<T> WindowLayer<T>::exchange_on(HaloPlan plan, Layout layout) const {
+  const Shape4 l = in_.local_shape();
+  HaloExchange<T> e(std::move(plan), *comm_, tag_, "layer '" + this->name() + "'", l.n * l.c,
+                    backend_->halo_copy<T>(), &backend_->allocator());
+  e.set_window_layout(layout);
+  return e;
+}
+
+template <typename T>
+const Tensor<T>& WindowLayer<T>::keep_tile(const DistTensor<T>& x, Layout layout) {
+  in_layout_ = x.layout();
+  const Shape4& shape = x.local.shape();
+  adopting_ = x.layout() == layout && storage_size(shape, layout) == x.local.numel() &&
+              this->input_handed_over();
+  if (adopting_) {
+    window_ = Tensor<T>();
+    return x.local;
+  }
+  if (window_.shape() != shape || window_.layout() != layout)
+    window_ = storage_size(shape, layout) != shape.numel()
+                  ? Tensor<T>(shape, layout, this->allocator())  // padding channels read as zeros
+                  : Tensor<T>(shape, layout, uninitialized, this->allocator());
+  const Box tile = in_.tile();
+  copies_->move(planes_of(x.local, tile), planes_of(window_, tile), tile, Direction::fill);
+  return window_;
+}
+
+template <typename T>
+DistTensor<T> WindowLayer<T>::tile_grad(Tensor<T>&& dx) {
+  if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, dx);
+  release_window();
+  if (dx.layout() == in_layout_) {
+    DistTensor<T> out;
+    out.dist = in_;
+    out.local = std::move(dx);
+    return out;
+  }
+  DistTensor<T> out(in_, in_layout_, uninitialized, this->allocator());
+  const Box tile = in_.tile();
+  copies_->move(planes_of(std::as_const(dx), tile), planes_of(out.local, tile), tile,
+                Direction::fill);
+  return out;
 }
 
 template HaloExchange<float> window_exchange(const Distribution&, const Distribution&,

@@ -15,7 +15,7 @@ void check_model(const ModelSpec& spec, Shape4 input, const std::string& what,
                  const CheckOptions& options) {
   const double tol =
       options.tolerance > 0 ? options.tolerance : (std::is_same_v<T, double> ? 1e-10 : 1e-4);
-  const Runtime& grid = world_runtime();
+  const Runtime& grid = options.grid != nullptr ? *options.grid : world_runtime();
   const Runtime& single = single_runtime();
 
   std::optional<Model<T>> sharded, reference;

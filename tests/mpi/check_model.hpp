@@ -23,6 +23,8 @@ struct CheckOptions {
   // columns than that, the sharded model must be refused, naming the layer, while one rank
   // accepts it; any other refusal fails the check, so no case passes by being skipped.
   std::int64_t smallest_h = 0, smallest_w = 0;
+  // The sharded run's runtime (null: world_runtime()); the reference is single_runtime().
+  const Runtime* grid = nullptr;
 };
 
 // Rows (or columns) out of a conv or pooling window of kernel k, stride s, dilation d over
@@ -34,9 +36,9 @@ inline std::int64_t window_rows(std::int64_t extent, std::int64_t k, std::int64_
 }
 
 // Runs one forward/backward of `spec` on a seeded batch of shape `input` over
-// test::world_runtime() and on a single rank, and expects loss, output, input gradient, every
-// parameter gradient and every buffer (batch norm's running statistics) to agree; or, when
-// options.smallest_* is below the grid's rows or columns, the refusal described there.
+// test::world_runtime() (or options.grid) and on a single rank, and expects loss, output, input
+// gradient, every parameter gradient and every buffer (batch norm's running statistics) to agree;
+// or, when options.smallest_* is below the grid's rows or columns, the refusal described there.
 // Collective over the world.
 template <typename T>
 void check_model(const ModelSpec& spec, Shape4 input, const std::string& what,

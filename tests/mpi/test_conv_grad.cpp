@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <sstream>
 
 #include "check_model.hpp"
@@ -79,6 +80,7 @@ TEST(ConvGrad, MatrixFloat32) {
 // neighbours, and alone it does not.
 TEST(ConvGrad, InteriorOverlapsTheHalos) {
   RuntimeOptions options = test::world_runtime().options();
+  options.windowless = false;  // the window path's strips (windowless: the test below)
   options.overlap = false;
   const Runtime without = test::make_test_runtime(options);
   options.overlap = true;
@@ -100,6 +102,75 @@ TEST(ConvGrad, InteriorOverlapsTheHalos) {
     else
       EXPECT_EQ(conv.overlap_regions(), 0u);
   }
+}
+
+// The matrices above compute the convs of stride 1 whose output tiles are their input tiles
+// ("same" padding) windowless: the tile from itself with the kernel's zero padding, then the
+// border strips next to neighbours from strip buffers of their own, with or without overlap.
+// Other convs, and convs on tiles too small for an interior, keep their windows.
+TEST(ConvGrad, WindowlessConvsComputeTheirBorderStrips) {
+  RuntimeOptions options = test::world_runtime().options();
+  options.windowless = true;
+  const Comm& grid = test::world_runtime().comm();
+  const GridShape g = grid.shape();
+  const std::size_t strips = (g.h > 1 ? (grid.coords().i > 0) + (grid.coords().i + 1 < g.h) : 0) +
+                             (g.w > 1 ? (grid.coords().j > 0) + (grid.coords().j + 1 < g.w) : 0);
+  const Conv2dSpec same{
+      .out_channels = 4, .kernel = {3, 3}, .pad_begin = {1, 1}, .pad_end = {1, 1}};
+  Conv2dSpec strided = same;
+  strided.stride = {2, 2};
+  Conv2dSpec pointwise = same;
+  pointwise.kernel = {1, 1};
+  pointwise.pad_begin = pointwise.pad_end = {0, 0};
+  // 7x7 over 8 x 15: a middle tile of 3 rows or 5 columns has no output reading only its own
+  // tile (3 rows each way), two tiles on an axis do.
+  Conv2dSpec wide = same;
+  wide.kernel = {7, 7};
+  wide.pad_begin = wide.pad_end = {3, 3};
+  for (bool overlap : {true, false}) {
+    options.overlap = overlap;
+    const Runtime runtime = test::make_test_runtime(options);
+    const auto bound = [&](const Conv2dSpec& spec, std::int64_t h) {
+      auto conv = std::make_unique<Conv2d<float>>("c", spec, 1);
+      conv->setup(Distribution{{3, 2, h, 15}, g, grid.coords()});
+      conv->bind(runtime);
+      return conv;
+    };
+    // Device memory (the emulated device's) keeps its windows.
+    const bool host = runtime.allocator().space() == MemorySpace::host;
+    const auto c = bound(same, 17);
+    EXPECT_EQ(c->windowless(), host);
+    if (host) {
+      EXPECT_EQ(c->border_strips(), strips);
+      EXPECT_EQ(c->overlap_regions(), 0u);
+    }
+    EXPECT_FALSE(bound(strided, 17)->windowless());
+    EXPECT_FALSE(bound(pointwise, 17)->windowless());
+    EXPECT_EQ(bound(wide, 8)->windowless(), host && g.h <= 2 && g.w <= 2);
+  }
+  options.windowless = false;
+  const Runtime off = test::make_test_runtime(options);
+  Conv2d<float> c("c", same, 1);
+  c.setup(Distribution{{3, 2, 17, 15}, g, grid.coords()});
+  c.bind(off);
+  EXPECT_FALSE(c.windowless());
+}
+
+// The same-padding cases of the matrix on the window path (TESSERA_WINDOWLESS=0) against the
+// single-rank run, which computes them windowless: the two paths agree.
+TEST(ConvGrad, SameConvsOnTheWindowPathFloat64) {
+  RuntimeOptions options = test::world_runtime().options();
+  options.windowless = false;
+  const Runtime windows = test::make_test_runtime(options);
+  int cases = 0;
+  for (const ConvCase& c : conv_cases()) {
+    if (c.stride != 1 || c.padding != "\"same\"") continue;
+    test::CheckOptions o = c.options();
+    o.grid = &windows;
+    test::check_model<double>(parse_model(c.model()), {3, 2, c.height, c.width}, c.str(), o);
+    ++cases;
+  }
+  EXPECT_GE(cases, 10);
 }
 
 // Training does not ask for dL/dimages: the first conv then skips its backward-data and the

@@ -94,6 +94,9 @@ class Layer {
   virtual std::optional<WindowMap> window() const { return std::nullopt; }
   // Valid after setup(). Local.
   virtual LayerFlops flops() const { return {}; }
+  // What computes the layer on this rank where it has a choice (a conv's kernel, and whether it
+  // runs windowless), for bench listings; empty otherwise. Valid after bind(). Local.
+  virtual std::string kernel_summary() const { return {}; }
 
   // Memory layouts (DistTensor::layout). A layer that takes nchw16c inputs says so; one whose
   // output lies as its input does (pointwise) says that too. The model allows a layer to give

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/engine/layer.hpp"
@@ -105,6 +106,9 @@ class Model {
     std::string concat, consumer;
   };
   const std::vector<ConcatTaken>& concats_taken() const { return concats_taken_; }
+  // Each layer's Layer::kernel_summary() where it has one, with its name, in layer order: this
+  // rank's (kernels are planned for each rank's shapes). Local.
+  std::vector<std::pair<std::string, std::string>> kernel_summaries() const;
 
   std::vector<NamedParam<T>> params();
   std::vector<NamedBuffer<T>> buffers();

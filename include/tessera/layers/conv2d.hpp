@@ -46,6 +46,8 @@ class Conv2d final : public WindowLayer<T> {
   // Forward 2 * N * O * OH * OW * (C / groups) * KH * KW on this rank's output tile; backward
   // twice that (backward-data and backward-filter), or once without an input gradient.
   LayerFlops flops() const override;
+  // The kernel's name, with ", windowless" where windowless(). Local.
+  std::string kernel_summary() const override;
   // Any input layout: the exchange converts into the window's.
   bool takes_blocked() const override { return true; }
   // Whether the backend computes this conv with NCHW kernels only (Backend::conv_in_nchw), decided
@@ -60,6 +62,16 @@ class Conv2d final : public WindowLayer<T> {
   // How many passes the forward computes: 0 when it computes the whole tile after the halos
   // arrived; else 1 for the whole tile while they travel, plus the border strips after. Local.
   std::size_t overlap_regions() const { return regions_.empty() ? 0 : 1 + regions_.size(); }
+  // Whether bind() planned the conv without a window (Runtime::windowless): the whole tile from
+  // the tile itself with the kernel's zero padding, then the border strips that read halos again
+  // from strip buffers of their own (exchanged per side, with their own kernels), and in backward
+  // the strips' gradients into the neighbours' tiles and their filter-gradient terms. Taken by
+  // stride-1 convolutions whose input and output tiles coincide on every rank, with an interior
+  // that reads no halo on every rank, no concat, in host memory; the same on every rank.
+  // Local.
+  bool windowless() const { return windowless_; }
+  // The windowless border strips this rank computes (the sides with neighbours). Local.
+  std::size_t border_strips() const;
 
  private:
   // Plans the kernel for this rank's fixed shapes (window, local samples, output tile), once.
@@ -69,6 +81,14 @@ class Conv2d final : public WindowLayer<T> {
   // `y`) in these layouts; false when some box kernel declines them.
   bool plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,
                     Layout y_layout, const Backend& backend);
+  // Whether every rank can compute this conv windowless (see windowless()): pure in the
+  // distributions and the spec. Local.
+  bool windowless_fits(const Backend& backend) const;
+  // Plans strips_ for the layouts; false when some strip kernel declines them.
+  bool plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, Layout y_layout,
+                   const Backend& backend);
+  DistTensor<T> forward_windowless(const DistTensor<T>& x);
+  DistTensor<T> backward_windowless(const DistTensor<T>& dy);
 
   Conv2dSpec spec_;
   reference::ConvGeometry geometry_;
@@ -82,6 +102,23 @@ class Conv2d final : public WindowLayer<T> {
     std::unique_ptr<ConvKernel<T>> kernel;
   };
   std::vector<Region> regions_;
+  // Windowless: one per side (top, bottom, left, right) where some rank has a neighbour, in that
+  // order on every rank. `box`: this rank's output strip there (global; may be empty while
+  // others' are not: the exchanges run all the same); `footprint`: the input it reads.
+  struct Strip {
+    Box box, footprint;
+    BoxAt at;  // box within the output tile
+    // The footprint's values from their owners (fill); its gradient's parts that other ranks own
+    // back to them (accumulate: the plan without its own part, which the tile's pass computes).
+    HaloExchange<T> fill, accumulate;
+    Tensor<T> x;                              // fill's buffer, kept for the filter gradient
+    std::unique_ptr<ConvKernel<T>> forward;   // box kernel: x -> the strip of y (with bias)
+    std::unique_ptr<ConvKernel<T>> backward;  // dy's strip -> x's gradient; filter, no bias
+  };
+  bool windowless_ = false;
+  reference::ConvGeometry padded_;  // the tile's kernel's geometry when windowless
+  Layout x_layout_ = Layout::nchw;  // the layout the tile's kernel reads x in when windowless
+  std::vector<Strip> strips_;
   Layout out_layout_ = Layout::nchw;
   std::optional<FusedActivation> offered_, activation_;  // activation_: taken by the kernels
 };

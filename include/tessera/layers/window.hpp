@@ -106,6 +106,9 @@ class WindowLayer : public UnaryLayer<T> {
   // Whether convolutions compute their tile while halos travel and then recompute the border
   // strips that read them (Runtime::overlap). Valid after bind(). Local.
   bool overlap() const { return overlap_; }
+  // Whether the run asks for windowless layers where they fit (Runtime::windowless). Valid in
+  // bind_kernel. Local.
+  bool windowless_wanted() const { return windowless_wanted_; }
 
   // Allocates the window, fills it from x's tiles (zeros outside the image) and keeps it until
   // the next forward; where the window is x's tile in x's layout, returns x itself, kept from
@@ -151,11 +154,31 @@ class WindowLayer : public UnaryLayer<T> {
     return input_activation_grad_ ? input_activation_ : std::nullopt;
   }
 
+  // For a layer that computes without a window (Conv2d's windowless convolutions), from bind_kernel
+  // on: another exchange of this layer's (its communicator, tag, name and the backend's copies) on
+  // `plan`, its window in `layout`; several may be in flight together when every rank starts them
+  // in the same order (messages between two ranks arrive in the order sent). Local.
+  HaloExchange<T> exchange_on(HaloPlan plan, Layout layout) const;
+  // The backend's halo copies (box copies and layout conversions), from bind_kernel on. Local.
+  const HaloCopyKernel<T>& copies() const { return *copies_; }
+  // A windowless forward's input: x's tile in `layout`, kept for backward (kept_window()) — x
+  // itself where it lies so and the model hands it over (take_input), else a copy. Local.
+  const Tensor<T>& keep_tile(const DistTensor<T>& x, Layout layout);
+  // A windowless backward's result: dL/dx from `dx` (shaped like x's tile, in keep_tile's
+  // layout): multiplied by the fused input activation's f' (read from the kept tile), then in the
+  // layout x came in. Releases the kept tile. Local.
+  DistTensor<T> tile_grad(Tensor<T>&& dx);
+
  private:
   int tag_;
   bool overlap_ = true;
+  bool windowless_wanted_ = true;
   Distribution in_, out_;
   std::optional<HaloExchange<T>> exchange_;
+  // bind()'s, for exchange_on and keep_tile.
+  const Comm* comm_ = nullptr;
+  const Backend* backend_ = nullptr;
+  std::unique_ptr<HaloCopyKernel<T>> copies_;
   Tensor<T> window_;
   bool window_is_tile_ = false;  // bind()'s plan: window_is_tile()
   bool adopting_ = false;  // the last fill_window returned x: take_input keeps it as the window
