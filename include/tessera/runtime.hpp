@@ -18,7 +18,7 @@ namespace tessera {
 struct RuntimeOptions {
   KernelBackend kernels = default_kernel_backend();
   // Convolutions compute their tile while halos travel, then the border strips (README
-  // "Overlap"); off only to measure what it hides.
+  // "Overlap"); off only to measure what it hides. Windowless convolutions always overlap.
   bool overlap = true;
   // Activations computed by their neighbouring layers (README "Fused activations"); off only to
   // measure what it saves or to compare.

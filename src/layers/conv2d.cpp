@@ -150,6 +150,7 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   // Windowless: the kernel reads the tile itself, padded as the layer pads.
   windowless_ = windowless_fits(backend);
   strips_.clear();
+  regions_.clear();
   const Shape4 x = windowless_ ? in : Shape4{in.n, in.c, window.h.size(), window.w.size()};
   const Shape4 y = this->out_dist().local_shape();
   // The window, and the output where the model allows it, in nchw16c when a fast kernel takes
@@ -205,10 +206,15 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
         out_layout_ = yl;
         return;
       }
+      // Windowless needs its strips: a tile kernel without them would leave the border wrong and
+      // start fewer exchanges than the other ranks. (NCHW, which every backend plans, comes last.)
+      if (windowless_) kernel_.reset();
     }
     if (!fused) break;
   }
-  TESSERA_CHECK(kernel_ != nullptr, "no conv kernel for layer '" + this->name() + "'");
+  TESSERA_CHECK(kernel_ != nullptr,
+                "no conv kernel for layer '" + this->name() + "'" +
+                    (windowless_ ? " (windowless, with its border strips)" : ""));
 }
 
 template <typename T>
@@ -268,9 +274,10 @@ bool Conv2d<T>::windowless_fits(const Backend& backend) const {
     return false;
   if (spec_.axis(0).span() == 1 && spec_.axis(1).span() == 1) return false;  // window is tile
   const Distribution &in = this->in_dist(), &out = this->out_dist();
-  // Channels that only a padded 16-channel block takes fast (bind_kernel) keep the window, which
-  // may pad them; a windowless tile may not (its gradient is a tile of the strips' exchanges).
-  if (in.global.c > kBlock && in.global.c % 8 != 0) return false;
+  // More than 16 channels, not a multiple of 16: a padded 16-channel block is the fast layout
+  // for some of them (Winograd, bf16: bind_kernel), which the window may pad and a windowless
+  // tile may not (its gradient is a tile of the strips' exchanges): they keep the window.
+  if (in.global.c > kBlock && in.global.c % kBlock != 0) return false;
   if (in.global.h != out.global.h || in.global.w != out.global.w) return false;
   // Decided from every rank's tiles, so the same on every rank: the exchanges differ.
   const WindowMap map = *this->window();

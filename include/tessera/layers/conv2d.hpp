@@ -59,16 +59,18 @@ class Conv2d final : public WindowLayer<T> {
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
   const ConvKernel<T>* kernel() const { return kernel_.get(); }
-  // How many passes the forward computes: 0 when it computes the whole tile after the halos
-  // arrived; else 1 for the whole tile while they travel, plus the border strips after. Local.
+  // How many passes the forward computes on the window path: 0 when it computes the whole tile
+  // after the halos arrived; else 1 for the whole tile while they travel, plus the border strips
+  // after. 0 for a windowless conv (border_strips). Local.
   std::size_t overlap_regions() const { return regions_.empty() ? 0 : 1 + regions_.size(); }
   // Whether bind() planned the conv without a window (Runtime::windowless): the whole tile from
   // the tile itself with the kernel's zero padding, then the border strips that read halos again
   // from strip buffers of their own (exchanged per side, with their own kernels), and in backward
   // the strips' gradients into the neighbours' tiles and their filter-gradient terms. Taken by
-  // stride-1 convolutions whose input and output tiles coincide on every rank, with an interior
-  // that reads no halo on every rank, no concat, in host memory; the same on every rank.
-  // Local.
+  // stride-1 convolutions larger than 1x1 whose input and output tiles coincide on every rank,
+  // with an interior that reads no halo on every rank, no concat taken (offer_concat), at most 16
+  // input channels or a multiple of 16, in host memory; the same on every rank. The strips'
+  // exchanges always overlap the tile's pass (Runtime::overlap does not apply). Local.
   bool windowless() const { return windowless_; }
   // The windowless border strips this rank computes (the sides with neighbours). Local.
   std::size_t border_strips() const;
