@@ -324,13 +324,16 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
                 .fill = this->exchange_on(std::move(plan), x_layout),
                 .accumulate = this->exchange_on(std::move(others), x_layout),
                 // The fill writes every element but padding channels, which must read as zeros.
-                .x = storage_size(fs, x_layout) != fs.numel()
-                         ? Tensor<T>(fs, x_layout, this->allocator())
-                         : Tensor<T>(fs, x_layout, uninitialized, this->allocator()),
+                .x = this->copy_target(fs, x_layout),
                 .forward = nullptr,
-                .backward = nullptr};
+                .backward = nullptr,
+                .dy = {},
+                .grad = {}};
+    // The gradient of the footprint (backward-data overwrites it; empty where the strip is).
+    strip.grad = Tensor<T>(fs, x_layout, uninitialized, this->allocator());
     if (!box.empty()) {
       const Shape4 bs{y.n, y.c, box.h.size(), box.w.size()};
+      strip.dy = Tensor<T>(bs, y_layout, uninitialized, this->allocator());
       strip.forward = backend.conv<T>({.x = fs,
                                        .w = weight_.value.shape(),
                                        .y = bs,
@@ -391,24 +394,18 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
   const std::span<T> dbias = bias_.grad.span_in(this->allocator().space());
   const Box tile = this->out_dist().tile();
   // dy's strips: the outputs whose inputs include halos.
-  std::vector<Tensor<T>> dys(strips_.size());
-  for (std::size_t k = 0; k < strips_.size(); ++k) {
-    const Strip& s = strips_[k];
-    if (!s.backward) continue;
-    dys[k] = Tensor<T>({dy.local.shape().n, dy.local.shape().c, s.box.h.size(), s.box.w.size()},
-                       dy.layout(), uninitialized, this->allocator());
-    this->copies().move(planes_of(dy.local, tile), planes_of(dys[k], s.box), s.box,
-                        Direction::fill);
-  }
+  for (Strip& s : strips_)
+    if (s.backward)
+      this->copies().move(planes_of(dy.local, tile), planes_of(s.dy, s.box), s.box,
+                          Direction::fill);
   // The filter gradient: the tile's with zeros for the halos, plus each strip's from the halos
   // alone (its own part zeroed: the tile's pass has it), dy's strip against them.
   const auto filter = [&] {
     kernel_->backward_filter(x, dy.local, weight_.grad, dbias);
-    for (std::size_t k = 0; k < strips_.size(); ++k) {
-      Strip& s = strips_[k];
+    for (Strip& s : strips_) {
       if (!s.backward) continue;
       zero_box(planes_of(s.x, s.footprint), s.fill.plan().self);
-      s.backward->backward_filter(s.x, dys[k], weight_.grad, {});
+      s.backward->backward_filter(s.x, s.dy, weight_.grad, {});
     }
   };
   if (!this->input_grad()) {
@@ -420,15 +417,11 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
   // this tile (their backward-data, accumulated here); this rank's strips' parts go to them.
   Tensor<T> dx(this->in_dist().local_shape(), x_layout_, uninitialized, this->allocator());
   kernel_->backward_data(dy.local, weight_.value, dx);
-  std::vector<Tensor<T>> grads;
   std::vector<HaloRequest<T>> requests;
-  grads.reserve(strips_.size());
   requests.reserve(strips_.size());
-  for (std::size_t k = 0; k < strips_.size(); ++k) {
-    Strip& s = strips_[k];
-    grads.emplace_back(s.x.shape(), x_layout_, uninitialized, this->allocator());
-    if (s.backward) s.backward->backward_data(dys[k], weight_.value, grads.back());
-    requests.push_back(s.accumulate.start_accumulate(grads.back(), dx, Into::add));
+  for (Strip& s : strips_) {
+    if (s.backward) s.backward->backward_data(s.dy, weight_.value, s.grad);
+    requests.push_back(s.accumulate.start_accumulate(s.grad, dx, Into::add));
   }
   filter();  // needs no halo: it overlaps the exchanges
   for (std::size_t k = 0; k < strips_.size(); ++k)

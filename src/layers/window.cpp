@@ -170,15 +170,11 @@ HaloRequest<T> WindowLayer<T>::start_window(const DistTensor<T>& x) {
   const Shape4 shape = window_shape(in_, exchange_->plan());
   const Layout layout = exchange_->window_layout();
   if (window_.shape() != shape || window_.layout() != layout) {
-    if (storage_size(shape, layout) != shape.numel()) {
-      // The padding channels, which the exchange does not write, must read as zeros.
-      window_ = Tensor<T>(shape, layout, this->allocator());
-    } else {
-      window_ = Tensor<T>(shape, layout, uninitialized, this->allocator());
-      // A conv computes from the halo part before the halos arrive (and then recomputes what
-      // read it): zeros there, never indeterminate values.
-      if (overlap_ && !exchange_->plan().recv.empty()) exchange_->clear_halos(window_);
-    }
+    window_ = copy_target(shape, layout);
+    // A conv computes from the halo part before the halos arrive (and then recomputes what read
+    // it): zeros there, never indeterminate values.
+    if (storage_size(shape, layout) == shape.numel() && overlap_ && !exchange_->plan().recv.empty())
+      exchange_->clear_halos(window_);
   }
   in_layout_ = x.layout();
   if (parts_.empty()) return exchange_->start_fill(x.local, window_);
@@ -222,6 +218,13 @@ std::vector<DistTensor<T>> WindowLayer<T>::backward(const DistTensor<T>& dy,
   std::vector<DistTensor<T>> grads = UnaryLayer<T>::backward(dy, state);
   if (parts_.empty()) return grads;
   return std::exchange(part_grads_, {});  // accumulate_window's, one per input
+}
+
+template <typename T>
+Tensor<T> WindowLayer<T>::copy_target(const Shape4& shape, Layout layout) const {
+  if (storage_size(shape, layout) != shape.numel())
+    return Tensor<T>(shape, layout, this->allocator());
+  return Tensor<T>(shape, layout, uninitialized, this->allocator());
 }
 
 template <typename T>
@@ -298,10 +301,7 @@ const Tensor<T>& WindowLayer<T>::keep_tile(const DistTensor<T>& x, Layout layout
     window_ = Tensor<T>();
     return x.local;
   }
-  if (window_.shape() != shape || window_.layout() != layout)
-    window_ = storage_size(shape, layout) != shape.numel()
-                  ? Tensor<T>(shape, layout, this->allocator())  // padding channels read as zeros
-                  : Tensor<T>(shape, layout, uninitialized, this->allocator());
+  if (window_.shape() != shape || window_.layout() != layout) window_ = copy_target(shape, layout);
   const Box tile = in_.tile();
   copies_->move(planes_of(x.local, tile), planes_of(window_, tile), tile, Direction::fill);
   return window_;

@@ -116,6 +116,7 @@ class Conv2d final : public WindowLayer<T> {
     Tensor<T> x;                              // fill's buffer, kept for the filter gradient
     std::unique_ptr<ConvKernel<T>> forward;   // box kernel: x -> the strip of y (with bias)
     std::unique_ptr<ConvKernel<T>> backward;  // dy's strip -> x's gradient; filter, no bias
+    Tensor<T> dy, grad;  // backward's: dy's strip (a copy), the footprint's gradient
   };
   bool windowless_ = false;
   reference::ConvGeometry padded_;  // the tile's kernel's geometry when windowless

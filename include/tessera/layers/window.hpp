@@ -137,6 +137,9 @@ class WindowLayer : public UnaryLayer<T> {
   // as PyTorch frees saved tensors. The next forward allocates it again. Local.
   void release_window() { window_ = Tensor<T>(); }
 
+  // A buffer that copies fill (a window, a kept tile, a strip): uninitialised, but its padding
+  // channels zero where `layout` pads `shape`'s (no copy writes them, kernels read them). Local.
+  Tensor<T> copy_target(const Shape4& shape, Layout layout) const;
   // A zero gradient shaped like the window (with the storage of its layout), for backward-data
   // to add into; or one for a kernel that overwrites it. Local.
   Tensor<T> window_grad_zeros() const;
