@@ -44,6 +44,12 @@ class OneDnnBackend final : public Backend {
                           const reference::ConvGeometry& g) const override {
     return narrow_conv_fits(shapes, g);
   }
+  // The narrow kernels read a concat's parts; oneDNN's would gather them (no cheaper than the
+  // window they replace).
+  bool float_conv_takes_parts(const ConvShapes& shapes,
+                              const reference::ConvGeometry& g) const override {
+    return narrow_conv_fits(shapes, g);
+  }
   std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g) const override {
     // Few output channels at stride 1 on AVX-512: the narrow kernels, in NCHW; other layouts are

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -28,17 +29,23 @@ constexpr std::int64_t kOut = 8;  // output channels whose sums one pass keeps i
 constexpr std::int64_t kLanes = 16;  // floats in a vector
 #endif
 constexpr std::int64_t kMaxExtent = 7, kMaxOut = 16, kMaxIn = 64;
+constexpr std::int64_t kChunk = 8;  // input channels summed per pass over a row
+// Where the input channels lie, kChunk at a time: chunk q's channel i % kChunk at
+// chunks[q] + (i % kChunk) * plane. One tensor's chunks are kChunk planes apart; a concat's parts
+// (ConvKernel::forward_parts) each hold whole chunks but the last.
+using Chunks = std::array<const float*, kMaxIn / kChunk>;
 
 // One output row's sums over the taps of some input channels: for w < out_w and o < outs,
 // out[o][w] = start + sum over input channels i, taps (a, b) of
-// k[(i * kh * kw + a * kw + b) * kOut + o] * in[i][row0 + a * dh][w + col0 + b * dw], where start
+// k[(i * kh * kw + a * kw + b) * kOut + o] * in[i][row0 + a * dh][w + col0 + b * dw] (in[i] at
+// in[i / kChunk] + (i % kChunk) * in_plane: row 0 of channel i), where start
 // is out[o][w] itself (accumulate), init[o], or 0; input values outside the in_h x in_w planes
 // count as 0; with `activate`, the sums go out through elementwise::leaky_relu(sum, slope) (ReLU:
 // slope 0), computed alike. The forward reads x from row0 = output row - pad_top, col0 =
 // -pad_left (the padding is the reads outside); the backward-data pass reads dy with the kernel
 // flipped (correlate_all: row0, col0 <= 0, the edges outside).
 struct RowJob {
-  const float* in;  // input channel 0, row 0
+  Chunks in;  // row 0 of each chunk's first input channel
   std::int64_t in_plane, in_row, in_h, in_w;
   std::int64_t row0, col0;
   const float* k;
@@ -54,8 +61,6 @@ struct RowJob {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
 namespace wide {
-
-constexpr std::int64_t kChunk = 8;  // input channels summed per pass over a row
 
 // The lanes l of 16 columns from `first` with 0 <= first + l < limit.
 inline __mmask16 columns_within(std::int64_t first, std::int64_t limit) {
@@ -105,7 +110,8 @@ void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t
     for (std::int64_t a = 0; a < kh; ++a) {
       if constexpr (!decltype(all_rows)::value)
         if (a < a0 || a >= a1) continue;
-      const float* row = job.in + i * job.in_plane + (job.row0 + a * job.dh) * job.in_row;
+      const float* row =
+          job.in[i / kChunk] + i % kChunk * job.in_plane + (job.row0 + a * job.dh) * job.in_row;
       const float* k = job.k + (i * taps + a * kw) * kOut;
       for (std::int64_t b = 0; b < kw; ++b, k += kOut) {
         const std::int64_t c = w0 + job.col0 + b * job.dw;
@@ -177,7 +183,7 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
   // forward of the same tile lying in 2050-column rows (a box) takes 56.5.
   std::int64_t head = 0;
   if (a0 < a1 && job.in_row % kLanes == 0 && job.in_plane % kLanes == 0) {
-    const auto index = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(job.in) /
+    const auto index = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(job.in[0]) /
                                                  sizeof(float) % kLanes);
     const std::int64_t offset = ((index + job.col0) % kLanes + kLanes) % kLanes;
     const std::int64_t span = kStep + (job.kw - 1) * job.dw;  // a block's input columns
@@ -193,7 +199,7 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
         const std::int64_t first = std::max<std::int64_t>(0, w0 + job.col0);
         const std::int64_t last = std::min(job.in_w, w0 + kStep + reach);
         for (std::int64_t i = i0; i < i1; ++i) {
-          const float* row = job.in + i * job.in_plane + next * job.in_row;
+          const float* row = job.in[i / kChunk] + i % kChunk * job.in_plane + next * job.in_row;
           for (std::int64_t c = first; c < last; c += kLanes)
             _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T1);
         }
@@ -301,7 +307,7 @@ void copy_padded(const float* from, std::int64_t n, float* to, std::int64_t to_l
 struct FilterJob {
   const float* dy;  // output channel 0 of the row
   std::int64_t dy_plane, outs, out_w;
-  const float* x;  // input channel 0, row 0
+  Chunks x;  // row 0 of each chunk's first input channel (RowJob::in)
   std::int64_t x_plane, x_row, in_h, in_w, channels;
   std::int64_t row0, col0;
   std::int64_t kh, kw, dh, dw;
@@ -332,7 +338,8 @@ void filter_row(const FilterJob& job, float* partial) {
     const std::int64_t col = w0 + job.col0;  // the piece's first column for tap 0
     for (std::int64_t c = 0; c < job.channels; ++c)
       for (std::int64_t a = a0; a < a1; ++a) {
-        const float* xr = job.x + c * job.x_plane + (job.row0 + a * job.dh) * job.x_row;
+        const float* xr =
+            job.x[c / kChunk] + c % kChunk * job.x_plane + (job.row0 + a * job.dh) * job.x_row;
         // The next piece of this row of x, asked for now: the 8 x 3 rows a piece reads are too
         // many streams for the prefetchers to follow.
         if (w0 + kFilterColumns < job.out_w)
@@ -389,20 +396,44 @@ double row_sum(const float* p, std::int64_t n) {
 #pragma GCC pop_options
 #endif
 
-// NCHW planes of a tensor or of a box of one: channel c of sample n at
-// data + (n * channels + c) * plane, rows `row` apart.
+// NCHW planes of a tensor, of a box of one, or of a concat's parts (ConvKernel::forward_parts:
+// tensors of the same H x W holding consecutive channels, each but the last whole chunks of
+// kChunk): channel c of sample n in the part p holding it, at p.data + (n * p.channels + c -
+// p.first) * plane, rows `row` apart.
 template <typename F>
 struct Planes {
-  F* data;
-  std::int64_t channels, plane, row;
+  struct Part {
+    F* data;
+    std::int64_t first, channels;
+  };
+  std::array<Part, kMaxIn / kChunk> parts{};
+  std::size_t count = 0;
+  std::int64_t plane = 0, row = 0;
+
   F* at(std::int64_t n, std::int64_t c, std::int64_t r) const {
-    return data + (n * channels + c) * plane + r * row;
+    std::size_t k = 0;
+    while (k + 1 < count && c >= parts[k + 1].first)
+      ++k;
+    const Part& p = parts[k];
+    return p.data + (n * p.channels + c - p.first) * plane + r * row;
+  }
+  // Row 0 of the first channel of each chunk of sample n's `channels` channels (RowJob::in).
+  Chunks chunks(std::int64_t n, std::int64_t channels) const {
+    Chunks q{};
+    for (std::int64_t c = 0; c < channels; c += kChunk)
+      q[static_cast<std::size_t>(c / kChunk)] = at(n, c, 0);
+    return q;
   }
 };
 
 template <typename F>
 Planes<F> planes_of(F* data, const Shape4& outer, BoxAt at = {}) {
-  return {data + at.h * outer.w + at.w, outer.c, outer.h * outer.w, outer.w};
+  Planes<F> p;
+  p.parts[0] = {data + at.h * outer.w + at.w, 0, outer.c};
+  p.count = 1;
+  p.plane = outer.h * outer.w;
+  p.row = outer.w;
+  return p;
 }
 
 #if TESSERA_HAS_WIDE_LOOPS
@@ -445,6 +476,35 @@ class NarrowConv final : public ConvKernel<float> {
   void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
                        std::span<float> dbias) override {
     check("backward_filter", x, s_.x, dw, dy, s_.y, dbias);
+    filter(planes_of(x.data(), s_.x), dy, dw, dbias);
+  }
+
+  // A concat's parts, read and written where they lie.
+  bool reads_parts() const override { return true; }
+  void forward_parts(std::span<const Tensor<float>* const> x, const Tensor<float>& w,
+                     std::span<const float> bias, Tensor<float>& y) override {
+    check("forward_parts", s_.x, w, y, s_.y, bias);
+    correlate_all(parts_planes<const float>(x, "forward_parts"), s_.x, planes_of(y.data(), s_.y),
+                  s_.y, false, w, bias);
+  }
+  void backward_data_parts(const Tensor<float>& dy, const Tensor<float>& w,
+                           std::span<Tensor<float>* const> dx) override {
+    check("backward_data_parts", s_.x, w, dy, s_.y, {});
+    correlate_all(planes_of(dy.data(), s_.y), s_.y, parts_planes<float>(dx, "backward_data_parts"),
+                  s_.x, true, w, {});
+  }
+  void backward_filter_parts(std::span<const Tensor<float>* const> x, const Tensor<float>& dy,
+                             Tensor<float>& dw, std::span<float> dbias) override {
+    check("backward_filter_parts", s_.x, dw, dy, s_.y, dbias);
+    filter(parts_planes<const float>(x, "backward_filter_parts"), dy, dw, dbias);
+  }
+
+  std::string name() const override { return "narrow avx512"; }
+
+ private:
+  // The filter gradient's sums from x's planes `in` (backward_filter).
+  void filter(const Planes<const float>& in, const Tensor<float>& dy, Tensor<float>& dw,
+              std::span<float> dbias) {
     const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
     const std::int64_t taps = ws.h * ws.w, rows = ys.n * ys.h;
     const std::int64_t per_block = kOut * ws.c * taps * kLanes;
@@ -460,7 +520,7 @@ class NarrowConv final : public ConvKernel<float> {
     const std::int64_t parts = std::clamp<std::int64_t>(kernel_threads().count, 1, rows);
     std::vector<double> sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0);
     std::vector<double> bias_sums(static_cast<std::size_t>(parts * ys.c), 0.0);
-    const Planes<const float> in = planes_of(x.data(), xs), grad = planes_of(dy.data(), ys);
+    const Planes<const float> grad = planes_of(dy.data(), ys);
     parallel_for(
         parts,
         [&](std::int64_t first, std::int64_t last) {
@@ -475,7 +535,7 @@ class NarrowConv final : public ConvKernel<float> {
                                   .dy_plane = grad.plane,
                                   .outs = std::min(kOut, ys.c - block * kOut),
                                   .out_w = ys.w,
-                                  .x = in.at(n, 0, 0),
+                                  .x = in.chunks(n, xs.c),
                                   .x_plane = in.plane,
                                   .x_row = in.row,
                                   .in_h = xs.h,
@@ -519,9 +579,6 @@ class NarrowConv final : public ConvKernel<float> {
     }
   }
 
-  std::string name() const override { return "narrow avx512"; }
-
- private:
   // The fused activation's slope as elementwise::leaky_relu takes it: ReLU's is 0.
   float activation_slope() const {
     const std::optional<FusedActivation>& f = s_.activation;
@@ -531,13 +588,46 @@ class NarrowConv final : public ConvKernel<float> {
   // Throws unless the tensors have the planned shapes in NCHW and the weights and bias fit.
   void check(const char* pass, const Tensor<float>& x, const Shape4& xs, const Tensor<float>& w,
              const Tensor<float>& y, const Shape4& ys, std::span<const float> bias) const {
-    TESSERA_CHECK(
-        x.shape() == xs && y.shape() == ys && w.shape() == s_.w && x.layout() == Layout::nchw &&
-            y.layout() == Layout::nchw && w.layout() == Layout::nchw &&
-            (bias.empty() || static_cast<std::int64_t>(bias.size()) == s_.w.n),
-        std::string("narrow conv planned for ") + xs.str() + " -> " + ys.str() + " (weights " +
-            s_.w.str() + ") in NCHW, " + pass + " called with " + x.shape().str() + " -> " +
-            y.shape().str() + " (weights " + w.shape().str() + ")");
+    TESSERA_CHECK(x.shape() == xs && x.layout() == Layout::nchw,
+                  std::string("narrow conv planned for ") + xs.str() + " -> " + ys.str() +
+                      " in NCHW, " + pass + " called with " + x.shape().str() + " -> " +
+                      y.shape().str());
+    check(pass, xs, w, y, ys, bias);
+  }
+  // The same for all but x (a concat's parts: parts_planes).
+  void check(const char* pass, const Shape4& xs, const Tensor<float>& w, const Tensor<float>& y,
+             const Shape4& ys, std::span<const float> bias) const {
+    TESSERA_CHECK(y.shape() == ys && w.shape() == s_.w && y.layout() == Layout::nchw &&
+                      w.layout() == Layout::nchw &&
+                      (bias.empty() || static_cast<std::int64_t>(bias.size()) == s_.w.n),
+                  std::string("narrow conv planned for ") + xs.str() + " -> " + ys.str() +
+                      " (weights " + s_.w.str() + ") in NCHW, " + pass + " called with output " +
+                      y.shape().str() + " (weights " + w.shape().str() + ")");
+  }
+  // The planes of a concat's parts, checked: NCHW, x's planned N, H and W, together x's channels,
+  // each but the last whole chunks.
+  template <typename F, typename P>
+  Planes<F> parts_planes(std::span<P* const> parts, const char* pass) const {
+    const Shape4& xs = s_.x;
+    Planes<F> p;
+    p.plane = xs.h * xs.w;
+    p.row = xs.w;
+    std::int64_t first = 0;
+    for (P* part : parts) {
+      const Shape4& ps = part->shape();
+      TESSERA_CHECK(p.count < p.parts.size() && first % kChunk == 0 && ps.n == xs.n &&
+                        ps.h == xs.h && ps.w == xs.w && part->layout() == Layout::nchw,
+                    std::string("narrow conv planned for ") + xs.str() + " in NCHW: " + pass +
+                        " called with a part " + ps.str() + " at channel " + std::to_string(first) +
+                        " (parts start on multiples of " + std::to_string(kChunk) +
+                        " channels, at most " + std::to_string(p.parts.size()) + " of them)");
+      p.parts[p.count++] = {part->data(), first, ps.c};
+      first += ps.c;
+    }
+    TESSERA_CHECK(first == xs.c && p.count > 0,
+                  std::string("narrow conv planned for ") + xs.str() + ": " + pass +
+                      " called with " + std::to_string(first) + " channels in its parts");
+    return p;
   }
 
   // The weights as correlate_row reads them, k[block][i][tap][j] for blocks of 8 j, zero for j
@@ -581,7 +671,7 @@ class NarrowConv final : public ConvKernel<float> {
           for (std::int64_t r = first; r < last; ++r) {
             const std::int64_t n = r / os.h, h = r % os.h;
             for (std::int64_t block = 0; block < blocks; ++block)
-              wide::correlate_row({.in = in.at(n, 0, 0),
+              wide::correlate_row({.in = in.chunks(n, is.c),
                                    .in_plane = in.plane,
                                    .in_row = in.row,
                                    .in_h = is.h,

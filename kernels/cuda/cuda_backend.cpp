@@ -48,6 +48,15 @@ class CudaBackend final : public Backend {
   void synchronize() const override { cuda::Context::get().synchronize(); }
 
  protected:
+  // cuDNN's kernels take no concat's parts (and convs keep their windows in device memory).
+  bool float_conv_takes_parts(const ConvShapes& /*shapes*/,
+                              const reference::ConvGeometry& /*g*/) const override {
+    return false;
+  }
+  bool double_conv_takes_parts(const ConvShapes& /*shapes*/,
+                               const reference::ConvGeometry& /*g*/) const override {
+    return false;
+  }
   std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g) const override {
     return cudnn_conv<float>(shapes, g);

@@ -189,6 +189,17 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
     Node& consumer = nodes_[consumers[c][0]];
     consumer.inputs = nodes_[c].inputs;
     consumer.layer->hand_over_input(false);
+    // An input that no node reads after the concat's consumer (nodes run in order; a taken
+    // concat's inputs are read by its consumer), given once.
+    std::vector<bool> handed;
+    for (int i : consumer.inputs) {
+      std::size_t last = 0;
+      for (std::size_t k : consumers[static_cast<std::size_t>(i)])
+        last = std::max(last, reader(k));
+      handed.push_back(last == consumers[c][0] &&
+                       std::count(consumer.inputs.begin(), consumer.inputs.end(), i) == 1);
+    }
+    consumer.layer->hand_over_concat_inputs(std::move(handed));
     nodes_[c].taken = true;
     nodes_[c].consumers = 0;
     concats_taken_.push_back(
@@ -263,6 +274,12 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
             layer.take_input(std::move(*outputs[i]));
             outputs[i].reset();
           }
+          for (std::size_t j = 0; j < ins.size(); ++j)
+            if (layer.concat_input_handed_over(j)) {  // its last consumer
+              const int i = nodes_[k].inputs[j];
+              layer.take_concat_input(j, std::move(*outputs[i]));
+              outputs[i].reset();
+            }
         }
       } catch (const OutOfDeviceMemory& e) {
         throw OutOfDeviceMemory("layer '" + nodes_[k].layer->name() + "' (forward): " + e.what());

@@ -270,15 +270,24 @@ template <typename T>
 bool Conv2d<T>::windowless_fits(const Backend& backend) const {
   // The GPU keeps its windows: the strips' box kernels and exchanges are not measured there.
   if (!this->windowless_wanted() || backend.allocator().space() != MemorySpace::host ||
-      this->concat_taken() || spec_.stride != Pair{1, 1})
+      spec_.stride != Pair{1, 1})
     return false;
   if (spec_.axis(0).span() == 1 && spec_.axis(1).span() == 1) return false;  // window is tile
   const Distribution &in = this->in_dist(), &out = this->out_dist();
   // More than 16 channels, not a multiple of 16: a padded 16-channel block is the fast layout
   // for some of them (Winograd, bf16: bind_kernel), which the window may pad and a windowless
-  // tile may not (its gradient is a tile of the strips' exchanges): they keep the window.
-  if (in.global.c > kBlock && in.global.c % kBlock != 0) return false;
+  // tile may not (its gradient is a tile of the strips' exchanges): they keep the window. (A
+  // concat's inputs are computed windowless only by kernels that read NCHW: below.)
+  if (!this->concat_taken() && in.global.c > kBlock && in.global.c % kBlock != 0) return false;
   if (in.global.h != out.global.h || in.global.w != out.global.w) return false;
+  // A concat's inputs where the kernel reads them as they lie (and never with an input
+  // activation: the concat, not this layer, is the activation's consumer).
+  if (this->concat_taken() &&
+      (this->input_activation_offered() ||
+       !backend.conv_takes_parts<T>(
+           {.x = in.global, .w = weight_.value.shape(), .y = out.global, .bias = spec_.bias},
+           padded_)))
+    return false;
   // Decided from every rank's tiles, so the same on every rank: the exchanges differ.
   const WindowMap map = *this->window();
   for (int a = 0; a < in.grid.h; ++a)
@@ -309,6 +318,17 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
       }
     }
   const Box tile = out.tile();
+  // x's channels, or those of each of a concat's inputs.
+  std::vector<std::int64_t> channels{x.c};
+  firsts_ = {0};
+  if (this->concat_taken()) {
+    channels.clear();
+    firsts_.clear();
+    for (std::size_t k = 0; k < this->concat_inputs().size(); ++k) {
+      channels.push_back(this->concat_inputs()[k].global.c);
+      firsts_.push_back(this->concat_first_channel(k));
+    }
+  }
   for (std::size_t s = 0; s < boxes.size(); ++s) {
     if (std::all_of(boxes[s].begin(), boxes[s].end(), [](const Box& b) { return b.empty(); }))
       continue;
@@ -321,14 +341,18 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
     Strip strip{.box = box,
                 .footprint = footprint,
                 .at = {box.h.begin - tile.h.begin, box.w.begin - tile.w.begin},
-                .fill = this->exchange_on(std::move(plan), x_layout),
-                .accumulate = this->exchange_on(std::move(others), x_layout),
+                .fill = {},
+                .accumulate = {},
                 // The fill writes every element but padding channels, which must read as zeros.
                 .x = this->copy_target(fs, x_layout),
                 .forward = nullptr,
                 .backward = nullptr,
                 .dy = {},
                 .grad = {}};
+    for (std::int64_t c : channels) {
+      strip.fill.push_back(this->exchange_on(plan, x_layout, c));
+      strip.accumulate.push_back(this->exchange_on(others, x_layout, c));
+    }
     // The gradient of the footprint (backward-data overwrites it; empty where the strip is).
     strip.grad = Tensor<T>(fs, x_layout, uninitialized, this->allocator());
     if (!box.empty()) {
@@ -373,16 +397,29 @@ template <typename T>
 DistTensor<T> Conv2d<T>::forward_windowless(const DistTensor<T>& x) {
   DistTensor<T> y(this->out_dist(), out_layout_, uninitialized, this->allocator());
   const std::span<const T> bias(std::as_const(bias_.value).span_in(this->allocator().space()));
-  // Every rank starts its strips' exchanges in side order: their messages share the layer's tag.
+  const bool concat = this->concat_taken();
+  const DistTensor<T>* const one = &x;
+  const std::span<const DistTensor<T>* const> inputs =
+      concat ? this->concat_inputs_given() : std::span<const DistTensor<T>* const>(&one, 1);
+  TESSERA_CHECK(inputs.size() == firsts_.size(),
+                "layer '" + this->name() + "' was planned for " + std::to_string(firsts_.size()) +
+                    " inputs, but forward was given " + std::to_string(inputs.size()));
+  // Every rank starts its strips' exchanges in side order, and each strip's in input order: their
+  // messages share the layer's tag.
   std::vector<HaloRequest<T>> requests;
-  requests.reserve(strips_.size());
+  requests.reserve(strips_.size() * inputs.size());
   for (Strip& s : strips_)
-    requests.push_back(s.fill.start_fill(x.local, s.x));
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      requests.push_back(s.fill[k].start_fill(inputs[k]->local, s.x, firsts_[k]));
   // The whole tile while the halos travel, reading zeros where they are; then the strips again.
-  kernel_->forward(this->keep_tile(x, x_layout_), weight_.value, bias, y.local);
-  for (std::size_t k = 0; k < strips_.size(); ++k) {
-    Strip& s = strips_[k];
-    s.fill.finish(requests[k]);
+  if (concat)
+    kernel_->forward_parts(this->keep_concat_tiles(x_layout_), weight_.value, bias, y.local);
+  else
+    kernel_->forward(this->keep_tile(x, x_layout_), weight_.value, bias, y.local);
+  std::size_t r = 0;
+  for (Strip& s : strips_) {
+    for (HaloExchange<T>& fill : s.fill)
+      fill.finish(requests[r++]);
     if (s.forward) s.forward->forward_box(s.x, {}, weight_.value, bias, y.local, s.at);
   }
   return y;
@@ -390,7 +427,11 @@ DistTensor<T> Conv2d<T>::forward_windowless(const DistTensor<T>& x) {
 
 template <typename T>
 DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
-  const Tensor<T>& x = this->kept_window();  // the tile keep_tile kept
+  const bool concat = this->concat_taken();
+  // The tile keep_tile kept, or the concat's inputs' tiles keep_concat_tiles kept.
+  const Tensor<T>& x = this->kept_window();
+  const std::vector<const Tensor<T>*> xs =
+      concat ? this->kept_concat_tiles() : std::vector<const Tensor<T>*>{};
   const std::span<T> dbias = bias_.grad.span_in(this->allocator().space());
   const Box tile = this->out_dist().tile();
   // dy's strips: the outputs whose inputs include halos.
@@ -401,32 +442,52 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
   // The filter gradient: the tile's with zeros for the halos, plus each strip's from the halos
   // alone (its own part zeroed: the tile's pass has it), dy's strip against them.
   const auto filter = [&] {
-    kernel_->backward_filter(x, dy.local, weight_.grad, dbias);
+    if (concat)
+      kernel_->backward_filter_parts(xs, dy.local, weight_.grad, dbias);
+    else
+      kernel_->backward_filter(x, dy.local, weight_.grad, dbias);
     for (Strip& s : strips_) {
       if (!s.backward) continue;
-      zero_box(planes_of(s.x, s.footprint), s.fill.plan().self);
+      zero_box(planes_of(s.x, s.footprint), s.fill.front().plan().self);
       s.backward->backward_filter(s.x, s.dy, weight_.grad, {});
     }
   };
   if (!this->input_grad()) {
     filter();
+    if (concat) this->set_concat_grads({});  // releases the kept tiles
     this->release_window();
     return {};
   }
   // dL/dx: the tile's own dy through the padded kernel, plus what the neighbours' strips give
-  // this tile (their backward-data, accumulated here); this rank's strips' parts go to them.
-  Tensor<T> dx(this->in_dist().local_shape(), x_layout_, uninitialized, this->allocator());
-  kernel_->backward_data(dy.local, weight_.value, dx);
+  // this tile (their backward-data, accumulated here); this rank's strips' parts go to them. With
+  // a concat, each input's gradient apart.
+  std::vector<Tensor<T>> dx;
+  if (concat) {
+    for (const Distribution& d : this->concat_inputs())
+      dx.emplace_back(d.local_shape(), x_layout_, uninitialized, this->allocator());
+    std::vector<Tensor<T>*> parts;
+    for (Tensor<T>& t : dx)
+      parts.push_back(&t);
+    kernel_->backward_data_parts(dy.local, weight_.value, parts);
+  } else {
+    dx.emplace_back(this->in_dist().local_shape(), x_layout_, uninitialized, this->allocator());
+    kernel_->backward_data(dy.local, weight_.value, dx.front());
+  }
   std::vector<HaloRequest<T>> requests;
-  requests.reserve(strips_.size());
+  requests.reserve(strips_.size() * dx.size());
   for (Strip& s : strips_) {
     if (s.backward) s.backward->backward_data(s.dy, weight_.value, s.grad);
-    requests.push_back(s.accumulate.start_accumulate(s.grad, dx, Into::add));
+    for (std::size_t k = 0; k < dx.size(); ++k)
+      requests.push_back(s.accumulate[k].start_accumulate(s.grad, dx[k], Into::add, firsts_[k]));
   }
   filter();  // needs no halo: it overlaps the exchanges
-  for (std::size_t k = 0; k < strips_.size(); ++k)
-    strips_[k].accumulate.finish(requests[k]);
-  return this->tile_grad(std::move(dx));
+  std::size_t r = 0;
+  for (Strip& s : strips_)
+    for (HaloExchange<T>& accumulate : s.accumulate)
+      accumulate.finish(requests[r++]);
+  if (!concat) return this->tile_grad(std::move(dx.front()));
+  this->set_concat_grads(std::move(dx));
+  return {};  // backward() returns the concat's inputs' gradients
 }
 
 template <typename T>

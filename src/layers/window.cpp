@@ -283,10 +283,12 @@ DistTensor<T> WindowLayer<T>::accumulate_window(Tensor<T>& grad,
 }
 
 template <typename T>
-HaloExchange<T> WindowLayer<T>::exchange_on(HaloPlan plan, Layout layout) const {
+HaloExchange<T> WindowLayer<T>::exchange_on(HaloPlan plan, Layout layout,
+                                            std::int64_t channels) const {
   const Shape4 l = in_.local_shape();
-  HaloExchange<T> e(std::move(plan), *comm_, tag_, "layer '" + this->name() + "'", l.n * l.c,
-                    backend_->halo_copy<T>(), &backend_->allocator());
+  HaloExchange<T> e(std::move(plan), *comm_, tag_, "layer '" + this->name() + "'",
+                    l.n * (channels > 0 ? channels : l.c), backend_->halo_copy<T>(),
+                    &backend_->allocator());
   e.set_window_layout(layout);
   return e;
 }
@@ -322,6 +324,88 @@ DistTensor<T> WindowLayer<T>::tile_grad(Tensor<T>&& dx) {
   copies_->move(planes_of(std::as_const(dx), tile), planes_of(out.local, tile), tile,
                 Direction::fill);
   return out;
+}
+
+template <typename T>
+std::int64_t WindowLayer<T>::concat_first_channel(std::size_t k) const {
+  std::int64_t first = 0;
+  for (std::size_t j = 0; j < k; ++j)
+    first += taken_[j].global.c;
+  return first;
+}
+
+template <typename T>
+std::vector<const Tensor<T>*> WindowLayer<T>::keep_concat_tiles(Layout layout) {
+  const std::size_t parts = part_inputs_.size();
+  TESSERA_CHECK(parts == taken_.size(),
+                "layer '" + this->name() + "' took a concat of " + std::to_string(taken_.size()) +
+                    " inputs, but forward was given " + std::to_string(parts));
+  part_tiles_.resize(parts);
+  part_kept_.assign(parts, false);
+  part_layouts_.resize(parts);
+  std::vector<const Tensor<T>*> tiles;
+  for (std::size_t k = 0; k < parts; ++k) {
+    const DistTensor<T>& x = *part_inputs_[k];
+    part_layouts_[k] = x.layout();
+    const Shape4& shape = x.local.shape();
+    if (x.layout() == layout && storage_size(shape, layout) == x.local.numel()) {
+      // In place; kept for backward as handed over, or as a copy (another layer reads it later).
+      part_kept_[k] = this->concat_input_handed_over(k);
+      if (part_kept_[k])
+        part_tiles_[k] = Tensor<T>();
+      else
+        part_tiles_[k] = x.local;
+      tiles.push_back(&x.local);
+      continue;
+    }
+    Tensor<T>& tile = part_tiles_[k];
+    if (tile.shape() != shape || tile.layout() != layout) tile = copy_target(shape, layout);
+    const Box box = taken_[k].tile();
+    copies_->move(planes_of(x.local, box), planes_of(tile, box), box, Direction::fill);
+    tiles.push_back(&tile);
+  }
+  return tiles;
+}
+
+template <typename T>
+void WindowLayer<T>::take_concat_input(std::size_t k, DistTensor<T>&& x) {
+  if (k < part_kept_.size() && part_kept_[k]) part_tiles_[k] = std::move(x.local);
+}
+
+template <typename T>
+std::vector<const Tensor<T>*> WindowLayer<T>::kept_concat_tiles() const {
+  std::vector<const Tensor<T>*> tiles;
+  for (const Tensor<T>& t : part_tiles_)
+    tiles.push_back(&t);
+  return tiles;
+}
+
+template <typename T>
+void WindowLayer<T>::set_concat_grads(std::vector<Tensor<T>>&& dx) {
+  part_grads_.clear();
+  if (dx.empty()) {  // no input gradient asked for: only the release
+    part_tiles_.clear();
+    part_kept_.clear();
+    return;
+  }
+  TESSERA_CHECK(dx.size() == taken_.size() && part_layouts_.size() == taken_.size(),
+                "layer '" + this->name() + "': " + std::to_string(dx.size()) +
+                    " input gradients for a concat of " + std::to_string(taken_.size()));
+  for (std::size_t k = 0; k < dx.size(); ++k) {
+    DistTensor<T> g;
+    g.dist = taken_[k];
+    if (dx[k].layout() == part_layouts_[k]) {
+      g.local = std::move(dx[k]);
+    } else {
+      g = DistTensor<T>(taken_[k], part_layouts_[k], uninitialized, this->allocator());
+      const Box box = taken_[k].tile();
+      copies_->move(planes_of(std::as_const(dx[k]), box), planes_of(g.local, box), box,
+                    Direction::fill);
+    }
+    part_grads_.push_back(std::move(g));
+  }
+  part_tiles_.clear();  // released, as release_window does
+  part_kept_.clear();
 }
 
 template HaloExchange<float> window_exchange(const Distribution&, const Distribution&,

@@ -6,6 +6,7 @@
 #include "check_model.hpp"
 #include "mpi_test.hpp"
 #include "tessera/batch.hpp"
+#include "tessera/kernels/narrow_conv.hpp"
 
 namespace tessera {
 namespace {
@@ -191,12 +192,25 @@ const char* kConcats = R"({"input_channels": 3, "layers": [
 
 template <typename T>
 void check_concats(const std::vector<std::string>& expected, const std::string& what) {
+  // The consumers (3x3 "same" convs) compute windowless from the inputs where their kernels read
+  // them as they lie, in host memory: the narrow kernels (float32 on AVX-512), and the reference
+  // (float64, and the reference backend), which gathers them.
+  const Runtime& runtime = test::world_runtime();
+  const bool windowless =
+      runtime.allocator().space() == MemorySpace::host &&
+      (std::is_same_v<T, double> || runtime.backend().kind() == KernelBackend::reference ||
+       narrow_conv_available());
   same_step_as_unfused<T>(kConcats, {2, 3, 20, 26}, what, [&](Model<T>& fused, Model<T>& unfused) {
     EXPECT_TRUE(unfused.concats_taken().empty()) << what;
     std::vector<std::string> got;
     for (const auto& c : fused.concats_taken())
       got.push_back(c.concat + " -> " + c.consumer);
     EXPECT_EQ(got, expected) << what;
+    for (const auto& [layer, kernel] : fused.kernel_summaries())
+      for (const std::string& c : expected)
+        if (c.ends_with("-> " + layer)) {
+          EXPECT_EQ(kernel.ends_with(", windowless"), windowless) << what << ": " << c;
+        }
   });
 }
 
@@ -210,6 +224,38 @@ TEST(ConcatsTaken, WhereTheyAreAndTheSameResultsAsApart) {
   if (test::world_runtime().backend().kind() == KernelBackend::cuda) taken.clear();
   check_concats<double>(taken, "float64");
   check_concats<float>(taken, "float32");
+}
+
+// Two concats sharing an input, their convs in the other order: c1's last reader is dA, so only
+// dA may keep it for backward (handed over, Layer::take_concat_input); dB, whose concat comes
+// last, copies it.
+const char* kCrossedConcats = R"({"input_channels": 3, "layers": [
+  {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+  {"name": "c2", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+  {"name": "c3", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1, "inputs": "c1"},
+  {"name": "catA", "type": "concat", "inputs": ["c1", "c2"]},
+  {"name": "catB", "type": "concat", "inputs": ["c1", "c3"]},
+  {"name": "dB", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1, "inputs": "catB"},
+  {"name": "dA", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1, "inputs": "catA"},
+  {"name": "sum", "type": "add", "inputs": ["dA", "dB"]},
+  {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}],
+  "loss": "pixel_cross_entropy"})";
+
+TEST(ConcatsTaken, AnInputSharedByTwoIsKeptByItsLastReader) {
+  const std::vector<std::string> taken =
+      test::world_runtime().backend().kind() == KernelBackend::cuda
+          ? std::vector<std::string>{}
+          : std::vector<std::string>{"catA -> dA", "catB -> dB"};
+  const auto inspect = [&](const std::string& what) {
+    return [&, what](auto& fused, auto&) {
+      std::vector<std::string> got;
+      for (const auto& c : fused.concats_taken())
+        got.push_back(c.concat + " -> " + c.consumer);
+      EXPECT_EQ(got, taken) << what;
+    };
+  };
+  same_step_as_unfused<double>(kCrossedConcats, {2, 3, 20, 26}, "float64", inspect("float64"));
+  same_step_as_unfused<float>(kCrossedConcats, {2, 3, 20, 26}, "float32", inspect("float32"));
 }
 
 }  // namespace

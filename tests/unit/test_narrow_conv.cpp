@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/elementwise.hpp"
@@ -317,6 +318,87 @@ TEST(NarrowConv, FilterGradientsAreTheSameOnEveryRun) {
       EXPECT_LE(rel_error(db1.span(), db_one.span()), 1e-6) << threads << ", " << c.str();
     }
   }
+}
+
+// `t` split by channels into tensors of `channels` each (a concat's parts), and back.
+std::vector<Tensor<float>> split(const Tensor<float>& t,
+                                 const std::vector<std::int64_t>& channels) {
+  const Shape4& s = t.shape();
+  std::vector<Tensor<float>> parts;
+  std::int64_t first = 0;
+  for (std::int64_t c : channels) {
+    Tensor<float> p({s.n, c, s.h, s.w});
+    for (std::int64_t n = 0; n < s.n; ++n)
+      std::memcpy(p.data() + n * c * s.h * s.w, t.data() + (n * s.c + first) * s.h * s.w,
+                  static_cast<std::size_t>(c * s.h * s.w) * sizeof(float));
+    parts.push_back(std::move(p));
+    first += c;
+  }
+  return parts;
+}
+
+template <typename P>
+std::vector<P*> pointers(std::vector<Tensor<float>>& parts) {
+  std::vector<P*> out;
+  for (Tensor<float>& p : parts)
+    out.push_back(&p);
+  return out;
+}
+
+bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// The three passes on a concat's parts (ConvKernel::forward_parts) against the same passes on
+// their concatenation, bit for bit: the narrow kernel reads and writes the parts where they lie
+// (reads_parts), other kernels gather them (the reference's default).
+void expect_parts_match(ConvKernel<float>& k, const Case& c,
+                        const std::vector<std::int64_t>& channels) {
+  const Tensor<float> x = random_tensor(c.x(), 11), w = random_tensor(c.w(), 12),
+                      dy = random_tensor(c.y(), 13), b = random_tensor({c.o, 1, 1, 1}, 14);
+  std::vector<Tensor<float>> xs = split(x, channels);
+  const std::vector<const Tensor<float>*> in = pointers<const Tensor<float>>(xs);
+  Tensor<float> y(c.y()), y_parts(c.y());
+  k.forward(x, w, b.span(), y);
+  k.forward_parts(in, w, b.span(), y_parts);
+  EXPECT_TRUE(same_bits(y, y_parts)) << "forward, " << c.str();
+  Tensor<float> dx(c.x());
+  k.backward_data(dy, w, dx);
+  std::vector<Tensor<float>> dxs = split(Tensor<float>(c.x(), 7.0f), channels);
+  k.backward_data_parts(dy, w, pointers<Tensor<float>>(dxs));
+  const std::vector<Tensor<float>> expected = split(dx, channels);
+  for (std::size_t p = 0; p < dxs.size(); ++p)
+    EXPECT_TRUE(same_bits(dxs[p], expected[p])) << "backward-data part " << p << ", " << c.str();
+  Tensor<float> dw(c.w(), 1.0f), db({c.o, 1, 1, 1}, 1.0f), dw_parts = dw, db_parts = db;
+  k.backward_filter(x, dy, dw, db.span());
+  k.backward_filter_parts(in, dy, dw_parts, db_parts.span());
+  EXPECT_TRUE(same_bits(dw, dw_parts)) << "backward-filter, " << c.str();
+  EXPECT_TRUE(same_bits(db, db_parts)) << "backward-filter's bias, " << c.str();
+}
+
+TEST(NarrowConv, ReadsAConcatsPartsWhereTheyLie) {
+  REQUIRE_NARROW_KERNELS();
+  // unet-small's d1 (16 + 8 -> 8), two parts of 16 at dilation 2 to 6, three parts whose last
+  // fills no chunk of 8, at widths with masked edges.
+  const std::pair<Case, std::vector<std::int64_t>> cases[] = {
+      {same_case(2, 24, 8, 3, 1, 9, 70, false), {16, 8}},
+      {same_case(1, 32, 6, 3, 2, 11, 37, true), {16, 16}},
+      {narrow_case(2, 37, 5, 3, 1, 4, 21, true), {16, 16, 5}},
+      {same_case(1, 24, 16, 3, 1, 6, 50, true), {16, 8}}};
+  for (const auto& [c, channels] : cases) {
+    std::unique_ptr<ConvKernel<float>> k = make(c);
+    ASSERT_NE(k, nullptr) << c.str();
+    EXPECT_TRUE(k->reads_parts());
+    expect_parts_match(*k, c, channels);
+  }
+}
+
+TEST(ConvKernel, GathersAConcatsPartsByDefault) {
+  const Case c = same_case(2, 24, 8, 3, 1, 5, 9, true);
+  ReferenceConv<float> k(c.geometry(), c.shapes());
+  EXPECT_FALSE(k.reads_parts());
+  expect_parts_match(k, c, {16, 8});
 }
 
 TEST(NarrowConv, DeclinesWhatItDoesNotTake) {

@@ -149,6 +149,17 @@ class Layer {
   bool input_handed_over() const { return input_handed_over_; }
   virtual void take_input(DistTensor<T>&& /*x*/) {}
 
+  // The same for a taken concat's inputs (offer_concat): the model moves input k into
+  // take_concat_input(k, x) right after forward() where no layer reads it after this one (the
+  // readers of other taken concats included) and it appears once among the concat's inputs. Set by
+  // the model after bind(), the same on every rank; take_concat_input drops the tensor unless the
+  // layer keeps it. Local.
+  void hand_over_concat_inputs(std::vector<bool> handed) { concat_handed_ = std::move(handed); }
+  bool concat_input_handed_over(std::size_t k) const {
+    return k < concat_handed_.size() && concat_handed_[k];
+  }
+  virtual void take_concat_input(std::size_t /*k*/, DistTensor<T>&& /*x*/) {}
+
   // A concat whose only consumer is this layer: the model offers the concat's inputs (their
   // distributions, in the concat's order) after setup() and before bind(), with the backend the
   // layer will compute on. A layer that takes them (it says so at once, in the return value and
@@ -213,6 +224,7 @@ class Layer {
   bool blocked_output_allowed_ = false;
   bool blocked_input_expected_ = false;
   bool input_handed_over_ = false;
+  std::vector<bool> concat_handed_;
 };
 
 // A layer with one input.

@@ -74,6 +74,18 @@ class Backend {
   bool conv_in_nchw(const ConvShapes& shapes, const reference::ConvGeometry& g) const {
     return std::is_same_v<T, float> && float_conv_in_nchw(shapes, g);
   }
+  // Whether the kernel conv() plans for the case computes from a concat's parts where they lie
+  // (ConvKernel::reads_parts: the narrow kernels), or is the reference, which gathers them
+  // (ConvKernel's defaults) and is there to check the path, not for speed: where a conv computes
+  // windowless from a concat's inputs (Conv2d::windowless) instead of assembling them in its
+  // window. Pure in the case, so the same on every rank. Local.
+  template <typename T>
+  bool conv_takes_parts(const ConvShapes& shapes, const reference::ConvGeometry& g) const {
+    if constexpr (std::is_same_v<T, float>)
+      return float_conv_takes_parts(shapes, g);
+    else
+      return double_conv_takes_parts(shapes, g);
+  }
   // A pooling kernel planned for `shapes` and `g` (no geometry padding: a window with its image
   // box), as conv() decides. Never null for NCHW; with nchw16c null when no fast kernel accepts
   // it. Local.
@@ -176,6 +188,15 @@ class Backend {
   virtual bool float_conv_in_nchw(const ConvShapes& /*shapes*/,
                                   const reference::ConvGeometry& /*g*/) const {
     return false;
+  }
+  // The reference kernels' (conv_float and conv_double here): true.
+  virtual bool float_conv_takes_parts(const ConvShapes& /*shapes*/,
+                                      const reference::ConvGeometry& /*g*/) const {
+    return true;
+  }
+  virtual bool double_conv_takes_parts(const ConvShapes& /*shapes*/,
+                                       const reference::ConvGeometry& /*g*/) const {
+    return true;
   }
   virtual std::unique_ptr<ConvKernel<float>> conv_float(const ConvShapes& shapes,
                                                         const reference::ConvGeometry& g) const;

@@ -75,11 +75,28 @@ class ConvKernel {
                               Tensor<T>& /*dx*/, Tensor<T>& /*dw*/, std::span<T> /*dbias*/) {
     return false;
   }
+  // A concat's inputs as x (Layer::offer_concat; Conv2d::windowless): x's channels split over
+  // `x` tensors of x's N, H and W in the planned x layout, in channel order, every part but the
+  // last a multiple of 16 channels (so each starts on a block of every layout). The three passes
+  // as above, with x and dx the parts' concatenation; backward_data_parts overwrites each part of
+  // dx. The defaults gather the parts into one tensor and call the passes above (backward-data
+  // then scatters dx back into its parts); kernels that read and write the parts where they lie
+  // say so in reads_parts(). Host memory. Local.
+  virtual void forward_parts(std::span<const Tensor<T>* const> x, const Tensor<T>& w,
+                             std::span<const T> bias, Tensor<T>& y);
+  virtual void backward_data_parts(const Tensor<T>& dy, const Tensor<T>& w,
+                                   std::span<Tensor<T>* const> dx);
+  virtual void backward_filter_parts(std::span<const Tensor<T>* const> x, const Tensor<T>& dy,
+                                     Tensor<T>& dw, std::span<T> dbias);
+  virtual bool reads_parts() const { return false; }
   // Which implementation runs ("reference", "onednn jit:avx512_core", ...), for logs and tests.
   virtual std::string name() const = 0;
   // Whether forward and forward_box apply ConvShapes::activation (planned with one). Local.
   virtual bool applies_activation() const { return false; }
 };
+
+extern template class ConvKernel<float>;
+extern template class ConvKernel<double>;
 
 // The plain-loop oracle; it accepts every case.
 template <typename T>

@@ -68,8 +68,13 @@ class Conv2d final : public WindowLayer<T> {
   // from strip buffers of their own (exchanged per side, with their own kernels), and in backward
   // the strips' gradients into the neighbours' tiles and their filter-gradient terms. Taken by
   // stride-1 convolutions larger than 1x1 whose input and output tiles coincide on every rank,
-  // with an interior that reads no halo on every rank, no concat taken (offer_concat), at most 16
-  // input channels or a multiple of 16, in host memory; the same on every rank. The strips'
+  // with an interior that reads no halo on every rank, at most 16 input channels or a multiple of
+  // 16 (any number from a concat's inputs), in host memory; the same on every rank. With a concat
+  // taken (offer_concat), where the kernel computes from the concat's inputs as they lie, or is
+  // the reference (Backend::conv_takes_parts): the tile's passes take each input's tile
+  // (ConvKernel::forward_parts; the reference gathers them, inputs in another layout than the
+  // kernel's are copied), and each input fills its channels of the strip buffers and takes its
+  // part of their gradient. The strips'
   // exchanges always overlap the tile's pass (Runtime::overlap does not apply). Local.
   bool windowless() const { return windowless_; }
   // The windowless border strips this rank computes (the sides with neighbours). Local.
@@ -112,7 +117,8 @@ class Conv2d final : public WindowLayer<T> {
     BoxAt at;  // box within the output tile
     // The footprint's values from their owners (fill); its gradient's parts that other ranks own
     // back to them (accumulate: the plan without its own part, which the tile's pass computes).
-    HaloExchange<T> fill, accumulate;
+    // One of each per input: x, or each of a concat's inputs into its channels (firsts_).
+    std::vector<HaloExchange<T>> fill, accumulate;
     Tensor<T> x;                              // fill's buffer, kept for the filter gradient
     std::unique_ptr<ConvKernel<T>> forward;   // box kernel: x -> the strip of y (with bias)
     std::unique_ptr<ConvKernel<T>> backward;  // dy's strip -> x's gradient; filter, no bias
@@ -122,6 +128,7 @@ class Conv2d final : public WindowLayer<T> {
   reference::ConvGeometry padded_;  // the tile's kernel's geometry when windowless
   Layout x_layout_ = Layout::nchw;  // the layout the tile's kernel reads x in when windowless
   std::vector<Strip> strips_;
+  std::vector<std::int64_t> firsts_;  // windowless: each input's first channel in x
   Layout out_layout_ = Layout::nchw;
   std::optional<FusedActivation> offered_, activation_;  // activation_: taken by the kernels
 };

@@ -72,6 +72,8 @@ class WindowLayer : public UnaryLayer<T> {
   // returns their gradient. Call after setup(). Local.
   bool offer_concat(std::vector<Distribution> inputs, const Backend& backend) final;
   bool concat_taken() const final { return !taken_.empty(); }
+  // Keeps input k where keep_concat_tiles read it in place. Local.
+  void take_concat_input(std::size_t k, DistTensor<T>&& x) final;
   // With a concat taken, the concat's inputs (and one gradient for each); else as UnaryLayer.
   // Neighbour-wise collective over the spatial communicator.
   DistTensor<T> forward(std::span<const DistTensor<T>* const> inputs, const RunState& state) final;
@@ -159,9 +161,10 @@ class WindowLayer : public UnaryLayer<T> {
 
   // For a layer that computes without a window (Conv2d's windowless convolutions), from bind_kernel
   // on: another exchange of this layer's (its communicator, tag, name and the backend's copies) on
-  // `plan`, its window in `layout`; several may be in flight together when every rank starts them
-  // in the same order (messages between two ranks arrive in the order sent). Local.
-  HaloExchange<T> exchange_on(HaloPlan plan, Layout layout) const;
+  // `plan`, its window in `layout`, for tiles of `channels` channels (0: the input's); several may
+  // be in flight together when every rank starts them in the same order (messages between two
+  // ranks arrive in the order sent). Local.
+  HaloExchange<T> exchange_on(HaloPlan plan, Layout layout, std::int64_t channels = 0) const;
   // The backend's halo copies (box copies and layout conversions), from bind_kernel on. Local.
   const HaloCopyKernel<T>& copies() const { return *copies_; }
   // A windowless forward's input: x's tile in `layout`, kept for backward (kept_window()) — x
@@ -171,6 +174,22 @@ class WindowLayer : public UnaryLayer<T> {
   // layout): multiplied by the fused input activation's f' (read from the kept tile), then in the
   // layout x came in. Releases the kept tile. Local.
   DistTensor<T> tile_grad(Tensor<T>&& dx);
+  // The same with a concat taken (concat_inputs): the inputs forward was given, valid during
+  // forward (their channels start at concat_first_channel); their tiles in `layout`, kept for
+  // backward (kept_concat_tiles) — each input itself where it lies so and the model hands it over
+  // (take_concat_input), else a copy; and dL/d(input k) from dx[k] (in keep_concat_tiles' layout),
+  // in the layout input k came in, for backward() to return, releasing the kept tiles (no dx:
+  // only the release, where no input gradient is asked for). A fused
+  // input activation is never taken with a concat (the concat is the activation's consumer).
+  // Local.
+  const std::vector<Distribution>& concat_inputs() const { return taken_; }
+  std::int64_t concat_first_channel(std::size_t k) const;
+  std::span<const DistTensor<T>* const> concat_inputs_given() const { return part_inputs_; }
+  std::vector<const Tensor<T>*> keep_concat_tiles(Layout layout);
+  std::vector<const Tensor<T>*> kept_concat_tiles() const;
+  void set_concat_grads(std::vector<Tensor<T>>&& dx);
+  // Whether an input activation was offered (offer_input_activation_grad); from bind_kernel on.
+  bool input_activation_offered() const { return input_activation_.has_value(); }
 
  private:
   int tag_;
@@ -201,6 +220,11 @@ class WindowLayer : public UnaryLayer<T> {
   std::span<const DistTensor<T>* const> part_inputs_;  // during forward
   std::vector<HaloRequest<T>> part_requests_;          // between start_window and finish_window
   std::vector<DistTensor<T>> part_grads_;              // accumulate_window's, for backward
+  // keep_concat_tiles': a tile kept for each input (empty where `part_kept_` says it reads the
+  // input itself, which take_concat_input then moves in).
+  std::vector<Tensor<T>> part_tiles_;
+  std::vector<bool> part_kept_;
+  std::vector<Layout> part_layouts_;  // the layouts the inputs came in
 };
 
 }  // namespace tessera
