@@ -224,21 +224,15 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
   const HaloPlan& plan = this->plan();
   if (!this->overlap() || plan.recv.empty()) return true;
   const WindowMap map = *this->window();
+  const Distribution& in = this->in_dist();
   const Box tile = this->out_dist().tile();
-  const Shape4& image = this->in_dist().global;
-  const Range ready_h = ready_without_halo(window.h, plan.owned.h, image.h);
-  const Range ready_w = ready_without_halo(window.w, plan.owned.w, image.w);
-  const Range ih = outputs_reading_within(tile.h, ready_h, map.rows);
-  const Range iw = outputs_reading_within(tile.w, ready_w, map.cols);
-  if (ih.empty() || iw.empty()) return true;  // no interior to hide the halos behind
   // The whole tile is computed while the halos travel (its border from stale halos); these strips
   // are computed again once they arrived. A box kernel of the interior would have to copy it
   // (oneDNN's fast convolutions take dense tensors only): 35% slower here than the whole tile.
-  const Box boxes[] = {{{tile.h.begin, ih.begin}, tile.w},
-                       {{ih.end, tile.h.end}, tile.w},
-                       {ih, {tile.w.begin, iw.begin}},
-                       {ih, {iw.end, tile.w.end}}};
-  for (const Box& b : boxes) {
+  const std::optional<std::array<Box, 4>> boxes =
+      border_boxes(in, this->out_dist(), map, in.me.i, in.me.j);
+  if (!boxes) return true;  // no interior to hide the halos behind
+  for (const Box& b : *boxes) {
     if (b.empty()) continue;
     const Box footprint{map.rows(b.h), map.cols(b.w)};
     const BoxAt at{footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin};

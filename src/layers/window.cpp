@@ -294,36 +294,46 @@ HaloExchange<T> WindowLayer<T>::exchange_on(HaloPlan plan, Layout layout,
 }
 
 template <typename T>
+bool WindowLayer<T>::keep(const DistTensor<T>& x, Layout layout, bool handed, Tensor<T>& kept) {
+  const Shape4& shape = x.local.shape();
+  if (handed && x.layout() == layout && storage_size(shape, layout) == x.local.numel()) {
+    kept = Tensor<T>();
+    return true;
+  }
+  if (kept.shape() != shape || kept.layout() != layout) kept = copy_target(shape, layout);
+  const Box tile = x.dist.tile();
+  copies_->move(planes_of(x.local, tile), planes_of(kept, tile), tile, Direction::fill);
+  return false;
+}
+
+template <typename T>
+DistTensor<T> WindowLayer<T>::in_layout(Tensor<T>&& t, const Distribution& dist,
+                                        Layout layout) const {
+  if (t.layout() == layout) {
+    DistTensor<T> out;
+    out.dist = dist;
+    out.local = std::move(t);
+    return out;
+  }
+  DistTensor<T> out(dist, layout, uninitialized, this->allocator());
+  const Box tile = dist.tile();
+  copies_->move(planes_of(std::as_const(t), tile), planes_of(out.local, tile), tile,
+                Direction::fill);
+  return out;
+}
+
+template <typename T>
 const Tensor<T>& WindowLayer<T>::keep_tile(const DistTensor<T>& x, Layout layout) {
   in_layout_ = x.layout();
-  const Shape4& shape = x.local.shape();
-  adopting_ = x.layout() == layout && storage_size(shape, layout) == x.local.numel() &&
-              this->input_handed_over();
-  if (adopting_) {
-    window_ = Tensor<T>();
-    return x.local;
-  }
-  if (window_.shape() != shape || window_.layout() != layout) window_ = copy_target(shape, layout);
-  const Box tile = in_.tile();
-  copies_->move(planes_of(x.local, tile), planes_of(window_, tile), tile, Direction::fill);
-  return window_;
+  adopting_ = keep(x, layout, this->input_handed_over(), window_);
+  return adopting_ ? x.local : window_;
 }
 
 template <typename T>
 DistTensor<T> WindowLayer<T>::tile_grad(Tensor<T>&& dx) {
   if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, dx);
   release_window();
-  if (dx.layout() == in_layout_) {
-    DistTensor<T> out;
-    out.dist = in_;
-    out.local = std::move(dx);
-    return out;
-  }
-  DistTensor<T> out(in_, in_layout_, uninitialized, this->allocator());
-  const Box tile = in_.tile();
-  copies_->move(planes_of(std::as_const(dx), tile), planes_of(out.local, tile), tile,
-                Direction::fill);
-  return out;
+  return in_layout(std::move(dx), in_, in_layout_);
 }
 
 template <typename T>
@@ -347,22 +357,8 @@ std::vector<const Tensor<T>*> WindowLayer<T>::keep_concat_tiles(Layout layout) {
   for (std::size_t k = 0; k < parts; ++k) {
     const DistTensor<T>& x = *part_inputs_[k];
     part_layouts_[k] = x.layout();
-    const Shape4& shape = x.local.shape();
-    if (x.layout() == layout && storage_size(shape, layout) == x.local.numel()) {
-      // In place; kept for backward as handed over, or as a copy (another layer reads it later).
-      part_kept_[k] = this->concat_input_handed_over(k);
-      if (part_kept_[k])
-        part_tiles_[k] = Tensor<T>();
-      else
-        part_tiles_[k] = x.local;
-      tiles.push_back(&x.local);
-      continue;
-    }
-    Tensor<T>& tile = part_tiles_[k];
-    if (tile.shape() != shape || tile.layout() != layout) tile = copy_target(shape, layout);
-    const Box box = taken_[k].tile();
-    copies_->move(planes_of(x.local, box), planes_of(tile, box), box, Direction::fill);
-    tiles.push_back(&tile);
+    part_kept_[k] = keep(x, layout, this->concat_input_handed_over(k), part_tiles_[k]);
+    tiles.push_back(part_kept_[k] ? &x.local : &part_tiles_[k]);
   }
   return tiles;
 }
@@ -391,19 +387,8 @@ void WindowLayer<T>::set_concat_grads(std::vector<Tensor<T>>&& dx) {
   TESSERA_CHECK(dx.size() == taken_.size() && part_layouts_.size() == taken_.size(),
                 "layer '" + this->name() + "': " + std::to_string(dx.size()) +
                     " input gradients for a concat of " + std::to_string(taken_.size()));
-  for (std::size_t k = 0; k < dx.size(); ++k) {
-    DistTensor<T> g;
-    g.dist = taken_[k];
-    if (dx[k].layout() == part_layouts_[k]) {
-      g.local = std::move(dx[k]);
-    } else {
-      g = DistTensor<T>(taken_[k], part_layouts_[k], uninitialized, this->allocator());
-      const Box box = taken_[k].tile();
-      copies_->move(planes_of(std::as_const(dx[k]), box), planes_of(g.local, box), box,
-                    Direction::fill);
-    }
-    part_grads_.push_back(std::move(g));
-  }
+  for (std::size_t k = 0; k < dx.size(); ++k)
+    part_grads_.push_back(in_layout(std::move(dx[k]), taken_[k], part_layouts_[k]));
   part_tiles_.clear();  // released, as release_window does
   part_kept_.clear();
 }

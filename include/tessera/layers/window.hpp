@@ -220,6 +220,12 @@ class WindowLayer : public UnaryLayer<T> {
   std::span<const DistTensor<T>* const> part_inputs_;  // during forward
   std::vector<HaloRequest<T>> part_requests_;          // between start_window and finish_window
   std::vector<DistTensor<T>> part_grads_;              // accumulate_window's, for backward
+  // keep_tile's and keep_concat_tiles': x's tile in `layout` kept in `kept` for backward — a
+  // copy, or, where x lies so and is `handed` over, nothing yet (returns true: the model then
+  // moves x in; the forward reads x itself).
+  bool keep(const DistTensor<T>& x, Layout layout, bool handed, Tensor<T>& kept);
+  // `t`, a tile of `dist`, as a DistTensor in `layout` (moved where it lies so, else converted).
+  DistTensor<T> in_layout(Tensor<T>&& t, const Distribution& dist, Layout layout) const;
   // keep_concat_tiles': a tile kept for each input (empty where `part_kept_` says it reads the
   // input itself, which take_concat_input then moves in).
   std::vector<Tensor<T>> part_tiles_;
