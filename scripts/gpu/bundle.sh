@@ -39,6 +39,16 @@ if [ -d "$ucx" ]; then
   mkdir -p "$out/ucx"
   cp -L "$ucx"/*.so.0 "$out/ucx/"
 fi
+# The kernel timeline (verify.sh's step trace): a CUPTI injection library, where CUPTI is found.
+cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")
+for cupti in "$cuda" "$cuda/extras/CUPTI"; do
+  [ -f "$cupti/include/cupti.h" ] || continue
+  mkdir -p "$out/trace"
+  g++ -std=c++17 -O2 -shared -fPIC -I"$cupti/include" scripts/gpu/cupti_trace.cpp \
+    -o "$out/trace/libcupti_trace.so" -L"$cupti/lib" -L"$cupti/lib64" -lcupti ||
+    echo "bundle: the CUPTI tracer did not build (verify.sh's step trace will say so)" >&2
+  break
+done
 strip --strip-unneeded "$out"/libexec/* "$out"/lib/* 2>/dev/null || true
 # Wrappers: the carried libraries for these binaries only (and what mpiexec starts), so that the
 # GPU machine's Python (PyTorch) keeps its own libstdc++. TESSERA_CUDA_LIBS is where libcudnn, libnccl and libcudart

@@ -4,7 +4,11 @@
 # the machine's PyTorch install (libcudart, libcudnn, libnccl).
 #
 # Usage: scripts/gpu/verify.sh [-b BUNDLE] [-B BASE_BUNDLE] [-o LOGDIR] [STEP...]
-#   STEP: info kernels gradcheck mpi train nccl bench compare (default: all, in that order), and
+#   STEP: info kernels gradcheck mpi train nccl bench compare (default: all, in that order);
+#   compare-unet (compare's unet-small alone); trace (a CUPTI kernel timeline of `tessera bench`
+#   of unet-small, 1 rank, into LOGDIR/trace_unet.txt: scripts/gpu/trace_report.py reads it, here
+#   or on the machine, where c++filt may be missing) and profile (PyTorch's kernels of the same
+#   step in channels_last, scripts/gpu/profile_pytorch.py); and
 #   ab: with -B, a second bundle (of the code before a change) timed against BUNDLE in the same
 #   run, alternating: `tessera bench --device cuda` of unet-small on 1 rank and on 2 ranks sharing
 #   the GPU, and of conv-bench on 2 ranks (make it with a `git worktree` of the base commit and
@@ -15,7 +19,9 @@
 # Seconds each step took on an H100 (2026-11-26), for a device budget: info 1, kernels 3, mpi 35,
 # gradcheck ~10, train ~10, nccl ~5, bench ~15, ab ~20, compare ~250 (each PyTorch process
 # spends ~35 s in its first step: cudnn.benchmark over the 2048x2048 shapes), plus ~30 s for the
-# machine's start.
+# machine's start. On an H200 (2026-11-27): kernels 2, gradcheck 10, nccl 5, mpi 36, trace 4 (its
+# file ~90 MB, 5.5 MB with xz), profile 48, ab 35, train 35 (28 of them the CPU run),
+# compare-unet 138. A call hands back at most 8 files: tar LOGDIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle=build-gpu-bundle
@@ -120,8 +126,26 @@ for step in "${steps[@]}"; do
         done
       done
       ;;
-    compare)
-      for model in unet-small conv-bench; do
+    trace)
+      # CUPTI from the machine's PyTorch install (nvidia/cu13/lib) or a toolkit.
+      cupti=$(find /opt /usr/local /usr/lib -name libcupti.so.13 2>/dev/null | head -1)
+      if [ -z "$cupti" ] || [ ! -f "$bundle/trace/libcupti_trace.so" ]; then
+        echo "verify: step trace needs libcupti.so.13 here and the bundle's trace/libcupti_trace.so" >&2
+        failed+=("trace(no CUPTI)")
+        continue
+      fi
+      TESSERA_CUDA_LIBS="$TESSERA_CUDA_LIBS:$(dirname "$cupti")" \
+        CUDA_INJECTION64_PATH="$bundle/trace/libcupti_trace.so" \
+        TESSERA_TRACE_FILE="$logs/trace_unet.txt" \
+        run trace_unet_1rank 240 tessera bench --device cuda --model unet-small --steps 5
+      ;;
+    profile)
+      PYTHONUNBUFFERED=1 run profile_pytorch_channels_last 300 python3 scripts/gpu/profile_pytorch.py --model unet-small
+      ;;
+    compare | compare-unet)
+      models=(unet-small conv-bench)
+      [ "$step" = compare-unet ] && models=(unet-small)
+      for model in "${models[@]}"; do
         PYTHONUNBUFFERED=1 run "compare_pytorch_$model" 400 python3 scripts/bench/compare_pytorch.py \
           --device cuda --model "$model" --tessera "$bundle/bin/tessera" --cores 1 --steps 5 \
           --no-scaling --baseline both --json "$logs/compare_$model.json"
