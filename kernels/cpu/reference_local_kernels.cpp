@@ -239,17 +239,25 @@ void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset) {
                     std::to_string(offset + x.c) + ") of " + y.str() + " do not fit " + x.str());
 }
 
-void check_cross_entropy(const Shape4& s, std::span<const std::int32_t> labels,
-                         const Shape4* dlogits) {
-  TESSERA_CHECK(static_cast<std::int64_t>(labels.size()) == s.n * s.h * s.w,
+void check_cross_entropy_shapes(const Shape4& s, std::size_t labels, const Shape4* dlogits) {
+  TESSERA_CHECK(static_cast<std::int64_t>(labels) == s.n * s.h * s.w,
                 "pixel_cross_entropy: labels do not match the logits " + s.str());
   TESSERA_CHECK(dlogits == nullptr || *dlogits == s, "pixel_cross_entropy: gradient " +
                                                          (dlogits ? dlogits->str() : "") +
                                                          " does not match the logits " + s.str());
+}
+
+void check_labels(std::span<const std::int32_t> labels, std::int64_t classes) {
   for (const std::int32_t label : labels)
-    TESSERA_CHECK(label >= 0 && label < s.c, "label " + std::to_string(label) + " is outside [0, " +
-                                                 std::to_string(s.c) + "): the model has " +
-                                                 std::to_string(s.c) + " output channels");
+    TESSERA_CHECK(label >= 0 && label < classes,
+                  "label " + std::to_string(label) + " is outside [0, " + std::to_string(classes) +
+                      "): the model has " + std::to_string(classes) + " output channels");
+}
+
+void check_cross_entropy(const Shape4& s, std::span<const std::int32_t> labels,
+                         const Shape4* dlogits) {
+  check_cross_entropy_shapes(s, labels.size(), dlogits);
+  check_labels(labels, s.c);
 }
 
 void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what,

@@ -1,6 +1,8 @@
 // Strided box copies and fills on the device: the halo exchange's moves, packs and unpacks, the
 // merges' channel blocks and the convolutions' padded copies (kernels/cuda/) are 3-D boxes of
-// elements. One thread per element, the innermost extent fastest (coalesced rows).
+// elements. Boxes with rows of at least a warp: launch_rows (launch.cuh), the innermost extent
+// fastest (coalesced rows), no index division per element. Narrower boxes (a halo's columns): one
+// thread per element.
 #include <cstdint>
 
 #include "launch.cuh"
@@ -20,11 +22,35 @@ std::int64_t elements(const Box3& box) {
   return box.extent[0] * box.extent[1] * box.extent[2];
 }
 
+// Element (a, r, c) of a box with strides `stride`.
+__device__ inline std::int64_t at(const std::int64_t* stride, std::int64_t a, std::int64_t r,
+                                  std::int64_t c) {
+  return a * stride[0] + r * stride[1] + c * stride[2];
+}
+
+// Whether the box's rows are wide enough for launch_rows.
+bool by_rows(const Box3& b) {
+  return b.extent[2] >= 32;
+}
+
 }  // namespace
 
 template <typename T>
 void copy_box(const T* src, T* dst, const Box3& box, bool accumulate, cudaStream_t stream) {
   const Box3 b = box;
+  if (by_rows(b)) {
+    if (accumulate)
+      launch_rows("copy_box", b.extent[0], b.extent[1], b.extent[2], stream,
+                  [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
+                    dst[at(b.dst_stride, a, r, c)] += src[at(b.src_stride, a, r, c)];
+                  });
+    else
+      launch_rows("copy_box", b.extent[0], b.extent[1], b.extent[2], stream,
+                  [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
+                    dst[at(b.dst_stride, a, r, c)] = src[at(b.src_stride, a, r, c)];
+                  });
+    return;
+  }
   launch("copy_box", elements(b), stream, [=] __device__(std::int64_t k) {
     const T v = src[box_offset(b, b.src_stride, k)];
     T& out = dst[box_offset(b, b.dst_stride, k)];
@@ -35,6 +61,13 @@ void copy_box(const T* src, T* dst, const Box3& box, bool accumulate, cudaStream
 template <typename T>
 void fill_box(T* dst, const Box3& box, T value, cudaStream_t stream) {
   const Box3 b = box;
+  if (by_rows(b)) {
+    launch_rows("fill_box", b.extent[0], b.extent[1], b.extent[2], stream,
+                [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
+                  dst[at(b.dst_stride, a, r, c)] = value;
+                });
+    return;
+  }
   launch("fill_box", elements(b), stream,
          [=] __device__(std::int64_t k) { dst[box_offset(b, b.dst_stride, k)] = value; });
 }

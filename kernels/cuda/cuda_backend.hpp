@@ -53,4 +53,9 @@ std::unique_ptr<LinearKernel<T>> make_linear(std::int64_t in, std::int64_t out);
 template <typename T>
 std::unique_ptr<BatchNormKernel<T>> make_batch_norm();
 
+// The bytes of freed device blocks the allocator keeps for reuse by size
+// (kernels/cuda/device_allocator.cpp): memory the pool counts used that this process may take.
+// Local.
+std::size_t kept_device_bytes();
+
 }  // namespace tessera::cuda

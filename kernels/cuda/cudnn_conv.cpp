@@ -93,6 +93,9 @@ std::size_t workspace_limit() {
   TESSERA_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
   TESSERA_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
   free += static_cast<std::size_t>(reserved > used ? reserved - used : 0);
+  // And the blocks the allocator keeps for reuse (the pool counts them used): the limit does not
+  // depend on what the process freed before.
+  free += kept_device_bytes();
   return std::min<std::size_t>(free / 4, std::size_t{2} << 30);
 }
 

@@ -90,7 +90,17 @@ void cross_entropy(const T* logits, const std::int32_t* labels, T scale, T* dlog
                    cudaStream_t stream) {
   launch("cross_entropy", samples * plane, stream, [=] __device__(std::int64_t k) {
     const std::int64_t at = k / plane * channels * plane + k % plane;
-    losses[k] = elementwise::cross_entropy(logits + at, channels, plane, labels[k], scale,
+    const std::int32_t label = labels[k];
+    if (label < 0 || label >= channels) {
+      // Not a class: a NaN loss (the host then finds the label and names it) and no read of a
+      // logit that is not there.
+      losses[k] = __longlong_as_double(0x7ff8000000000000LL);
+      if (dlogits != nullptr)
+        for (std::int64_t c = 0; c < channels; ++c)
+          dlogits[at + c * plane] = T(0);
+      return;
+    }
+    losses[k] = elementwise::cross_entropy(logits + at, channels, plane, label, scale,
                                            dlogits != nullptr ? dlogits + at : nullptr);
   });
 }

@@ -96,13 +96,14 @@ void max_pool_forward(const T* x, T* y, std::int64_t* argmax, const PoolWindows&
                       cudaStream_t stream) {
   const PoolWindows g = windows;
   const std::int64_t out_plane = g.y_h * g.y_w;
-  launch("max_pool_forward", g.planes * out_plane, stream, [=] __device__(std::int64_t k) {
-    const std::int64_t p = k / out_plane, oh = k % out_plane / g.y_w, ow = k % g.y_w;
-    std::int64_t at = 0;
-    y[k] =
-        elementwise::window_max(x + p * g.x_h * g.x_w, g.x_w, rows_of(g, oh), cols_of(g, ow), at);
-    argmax[k] = at;
-  });
+  launch_rows("max_pool_forward", g.planes, g.y_h, g.y_w, stream,
+              [=] __device__(std::int64_t p, std::int64_t oh, std::int64_t ow) {
+                const std::int64_t k = p * out_plane + oh * g.y_w + ow;
+                std::int64_t at = 0;
+                y[k] = elementwise::window_max(x + p * g.x_h * g.x_w, g.x_w, rows_of(g, oh),
+                                               cols_of(g, ow), at);
+                argmax[k] = at;
+              });
 }
 
 template <typename T>
@@ -110,18 +111,19 @@ void max_pool_backward(const T* dy, const std::int64_t* argmax, T* dx, const Poo
                        cudaStream_t stream) {
   const PoolWindows g = windows;
   const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
-  launch("max_pool_backward", g.planes * in_plane, stream, [=] __device__(std::int64_t k) {
-    const std::int64_t p = k / in_plane, at = k % in_plane, h = at / g.x_w, w = at % g.x_w;
-    const Span1 rows = covering(h, g.stride_h, g.pad_top, g.kernel_h, g.y_h);
-    const Span1 cols = covering(w, g.stride_w, g.pad_left, g.kernel_w, g.y_w);
-    T sum = T(0);
-    for (std::int64_t oh = rows.begin; oh < rows.end; ++oh)
-      for (std::int64_t ow = cols.begin; ow < cols.end; ++ow) {
-        const std::int64_t o = p * out_plane + oh * g.y_w + ow;
-        if (argmax[o] == at) sum += dy[o];
-      }
-    dx[k] = sum;
-  });
+  launch_rows("max_pool_backward", g.planes, g.x_h, g.x_w, stream,
+              [=] __device__(std::int64_t p, std::int64_t h, std::int64_t w) {
+                const std::int64_t at = h * g.x_w + w, k = p * in_plane + at;
+                const Span1 rows = covering(h, g.stride_h, g.pad_top, g.kernel_h, g.y_h);
+                const Span1 cols = covering(w, g.stride_w, g.pad_left, g.kernel_w, g.y_w);
+                T sum = T(0);
+                for (std::int64_t oh = rows.begin; oh < rows.end; ++oh)
+                  for (std::int64_t ow = cols.begin; ow < cols.end; ++ow) {
+                    const std::int64_t o = p * out_plane + oh * g.y_w + ow;
+                    if (argmax[o] == at) sum += dy[o];
+                  }
+                dx[k] = sum;
+              });
 }
 
 template <typename T>
@@ -159,27 +161,29 @@ template <typename T>
 void upsample_forward(const T* x, T* y, const UpsampleWindows& windows, cudaStream_t stream) {
   const UpsampleWindows g = windows;
   const std::int64_t out_plane = g.y_h * g.y_w;
-  launch("upsample_forward", g.planes * out_plane, stream, [=] __device__(std::int64_t k) {
-    const std::int64_t p = k / out_plane, r = k % out_plane / g.y_w, q = k % g.y_w;
-    y[k] = x[(p * g.x_h + elementwise::upsample_source(r, g.scale_h, g.phase_h)) * g.x_w +
-             elementwise::upsample_source(q, g.scale_w, g.phase_w)];
-  });
+  launch_rows("upsample_forward", g.planes, g.y_h, g.y_w, stream,
+              [=] __device__(std::int64_t p, std::int64_t r, std::int64_t q) {
+                y[p * out_plane + r * g.y_w + q] =
+                    x[(p * g.x_h + elementwise::upsample_source(r, g.scale_h, g.phase_h)) * g.x_w +
+                      elementwise::upsample_source(q, g.scale_w, g.phase_w)];
+              });
 }
 
 template <typename T>
 void upsample_backward(const T* dy, T* dx, const UpsampleWindows& windows, cudaStream_t stream) {
   const UpsampleWindows g = windows;
   const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
-  launch("upsample_backward", g.planes * in_plane, stream, [=] __device__(std::int64_t k) {
-    const std::int64_t p = k / in_plane, h = k % in_plane / g.x_w, w = k % g.x_w;
-    const Span1 rows = elementwise::upsample_readers(h, g.scale_h, g.phase_h, g.y_h);
-    const Span1 cols = elementwise::upsample_readers(w, g.scale_w, g.phase_w, g.y_w);
-    T sum = T(0);
-    for (std::int64_t r = rows.begin; r < rows.end; ++r)
-      for (std::int64_t q = cols.begin; q < cols.end; ++q)
-        sum += dy[p * out_plane + r * g.y_w + q];
-    dx[k] = sum;
-  });
+  launch_rows("upsample_backward", g.planes, g.x_h, g.x_w, stream,
+              [=] __device__(std::int64_t p, std::int64_t h, std::int64_t w) {
+                const std::int64_t k = p * in_plane + h * g.x_w + w;
+                const Span1 rows = elementwise::upsample_readers(h, g.scale_h, g.phase_h, g.y_h);
+                const Span1 cols = elementwise::upsample_readers(w, g.scale_w, g.phase_w, g.y_w);
+                T sum = T(0);
+                for (std::int64_t r = rows.begin; r < rows.end; ++r)
+                  for (std::int64_t q = cols.begin; q < cols.end; ++q)
+                    sum += dy[p * out_plane + r * g.y_w + q];
+                dx[k] = sum;
+              });
 }
 
 template <typename T>
@@ -322,11 +326,12 @@ template <typename T>
 void batchnorm_forward(const T* x, const double* mean, const double* invstd, const T* weight,
                        const T* bias, T* y, std::int64_t planes, std::int64_t channels,
                        std::int64_t plane, cudaStream_t stream) {
-  launch("batchnorm_forward", planes * plane, stream, [=] __device__(std::int64_t k) {
-    const std::int64_t c = k / plane % channels;
-    y[k] =
-        elementwise::batchnorm_apply(x[k], mean[c], invstd[c] * double(weight[c]), double(bias[c]));
-  });
+  launch_rows("batchnorm_forward", planes, 1, plane, stream,
+              [=] __device__(std::int64_t p, std::int64_t, std::int64_t i) {
+                const std::int64_t c = p % channels, k = p * plane + i;
+                y[k] = elementwise::batchnorm_apply(x[k], mean[c], invstd[c] * double(weight[c]),
+                                                    double(bias[c]));
+              });
 }
 
 template <typename T>
@@ -334,11 +339,13 @@ void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const 
                              const T* weight, const double* mean_dy, const double* mean_dy_xhat,
                              T* dx, std::int64_t planes, std::int64_t channels, std::int64_t plane,
                              cudaStream_t stream) {
-  launch("batchnorm_backward_data", planes * plane, stream, [=] __device__(std::int64_t k) {
-    const std::int64_t c = k / plane % channels;
-    dx[k] = elementwise::batchnorm_grad(dy[k], x[k], mean[c], invstd[c],
-                                        double(weight[c]) * invstd[c], mean_dy[c], mean_dy_xhat[c]);
-  });
+  launch_rows("batchnorm_backward_data", planes, 1, plane, stream,
+              [=] __device__(std::int64_t p, std::int64_t, std::int64_t i) {
+                const std::int64_t c = p % channels, k = p * plane + i;
+                dx[k] = elementwise::batchnorm_grad(dy[k], x[k], mean[c], invstd[c],
+                                                    double(weight[c]) * invstd[c], mean_dy[c],
+                                                    mean_dy_xhat[c]);
+              });
 }
 
 #define TESSERA_CUDA_LAYERS(T)                                                                     \

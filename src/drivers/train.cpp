@@ -609,7 +609,11 @@ void Trainer<T>::build() {
     optimizer_.emplace(o_.optimizer, *model_);  // refuses a bad --momentum or --weight-decay
   });
   window_confusion_.emplace(classes_);
-  x_ = DistTensor<T>(model_->input_distribution());
+  // The batch in the host memory the backend copies from fastest: page-locked for a GPU, whose
+  // copy engines read it directly (one DMA a step instead of a copy through the driver's bounce
+  // buffer: a 3x2048x2048 float image took 7.5 ms from pageable memory on an H200, ~1 ms at the
+  // page-locked copies' rate); plain host memory otherwise.
+  x_ = DistTensor<T>(model_->input_distribution(), Layout::nchw, runtime_->allocator().staging());
 }
 
 template <typename T>

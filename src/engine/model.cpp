@@ -564,6 +564,14 @@ template <typename T>
 StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
                                std::span<const std::int32_t> labels) {
   StepResult<T> r;
+  // The labels may travel while the forward pass runs (LossKernel::prepare); they are not read
+  // after this function returns, nor after it throws.
+  const LossKernel<T>& loss_kernel = model.loss_kernel();
+  struct Settle {
+    const LossKernel<T>& kernel;
+    ~Settle() { kernel.settle(); }
+  } settle{loss_kernel};
+  loss_kernel.prepare(labels);
   model.zero_grad();
   r.output = model.forward(input);
   LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime().comm(),

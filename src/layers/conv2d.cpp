@@ -262,12 +262,18 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
 
 template <typename T>
 bool Conv2d<T>::windowless_fits(const Backend& backend) const {
-  // The GPU keeps its windows: the strips' box kernels and exchanges are not measured there.
-  if (!this->windowless_wanted() || backend.allocator().space() != MemorySpace::host ||
-      spec_.stride != Pair{1, 1})
-    return false;
+  if (!this->windowless_wanted() || spec_.stride != Pair{1, 1}) return false;
   if (spec_.axis(0).span() == 1 && spec_.axis(1).span() == 1) return false;  // window is tile
   const Distribution &in = this->in_dist(), &out = this->out_dist();
+  // On a device (the GPU), only where the tile has no neighbours, so no strips: cuDNN pads the
+  // image as the window would, without the window's copy in and the gradient's copy out (on an
+  // H200, unet-small's window copies took ~4 ms of a 39 ms step). The strips' box kernels and
+  // exchanges are not measured on a GPU: with neighbours the GPU keeps its windows, as do the
+  // consumers of a concat's inputs (their parts are gathered on the host where a kernel does not
+  // read them in place: ConvKernel::forward_parts).
+  if (backend.allocator().space() != MemorySpace::host &&
+      (in.grid.h != 1 || in.grid.w != 1 || this->concat_taken()))
+    return false;
   // More than 16 channels, not a multiple of 16: a padded 16-channel block is the fast layout
   // for some of them (Winograd, bf16: bind_kernel), which the window may pad and a windowless
   // tile may not (its gradient is a tile of the strips' exchanges): they keep the window. (A

@@ -269,9 +269,8 @@ TEST(CudaPointwise, OptimizerUpdatesMatchTheCpuBitForBit) {
   check_updates<double>();
 }
 
-TEST(CudaMerge, ChannelBlocksAndSumsMatchTheCpu) {
+void check_merges(const Shape4& xs, const Shape4& ys) {
   using T = double;
-  const Shape4 xs{2, 3, 4, 5}, ys{2, 8, 4, 5};
   const Tensor<T> x = test::random_tensor<T>(xs, 7, 1), y0 = test::random_tensor<T>(ys, 7, 2);
   auto cpu = Backend().merge<T>();
   auto dev = gpu().merge<T>();
@@ -307,6 +306,13 @@ TEST(CudaMerge, ChannelBlocksAndSumsMatchTheCpu) {
   }
 }
 
+TEST(CudaMerge, ChannelBlocksAndSumsMatchTheCpu) {
+  check_merges({2, 3, 4, 5}, {2, 8, 4, 5});
+  // A sample's channel block longer than the grid's threads (1024 blocks of 256): its threads
+  // go round again.
+  check_merges({1, 3, 300, 300}, {1, 8, 300, 300});
+}
+
 template <typename T>
 void check_cross_entropy(const Shape4& s) {
   const Tensor<T> logits = test::random_tensor<T>(s, 9, 1, -4, 4);
@@ -322,13 +328,45 @@ void check_cross_entropy(const Shape4& s) {
   const double tol = sizeof(T) == 8 ? 1e-13 : 1e-6;
   EXPECT_NEAR(dev, cpu, tol * std::abs(cpu));
   EXPECT_LE(test::rel_error(on_host(dd).span(), std::as_const(d).span()), tol);
-  // A label outside the classes is refused on the host, before the device reads it.
-  labels[3] = 5;
-  try {
-    (void)gpu().loss<T>()->cross_entropy(on_device(logits), labels, scale, nullptr);
-    ADD_FAILURE() << "a label outside [0, 5) was accepted";
-  } catch (const Error& e) {
-    test::expect_mentions(e.what(), {"label 5", "[0, 5)"});
+  // One kernel, called again: the same labels (kept on the device, not copied again), then
+  // changed ones (copied), each against the CPU; from round 3 on staged ahead by prepare() (a
+  // training step's), the same labels, changed ones, and labels prepared then settled (not
+  // uploaded: the next ones must be), or prepared and then not the ones given.
+  const auto loss = gpu().loss<T>();
+  for (int round = 0; round < 7; ++round) {
+    if (round == 2 || round == 4 || round == 6)
+      for (std::size_t k = 0; k < labels.size(); k += 3)
+        labels[k] = static_cast<std::int32_t>((labels[k] + 2) % 5);
+    std::vector<std::int32_t> other = labels;
+    other[0] = (other[0] + 1) % 5;
+    if (round == 3 || round == 4) loss->prepare(labels);
+    if (round == 5) {  // staged, not uploaded: the same labels again must still go up
+      loss->prepare(other);
+      loss->settle();
+      labels = other;
+    }
+    if (round == 6) loss->prepare(other);
+    const double want = Backend().loss<T>()->cross_entropy(logits, labels, scale, &d);
+    const double got = loss->cross_entropy(on_device(logits), labels, scale, &dd);
+    EXPECT_NEAR(got, want, tol * std::abs(want)) << "call " << round;
+    EXPECT_LE(test::rel_error(on_host(dd).span(), std::as_const(d).span()), tol)
+        << "call " << round;
+  }
+  // A label outside the classes (checked on the device, named by the host), through a fresh
+  // kernel and through the one that holds the last labels.
+  for (const std::int32_t bad : {5, -1}) {
+    labels[3] = bad;
+    for (const bool fresh : {true, false}) {
+      try {
+        if (fresh)
+          (void)gpu().loss<T>()->cross_entropy(on_device(logits), labels, scale, nullptr);
+        else
+          (void)loss->cross_entropy(on_device(logits), labels, scale, &dd);
+        ADD_FAILURE() << "a label " << bad << " outside [0, 5) was accepted";
+      } catch (const Error& e) {
+        test::expect_mentions(e.what(), {"label " + std::to_string(bad), "[0, 5)"});
+      }
+    }
   }
 }
 TEST(CudaLoss, CrossEntropyMatchesTheCpu) {
@@ -338,10 +376,8 @@ TEST(CudaLoss, CrossEntropyMatchesTheCpu) {
   }
 }
 
-TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
+void check_halo_copies(const Shape4& s, const Box& origin, const Box& box) {
   using T = float;
-  const Shape4 s{2, 3, 9, 11};
-  const Box origin{{10, 19}, {4, 15}}, box{{12, 16}, {5, 9}};
   auto cpu = Backend().halo_copy<T>();
   auto dev = gpu().halo_copy<T>();
   EXPECT_EQ(dev->space(), MemorySpace::device);
@@ -372,6 +408,52 @@ TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
     dev->fill_outside(planes_of(fd, origin), keep, T(-7));
     expect_same_bits(fd, f, "fill_outside " + to_string(keep));
   }
+}
+// The same on a channel slice (a taken concat's input in its consumer's window: channels 2..4 of
+// 6, two samples): moved into and out of, packed, unpacked, padded.
+void check_halo_copies_on_slices() {
+  using T = float;
+  const Shape4 s{2, 3, 9, 70}, big{2, 6, 9, 70};
+  const Box origin{{10, 19}, {4, 74}}, box{{12, 16}, {5, 60}};
+  auto cpu = Backend().halo_copy<T>();
+  auto dev = gpu().halo_copy<T>();
+  ASSERT_TRUE(dev->takes_channel_slices());
+  const Tensor<T> t = test::random_tensor<T>(s, 8, 4);
+  const Tensor<T> td = on_device(t);
+  for (const Direction how : {Direction::fill, Direction::accumulate}) {
+    Tensor<T> w = test::random_tensor<T>(big, 8, 5), wd = on_device(w);
+    cpu->move(planes_of(t, origin), channel_slice(planes_of(w, origin), 2, 3), box, how);
+    dev->move(planes_of(td, origin), channel_slice(planes_of(wd, origin), 2, 3), box, how);
+    expect_same_bits(wd, w, "move into a slice");
+    Tensor<T> u = test::random_tensor<T>(s, 8, 6), ud = on_device(u);
+    cpu->move(channel_slice(planes_of(std::as_const(w), origin), 2, 3), planes_of(u, origin), box,
+              how);
+    dev->move(channel_slice(planes_of(std::as_const(wd), origin), 2, 3), planes_of(ud, origin), box,
+              how);
+    expect_same_bits(ud, u, "move out of a slice");
+    Tensor<T> message({1, 1, 1, s.n * s.c * box.size()}), messaged = on_device(message);
+    cpu->pack(channel_slice(planes_of(std::as_const(w), origin), 1, 3), box, message.data());
+    dev->pack(channel_slice(planes_of(std::as_const(wd), origin), 1, 3), box,
+              messaged.data_in(MemorySpace::device));
+    expect_same_bits(messaged, message, "pack a slice");
+    cpu->unpack(message.data(), box, channel_slice(planes_of(w, origin), 3, 3), how);
+    dev->unpack(messaged.data_in(MemorySpace::device), box,
+                channel_slice(planes_of(wd, origin), 3, 3), how);
+    expect_same_bits(wd, w, "unpack into a slice");
+    cpu->fill_outside(channel_slice(planes_of(w, origin), 0, 3), box, T(-7));
+    dev->fill_outside(channel_slice(planes_of(wd, origin), 0, 3), box, T(-7));
+    expect_same_bits(wd, w, "fill_outside of a slice");
+  }
+}
+
+TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
+  // Rows narrower than a warp (one thread per element) and wider (a thread per element of a
+  // row: launch_rows).
+  check_halo_copies({2, 3, 9, 11}, {{10, 19}, {4, 15}}, {{12, 16}, {5, 9}});
+  check_halo_copies({2, 3, 9, 70}, {{10, 19}, {4, 74}}, {{12, 16}, {5, 60}});
+  // More rows than launch_rows gives blocks: its threads go over several rows.
+  check_halo_copies({1, 1, 20000, 40}, {{10, 20010}, {4, 44}}, {{12, 20000}, {5, 40}});
+  check_halo_copies_on_slices();
 }
 
 TEST(CudaBackend, ComputesInDeviceMemory) {

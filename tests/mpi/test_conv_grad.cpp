@@ -136,17 +136,27 @@ TEST(ConvGrad, WindowlessConvsComputeTheirBorderStrips) {
       conv->bind(runtime);
       return conv;
     };
-    // Device memory (the emulated device's) keeps its windows.
+    // Device memory (the emulated device's) keeps its windows where the tile has neighbours.
     const bool host = runtime.allocator().space() == MemorySpace::host;
     const auto c = bound(same, 17);
-    EXPECT_EQ(c->windowless(), host);
+    EXPECT_EQ(c->windowless(), host || (g.h == 1 && g.w == 1));
+    // A tile that is the whole image (this rank's own, on a grid of one tile): windowless in
+    // host and device memory alike, with no strips.
+    {
+      Conv2d<float> whole("c", same, 1);
+      whole.setup(Distribution{{3, 2, 17, 15}, GridShape{}, GridCoords{}});
+      whole.bind(runtime);
+      EXPECT_TRUE(whole.windowless());
+      EXPECT_EQ(whole.border_strips(), 0u);
+    }
     if (host) {
       EXPECT_EQ(c->border_strips(), strips);
       EXPECT_EQ(c->overlap_regions(), 0u);
     }
     EXPECT_FALSE(bound(strided, 17)->windowless());
     EXPECT_FALSE(bound(pointwise, 17)->windowless());
-    EXPECT_EQ(bound(wide, 8)->windowless(), host && g.h <= 2 && g.w <= 2);
+    EXPECT_EQ(bound(wide, 8)->windowless(),
+              (host && g.h <= 2 && g.w <= 2) || (g.h == 1 && g.w == 1));
   }
   options.windowless = false;
   const Runtime off = test::make_test_runtime(options);

@@ -218,10 +218,9 @@ TEST(ConcatsTaken, WhereTheyAreAndTheSameResultsAsApart) {
   // cat1 (16 + 8 channels) into c3's window (NCHW in float64, 8-channel blocks on oneDNN), cat2
   // (c3's output twice) into c4's (16-channel blocks on oneDNN; c3 then gives its output in
   // them), cat5 into c5's (the transposed conv t1, with a bias, then gives 16-channel blocks on
-  // oneDNN); cat3 feeds a pooling, and cat4's second input would start at channel 30. The cuda
-  // halo copies take no channel slices.
-  std::vector<std::string> taken = {"cat1 -> c3", "cat2 -> c4", "cat5 -> c5"};
-  if (test::world_runtime().backend().kind() == KernelBackend::cuda) taken.clear();
+  // oneDNN); cat3 feeds a pooling, and cat4's second input would start at channel 30. On every
+  // backend: the cuda halo copies take channel slices too.
+  const std::vector<std::string> taken = {"cat1 -> c3", "cat2 -> c4", "cat5 -> c5"};
   check_concats<double>(taken, "float64");
   check_concats<float>(taken, "float32");
 }
@@ -242,10 +241,7 @@ const char* kCrossedConcats = R"({"input_channels": 3, "layers": [
   "loss": "pixel_cross_entropy"})";
 
 TEST(ConcatsTaken, AnInputSharedByTwoIsKeptByItsLastReader) {
-  const std::vector<std::string> taken =
-      test::world_runtime().backend().kind() == KernelBackend::cuda
-          ? std::vector<std::string>{}
-          : std::vector<std::string>{"catA -> dA", "catB -> dB"};
+  const std::vector<std::string> taken = {"catA -> dA", "catB -> dB"};
   const auto inspect = [&](const std::string& what) {
     return [&, what](auto& fused, auto&) {
       std::vector<std::string> got;

@@ -69,6 +69,10 @@ void ActivationKernel<T>::backward_from_output(const Tensor<T>&, Tensor<T>&) con
 // classifier's vectors) with labels [N, H, W] (values in [0, C), checked): the sum of
 // -log softmax(logits)[label] over the tile, in double; with `dlogits`, scale * (softmax -
 // onehot(label)) into it. The caller reduces the sum over the grid.
+// prepare() may start moving the labels of the next cross_entropy where the kernel computes
+// (the CUDA loss: while the forward pass runs); it reads `labels` until cross_entropy or
+// settle() returns, whichever comes first, so the caller keeps them alive and unchanged until
+// then. Local.
 template <typename T>
 class LossKernel {
  public:
@@ -76,6 +80,9 @@ class LossKernel {
   virtual std::string name() const = 0;
   virtual double cross_entropy(const Tensor<T>& logits, std::span<const std::int32_t> labels,
                                T scale, Tensor<T>* dlogits) const = 0;
+  virtual void prepare(std::span<const std::int32_t> /*labels*/) const {}
+  // Returns once nothing reads the labels given to prepare(); never throws.
+  virtual void settle() const noexcept {}
 };
 
 // The optimizers' per-element updates on one parameter of n values (elementwise::sgd and
@@ -130,9 +137,13 @@ inline TileIndex tile_index(const TileOrigin& at, const Shape4& tile) {
 // Errors naming the shapes. Local.
 void check_concat(const Shape4& x, const Shape4& y, std::int64_t offset);
 // Labels (one per pixel, each in [0, C)) and a gradient (the logits' shape) for cross-entropy
-// over logits of shape `logits`; `dlogits` may be null.
+// over logits of shape `logits`; `dlogits` may be null. check_cross_entropy is the two below:
+// the shapes (`labels` labels), and each label in [0, classes) (a pass over the labels, which
+// the CUDA loss makes only when the device's sum came back non-finite).
 void check_cross_entropy(const Shape4& logits, std::span<const std::int32_t> labels,
                          const Shape4* dlogits);
+void check_cross_entropy_shapes(const Shape4& logits, std::size_t labels, const Shape4* dlogits);
+void check_labels(std::span<const std::int32_t> labels, std::int64_t classes);
 // A per-channel bias (or its gradient) of `size` values for a tensor of shape `t`, NCHW unless
 // the kernel takes blocked layouts too (`blocked_ok`).
 void check_bias_shape(std::size_t size, const Shape4& t, Layout layout, const char* what,
