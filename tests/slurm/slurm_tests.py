@@ -197,7 +197,11 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
     def release(self, job_id, minutes=10):
         """A requeued job waits before it may start again (its BeginTime, two minutes or so):
         let it start now, with room to finish, once the step daemons of its last start are gone
-        (srun's PMI2 otherwise meets the old step's and fails at the end of the new one)."""
+        (srun's PMI2 otherwise meets the old step's and fails at the end of the new one), and not
+        within the second of the requeue: slurmd revokes the last start's credential then and
+        refuses a start of the same job whose credential is no newer ("Killing non-startable
+        batch JobId=3: Job credential revoked", seen once when the start came 0.7 s after)."""
+        time.sleep(1.5)
         deadline = time.monotonic() + 60
         while step_daemons_running(job_id):
             if time.monotonic() > deadline:
