@@ -10,8 +10,8 @@
 #   or on the machine, where c++filt may be missing) and profile (PyTorch's kernels of the same
 #   step in channels_last, scripts/gpu/profile_pytorch.py); and
 #   ab: with -B, a second bundle (of the code before a change) timed against BUNDLE in the same
-#   run, alternating: `tessera bench --device cuda` of unet-small on 1 rank and on 2 ranks sharing
-#   the GPU, and of conv-bench on 2 ranks (make it with a `git worktree` of the base commit and
+#   run, alternating: `tessera bench --device cuda` of unet-small and of conv-bench on 1 rank and
+#   on 2 ranks sharing the GPU (make it with a `git worktree` of the base commit and
 #   scripts/gpu/bundle.sh there; unpack it into a folder of its own, e.g. base/).
 # Each check runs under a time limit; all output goes to LOGDIR/verify.log (default $OUT, else
 # gpu-logs) and to the terminal, and the results files (bench JSON, metrics) beside it.
@@ -89,6 +89,8 @@ for step in "${steps[@]}"; do
       run gradcheck_4rank_unet_f64 180 mpiexec -n 4 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x2x2 --height 64 --width 72
       run gradcheck_3rank_uneven_f64 180 mpiexec -n 3 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x1x3 --height 40 --width 52
       run gradcheck_4rank_dp_f64 180 mpiexec -n 4 tessera gradcheck --device cuda --share-devices --dtype float64 --model convnet-small --grid 2x1x2
+      # Data parallel only: every tile the whole image, so the 3x3 convs compute windowless there.
+      run gradcheck_2rank_dp_unet_f64 180 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 2x1x1
       run gradcheck_2rank_f64_deterministic 120 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float64 --deterministic --model unet-small
       run gradcheck_2rank_f32 120 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float32 --model unet-small
       ;;
@@ -123,6 +125,7 @@ for step in "${steps[@]}"; do
           run "ab_unet_2rank_${which}_$round" 120 mpiexec -n 2 "$bin/tessera" bench --device cuda --share-devices --model unet-small --grid 1x1x2 --steps 5 --json "$logs/ab_unet2_${which}_$round.json"
           run "ab_unet_1rank_${which}_$round" 120 "$bin/tessera" bench --device cuda --model unet-small --steps 5 --json "$logs/ab_unet1_${which}_$round.json"
           run "ab_conv_2rank_${which}_$round" 120 mpiexec -n 2 "$bin/tessera" bench --device cuda --share-devices --model conv-bench --grid 1x1x2 --steps 5 --json "$logs/ab_conv2_${which}_$round.json"
+          run "ab_conv_1rank_${which}_$round" 120 "$bin/tessera" bench --device cuda --model conv-bench --steps 5 --json "$logs/ab_conv1_${which}_$round.json"
         done
       done
       ;;
