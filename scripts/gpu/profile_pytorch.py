@@ -17,7 +17,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="unet-small", choices=("unet-small", "conv-bench"))
     p.add_argument("--image", default="3x2048x2048")
-    p.add_argument("--nchw", action="store_true", help="PyTorch's default layout, not channels_last")
+    p.add_argument("--nchw", action="store_true",
+                   help="PyTorch's default layout, not channels_last")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=40)
     a = p.parse_args()
@@ -55,7 +56,8 @@ def main():
         for _ in range(a.steps):
             step()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.top, max_name_column_width=90))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.top,
+                                    max_name_column_width=90))
 
 
 if __name__ == "__main__":

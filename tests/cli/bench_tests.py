@@ -208,5 +208,37 @@ def bench_compare_pytorch(env):
              f"{j.get('tessera_parameters')}")
 
 
+@scenario
+def bench_trace_report(env):
+    """scripts/gpu/trace_report.py on a made-up CUPTI timeline (scripts/gpu/cupti_trace.cpp's
+    format): steps cut at the loss kernel, kernels by time per step, the GPU's idle gaps and the
+    host's calls in them."""
+    lines = []
+    for k in range(5):  # one warm-up step, three timed, and the last marker's own
+        t = k * 1_000_000  # 1 ms a step, in ns
+        lines += [f"K {t} {t + 100_000} 7 cross_entropy_kernel",
+                  f"K {t + 100_000} {t + 600_000} 7 conv_kernel",
+                  f"A {t + 610_000} {t + 890_000} 1 cudaMemcpyAsync_v3020",
+                  f"M {t + 900_000} {t + 1_000_000} 7 1 4096"]
+    trace = env.path("trace.txt")
+    trace.write_text("\n".join(lines) + "\n")
+    script = base.REPO / "scripts" / "gpu" / "trace_report.py"
+    r = env.run_cmd([sys.executable, script, str(trace), "--marker", "cross_entropy"])
+    if r.rc != 0:
+        fail("trace_report.py failed", r)
+    for phrase in ["3 steps",
+                   "1.00 ms from marker to marker, GPU busy 0.70 ms, idle 0.30 ms (30.0%)",
+                   "   0.500    1.0    500.0  conv_kernel",
+                   "   0.100    1.0    100.0  copy kind 1",
+                   "1.0 per step, 0.30 ms per step",
+                   "300.0 us after conv_kernel | before copy kind 1 | "
+                   "host: cudaMemcpyAsync_v3020 280"]:
+        if phrase not in r.output:
+            fail(f"expected {phrase!r} in the report", r)
+    r = env.run_cmd([sys.executable, script, str(trace), "--marker", "no_such_kernel"])
+    if r.rc == 0 or "too few steps" not in r.output:
+        fail("expected a trace without the marker kernel to be refused", r)
+
+
 if __name__ == "__main__":
     sys.exit(base.main(sys.argv))
