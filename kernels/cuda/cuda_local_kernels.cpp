@@ -160,13 +160,7 @@ class CudaLoss final : public LossKernel<T> {
     settle();
     if (labels.empty()) return;
     const std::size_t bytes = labels.size_bytes();
-    // Only after a call that threw between queueing the labels' upload and its wait: the
-    // staging buffer may still be read.
-    if (upload_queued_) {
-      device_allocator()->wait_ordered();
-      upload_queued_ = false;
-    }
-    allocate(bytes);
+    make_ready(bytes);
     try {
       staged_changed_ =
           std::async(std::launch::async, [this, labels, bytes] { return stage(labels, bytes); });
@@ -177,11 +171,10 @@ class CudaLoss final : public LossKernel<T> {
 
   void settle() const noexcept override {
     if (staged_changed_.valid()) {
-      try {
+      try {  // a stage not uploaded: stage() cleared on_device_ if it copied
         staged_changed_.get();
       } catch (...) {  // nothing stage() does throws
       }
-      on_device_ = false;  // a stage not uploaded: the next labels go to the device
     }
     prepared_ = {};
   }
@@ -202,10 +195,7 @@ class CudaLoss final : public LossKernel<T> {
       prepared_ = {};
     } else {
       settle();
-      // Only after a call that threw between queueing the labels' upload and the download below.
-      if (upload_queued_) memory.wait_ordered();
-      upload_queued_ = false;
-      allocate(bytes);
+      make_ready(bytes);
       changed = stage(labels, bytes);
     }
     // Through page-locked memory, queued behind the forward pass's kernels (the host does not
@@ -231,8 +221,13 @@ class CudaLoss final : public LossKernel<T> {
   }
 
  private:
-  // Buffers for `bytes` of labels (the same tile every step: made once).
-  void allocate(std::size_t bytes) const {
+  // The staging buffer free to write (an upload queued by a call that threw before waiting for
+  // it is waited for) and buffers for `bytes` of labels (the same tile every step: made once).
+  void make_ready(std::size_t bytes) const {
+    if (upload_queued_) {
+      device_allocator()->wait_ordered();
+      upload_queued_ = false;
+    }
     if (labels_.bytes() == bytes) return;
     Allocator& memory = *device_allocator();
     labels_ = Storage(memory, bytes);
