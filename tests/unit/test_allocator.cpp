@@ -1,13 +1,19 @@
 // The host pool (allocator.hpp): a step that allocates what the last one freed reuses its pages
 // with no fresh page and no page fault; blocks assembled from kept pages hold their own pages (no
 // two live blocks share memory); resident memory stays at the peak of live blocks; tensors own
-// their storage, layout and memory space.
+// their storage, layout and memory space; blocks of 8 MiB and more are whole huge pages, moved
+// whole.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "../common/test_helpers.hpp"
@@ -128,6 +134,85 @@ TEST_F(HostPool, ResidentMemoryStaysAtThePeakOfLiveBlocks) {
   EXPECT_LE(s.mappings, 8) << "the kept pages split into ever more mappings";
   release_kept_host_memory();
   EXPECT_EQ(host_memory_stats().kept_bytes, 0);
+}
+
+// Bytes in transparent huge pages among the mappings that overlap [addr, addr + n), each
+// mapping's count capped at its overlap (/proc/self/smaps counts per mapping).
+std::size_t huge_bytes_in(const void* addr, std::size_t n) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  const std::uintptr_t hi = lo + n;
+  std::size_t total = 0;
+  std::size_t overlap = 0;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    std::uintptr_t start = 0;
+    std::uintptr_t end = 0;
+    const std::string first_word = line.substr(0, line.find(' '));
+    if (!first_word.empty() &&
+        first_word.back() != ':' &&  // a mapping's line, not one of its fields
+        std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2) {
+      overlap = start < hi && end > lo ? std::min(end, hi) - std::max(start, lo) : 0;
+    } else if (line.rfind("AnonHugePages:", 0) == 0 && overlap > 0) {
+      const std::size_t kib = std::stoull(line.substr(std::strlen("AnonHugePages:")));
+      total += std::min(kib * 1024, overlap);
+    }
+  }
+  return total;
+}
+
+TEST_F(HostPool, LargeBlocksAreWholeHugePagesAndMovedWhole) {
+  Allocator& a = host_allocator();
+  release_kept_host_memory();
+  reset_host_memory_stats();
+  constexpr std::size_t kHuge = 2 * kMiB;
+  // 20 and 11 MiB + 1 byte (rounded to 12 MiB): then 30 MiB is assembled from all of the first
+  // and 10 MiB of the second, whose last 2 MiB stay kept.
+  char* first = static_cast<char*>(a.allocate(20 * kMiB));
+  char* second = static_cast<char*>(a.allocate(11 * kMiB + 1));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(first) % kHuge, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(second) % kHuge, 0u);
+  EXPECT_EQ(host_memory_stats().live_bytes, static_cast<std::int64_t>(32 * kMiB))
+      << "blocks of 8 MiB and more are whole 2 MiB units";
+  std::memset(first, 1, 20 * kMiB);
+  std::memset(second, 2, 11 * kMiB + 1);
+  // Where the kernel offers transparent huge pages (always, or to mappings advised so), the
+  // pool's blocks get them.
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  std::getline(thp, modes);
+  const bool kernel_gives_huge_pages = !modes.empty() && modes.find("[never]") == std::string::npos;
+  if (kernel_gives_huge_pages) {
+    EXPECT_GT(huge_bytes_in(first, 20 * kMiB), 0u)
+        << "no huge pages in a 20 MiB block, the kernel offering them (" << modes << ")";
+  }
+  a.deallocate(first, 20 * kMiB);
+  a.deallocate(second, 11 * kMiB + 1);
+
+  char* third = static_cast<char*>(a.allocate(30 * kMiB));
+  std::memset(third, 3, 30 * kMiB);
+  const HostMemoryStats s = host_memory_stats();
+  EXPECT_EQ(s.assembled, 1);
+  EXPECT_EQ(s.fresh_bytes, static_cast<std::int64_t>(32 * kMiB)) << "the 30 MiB took fresh pages";
+  EXPECT_EQ(s.kept_bytes, static_cast<std::int64_t>(2 * kMiB));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(third) % kHuge, 0u);
+  for (std::size_t i = 0; i < 30 * kMiB; i += 4096)
+    ASSERT_EQ(third[i], 3) << "byte " << i;
+  // Moves of whole huge pages keep them huge; one that split a huge page would leave 4 KiB pages.
+  if (kernel_gives_huge_pages) {
+    EXPECT_EQ(huge_bytes_in(third, 30 * kMiB), 30 * kMiB) << "a move split a huge page";
+  } else {
+    std::printf("(no transparent huge pages from this kernel: their survival not checked)\n");
+  }
+  a.deallocate(third, 30 * kMiB);
+
+  // A block under 8 MiB keeps page granularity and a pool of its own: it takes nothing kept.
+  reset_host_memory_stats();
+  void* small = a.allocate(3 * kMiB);
+  EXPECT_EQ(host_memory_stats().moved_bytes, 0) << "a small block took huge pages";
+  EXPECT_EQ(host_memory_stats().live_bytes, static_cast<std::int64_t>(3 * kMiB));
+  a.deallocate(small, 3 * kMiB);
+  release_kept_host_memory();
 }
 
 TEST_F(HostPool, SystemPolicyKeepsNothing) {
