@@ -84,9 +84,9 @@ constexpr std::size_t kMaxPieces = 64;
 // mremap costs a fault in the hypervisor when it is next touched, invisible to the guest's fault
 // counters: writing 256 MiB after a move took 270-360 ms against 10 ms for the same pages in place
 // (4 KiB pages), and 10.5 ms when the pages were huge ones moved whole (a standalone program,
-// 2026-11-27). unet-small's step moved 1.6 GiB of kept pages so and spent ~2 s of its 6.2-7.1 s in
-// such faults. Smaller large blocks keep page granularity (at most 1/4 lost to the rounding here)
-// and a pool of their own, so that no move splits a huge page.
+// 2026-11-27). unet-small's 1-rank step moved 1.6 GiB of kept pages so and spent 4.4-5.3 s of its
+// 6.2-7.1 s in such faults. Smaller large blocks keep page granularity (at most 1/4 lost to the
+// rounding here) and a pool of their own, so that no move splits a huge page.
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kHugeBlock = std::size_t{8} << 20;
 
