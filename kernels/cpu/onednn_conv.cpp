@@ -276,13 +276,16 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     // Winograd's F(4x4, 3x3) (oneDNN's jit_wino_4x3: 2.25x fewer products, float32 only) where it
     // pays: 3x3, stride 1, no dilation, no groups, and channels it is faster on than the direct
     // kernel on every pass measured (README.md "Winograd convolutions"). Box kernels recompute
-    // thin strips: direct. Each pass takes it where oneDNN plans it with a small scratchpad (some
-    // shapes get a schedule that transforms the whole tensor at once: direct then).
+    // thin strips: direct; so is an output thinner than one of its 4x4 output tiles (a windowless
+    // conv's border strip through backward-data, one column of 512 rows: 2-18 ms per call in
+    // jit_wino_4x3 on the AMD EPYC Zen 5 VM, 2026-11-27). Each pass takes it where oneDNN plans
+    // it with a small scratchpad (some shapes get a schedule that transforms the whole tensor at
+    // once: direct then).
     const bool winograd_shape = conv_winograd() && low == f32 && g.groups == 1 && w.h == 3 &&
                                 w.w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
                                 g.dilation_h == 1 && g.dilation_w == 1 &&
                                 std::min(x.c, y.c) >= 16 && std::max(x.c, y.c) >= 32;
-    const bool winograd = winograd_shape && !shapes.is_box();
+    const bool winograd = winograd_shape && !shapes.is_box() && std::min(y.h, y.w) >= 4;
     // Winograd computes from 16-channel blocks, and bf16 has no 8-channel kernels: an nchw8c
     // window is declined then (the conv takes its next layout, Conv2d::bind_kernel).
     if (eight_channel_window && (winograd_shape || low != f32)) return nullptr;

@@ -182,9 +182,11 @@ TEST_F(HostPool, LargeBlocksAreWholeHugePagesAndMovedWhole) {
   std::string modes;
   std::getline(thp, modes);
   const bool kernel_gives_huge_pages = !modes.empty() && modes.find("[never]") == std::string::npos;
+  const std::size_t huge_first = huge_bytes_in(first, 20 * kMiB);
+  const std::size_t huge_second = huge_bytes_in(second, 12 * kMiB);
   if (kernel_gives_huge_pages) {
-    EXPECT_GT(huge_bytes_in(first, 20 * kMiB), 0u)
-        << "no huge pages in a 20 MiB block, the kernel offering them (" << modes << ")";
+    EXPECT_GT(huge_first, 0u) << "no huge pages in a 20 MiB block, the kernel offering them ("
+                              << modes << ")";
   }
   a.deallocate(first, 20 * kMiB);
   a.deallocate(second, 11 * kMiB + 1);
@@ -199,8 +201,11 @@ TEST_F(HostPool, LargeBlocksAreWholeHugePagesAndMovedWhole) {
   for (std::size_t i = 0; i < 30 * kMiB; i += 4096)
     ASSERT_EQ(third[i], 3) << "byte " << i;
   // Moves of whole huge pages keep them huge; one that split a huge page would leave 4 KiB pages.
+  // (What the kernel gave the first two blocks, less the 2 MiB of the second still kept.)
   if (kernel_gives_huge_pages) {
-    EXPECT_EQ(huge_bytes_in(third, 30 * kMiB), 30 * kMiB) << "a move split a huge page";
+    EXPECT_GE(huge_bytes_in(third, 30 * kMiB),
+              huge_first + (huge_second > 2 * kMiB ? huge_second - 2 * kMiB : 0))
+        << "a move split a huge page";
   } else {
     std::printf("(no transparent huge pages from this kernel: their survival not checked)\n");
   }

@@ -517,9 +517,10 @@ Case winograd_case(std::int64_t c, std::int64_t o) {
 
 // 3x3 convolutions, stride 1, with >= 16 channels on both sides and >= 32 on one take Winograd's
 // F(4x4, 3x3) on all three passes (README.md "Winograd convolutions") and match the float64
-// reference within float32's tolerance, NCHW or nchw16c; everything else, box kernels and
-// TESSERA_WINOGRAD=0 stay direct. A fused ReLU rides along as the post-op; a fused leaky ReLU,
-// which oneDNN's Winograd kernel does not take, is declined so that the conv plans without it.
+// reference within float32's tolerance, NCHW or nchw16c; everything else, box kernels, outputs
+// thinner than 4 and TESSERA_WINOGRAD=0 stay direct. A fused ReLU rides along as the post-op; a
+// fused leaky ReLU, which oneDNN's Winograd kernel does not take, is declined so that the conv
+// plans without it.
 TEST(OneDnnConv, WinogradWhereItPaysAndTheReferenceResults) {
   if (!cpu_has_avx512_core()) GTEST_SKIP() << "this CPU has no AVX-512: oneDNN has no Winograd";
   for (auto [c, o] : {std::pair{32, 32}, {16, 32}, {32, 16}, {48, 40}}) {
@@ -563,8 +564,16 @@ TEST(OneDnnConv, WinogradWhereItPaysAndTheReferenceResults) {
   dilated.dilation = 2;
   wide.kernel = 5;
   grouped.groups = 2;
-  for (const Case& c : {narrow, winograd_case(16, 16), strided, dilated, wide, grouped})
+  // Outputs thinner than one 4x4 Winograd tile (a windowless conv's border strip: one column)
+  // stay direct; four across take it.
+  Case column = k3, rows = k3, four = k3;
+  column.out_w = 1;
+  rows.out_h = 3;
+  four.out_w = 4;
+  for (const Case& c :
+       {narrow, winograd_case(16, 16), strided, dilated, wide, grouped, column, rows})
     EXPECT_FALSE(plans_winograd(c.shapes(), c.geometry())) << c.str();
+  EXPECT_TRUE(plans_winograd(four.shapes(), four.geometry())) << four.str();
   ConvShapes box = k3.shapes();
   box.x_outer = {1, 32, k3.x().h + 4, k3.x().w + 4};
   box.y_outer = {1, 32, k3.y().h + 4, k3.y().w + 4};
