@@ -69,7 +69,6 @@ struct Piece {
 
 struct Block {
   std::size_t bytes = 0;
-  bool huge = false;          // of kHugePage granularity (below)
   std::vector<Piece> pieces;  // in address order, covering the block
 };
 
@@ -77,18 +76,18 @@ struct Block {
 // kernel limits a process's mappings (vm.max_map_count, 65530 by default).
 constexpr std::size_t kMaxPieces = 64;
 
-// Blocks of kHugeBlock bytes and more are mapped on 2 MiB boundaries, in whole 2 MiB units, and
-// advised to the kernel's transparent huge pages, so that every move between them is of whole huge
-// pages. Why: on a virtual machine whose hypervisor shadows the guest's page tables (the PVM
-// guests this project's AMD EPYC Zen 5 machines run in, 2026-11-27), each 4 KiB page moved by
-// mremap costs a fault in the hypervisor when it is next touched, invisible to the guest's fault
-// counters: writing 256 MiB after a move took 270-360 ms against 10 ms for the same pages in place
-// (4 KiB pages), and 10.5 ms when the pages were huge ones moved whole (a standalone program,
-// 2026-11-27). unet-small's 1-rank step moved 1.6 GiB of kept pages so and spent 4.4-5.3 s of its
-// 6.2-7.1 s in such faults. Smaller large blocks keep page granularity (at most 1/4 lost to the
-// rounding here) and a pool of their own, so that no move splits a huge page.
+// Large blocks are mapped on 2 MiB boundaries, in whole 2 MiB units, and advised to the kernel's
+// transparent huge pages, so that every move between them is of whole huge pages. Why: on a
+// virtual machine whose hypervisor shadows the guest's page tables (the PVM guests this project's
+// AMD EPYC Zen 5 machines run in, 2026-11-27), each 4 KiB page moved by mremap costs a fault in
+// the hypervisor when it is next touched, invisible to the guest's fault counters: writing 256 MiB
+// after a move took 270-360 ms against 10 ms for the same pages in place (4 KiB pages), and
+// 10.5 ms when the pages were huge ones moved whole (a standalone program, 2026-11-27).
+// unet-small's 1-rank step at 2048x2048 moved 1.6 GiB of kept pages so and spent 4.4-5.3 s of its
+// 6.2-7.1 s in such faults; at 512x512, with blocks of 8 MiB and more in huge pages and smaller
+// ones in 4 KiB pages, its step was 0.18-0.22 s, all in huge pages 0.08-0.11 s (the rounding adds
+// 0.7 MiB to its 184 MiB peak).
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-constexpr std::size_t kHugeBlock = std::size_t{8} << 20;
 
 class HostAllocator final : public Allocator {
  public:
@@ -101,11 +100,10 @@ class HostAllocator final : public Allocator {
       if (p == nullptr) out_of_memory(bytes, "malloc");
       return p;
     }
-    const bool huge = bytes >= kHugeBlock;
-    const std::size_t n = round_up(bytes, huge ? kHugePage : page_);
+    const std::size_t n = round_up(bytes, kHugePage);
     std::lock_guard lock(mutex_);
     live_.reserve(live_.size() + 1);  // nothing to throw once the block is taken
-    Block block = take(n, kept_[huge]);
+    Block block = take(n);
     char* addr = block.pieces.front().addr;
     stats_.live_bytes += static_cast<std::int64_t>(n);
     stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
@@ -124,7 +122,7 @@ class HostAllocator final : public Allocator {
         if (policy_ == HostMemory::pool && block.pieces.size() <= kMaxPieces) {
           try {
             const std::size_t size = block.bytes;
-            kept_[block.huge].emplace(size, std::move(block));
+            kept_.emplace(size, std::move(block));
             stats_.kept_bytes += static_cast<std::int64_t>(size);
             return;
           } catch (...) {  // no memory for the bookkeeping: give the pages back instead
@@ -156,9 +154,8 @@ class HostAllocator final : public Allocator {
     s.mappings = 0;
     for (const auto& [addr, b] : live_)
       s.mappings += static_cast<std::int64_t>(b.pieces.size());
-    for (const auto& kept : kept_)
-      for (const auto& [bytes, b] : kept)
-        s.mappings += static_cast<std::int64_t>(b.pieces.size());
+    for (const auto& [bytes, b] : kept_)
+      s.mappings += static_cast<std::int64_t>(b.pieces.size());
     return s;
   }
   void reset_stats() {
@@ -173,28 +170,26 @@ class HostAllocator final : public Allocator {
   }
 
  private:
-  // A block of n bytes (a multiple of the page, of kHugePage where n >= kHugeBlock) from `kept`
-  // (the pool of blocks of its granularity): a kept one of that size, else kept pages moved into a
-  // fresh mapping (largest-first from the smallest kept block that covers what is left), fresh
-  // pages for the rest.
-  Block take(std::size_t n, std::multimap<std::size_t, Block>& kept) {
-    const bool huge = n >= kHugeBlock;
-    if (auto it = kept.find(n); it != kept.end()) {
+  // A block of n bytes (a multiple of kHugePage): a kept one of that size, else kept pages moved
+  // into a fresh mapping (largest-first from the smallest kept block that covers what is left),
+  // fresh pages for the rest.
+  Block take(std::size_t n) {
+    if (auto it = kept_.find(n); it != kept_.end()) {
       Block b = std::move(it->second);
-      kept.erase(it);
+      kept_.erase(it);
       stats_.kept_bytes -= static_cast<std::int64_t>(n);
       ++stats_.reused;
       return b;
     }
-    char* base = huge ? map_huge(n) : map(n);
-    Block out{n, huge, {}};
+    char* base = map_huge(n);
+    Block out{n, {}};
     std::size_t filled = 0;
     bool refused = false;
-    while (filled < n && !kept.empty()) {
-      auto it = kept.lower_bound(n - filled);
-      if (it == kept.end()) it = std::prev(it);
+    while (filled < n && !kept_.empty()) {
+      auto it = kept_.lower_bound(n - filled);
+      if (it == kept_.end()) it = std::prev(it);
       Block from = std::move(it->second);
-      kept.erase(it);
+      kept_.erase(it);
       stats_.kept_bytes -= static_cast<std::int64_t>(from.bytes);
       const std::size_t want = std::min(from.bytes, n - filled);
       const std::size_t moved = move_front(from, want, base + filled, out.pieces);
@@ -202,7 +197,7 @@ class HostAllocator final : public Allocator {
       stats_.moved_bytes += static_cast<std::int64_t>(moved);
       if (from.bytes > 0) {
         stats_.kept_bytes += static_cast<std::int64_t>(from.bytes);
-        kept.emplace(from.bytes, std::move(from));
+        kept_.emplace(from.bytes, std::move(from));
       }
       if (moved < want) {  // the kernel refused a move: the rest is fresh
         refused = true;
@@ -218,7 +213,7 @@ class HostAllocator final : public Allocator {
           munmap(base + filled, n - filled);
           out_of_memory(n, "mmap");
         }
-        if (huge) advise_huge(base + filled, n - filled);
+        advise_huge(base + filled, n - filled);
       }
       out.pieces.push_back({base + filled, n - filled});
       stats_.fresh_bytes += static_cast<std::int64_t>(n - filled);
@@ -281,18 +276,15 @@ class HostAllocator final : public Allocator {
   }
 
   void release_locked() {
-    for (auto& kept : kept_) {
-      for (const auto& [bytes, b] : kept)
-        unmap(b);
-      kept.clear();
-    }
+    for (const auto& [bytes, b] : kept_)
+      unmap(b);
+    kept_.clear();
     stats_.kept_bytes = 0;
   }
 
   std::mutex mutex_;
   std::atomic<HostMemory> policy_ = HostMemory::pool;  // read without the lock by allocate
-  const std::size_t page_ = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  std::multimap<std::size_t, Block> kept_[2];  // by size; [1]: blocks in huge pages
+  std::multimap<std::size_t, Block> kept_;             // by size
   std::unordered_map<void*, Block> live_;
   HostMemoryStats stats_;
 };

@@ -90,9 +90,8 @@ enum class HostMemory {
   // is reused whole; otherwise the block is assembled from kept pages moved into place (mremap,
   // no copy, no page fault) and fresh pages only for what the kept ones do not cover. Resident
   // memory stays at the peak of live blocks, and a step that allocates what the last one freed
-  // faults in nothing. Blocks of 8 MiB and more are whole 2 MiB units on 2 MiB boundaries, in
-  // transparent huge pages where the kernel has them, and moved as whole huge pages
-  // (src/allocator.cpp says why).
+  // faults in nothing. Blocks are whole 2 MiB units on 2 MiB boundaries, in transparent huge
+  // pages where the kernel has them, and moved as whole huge pages (src/allocator.cpp says why).
   pool,
   // malloc and free, glibc's way: blocks above 32 MiB are mapped and unmapped per allocation, so
   // each step faults its activations in again.
@@ -111,8 +110,7 @@ void set_host_memory(HostMemory m);
 HostMemory host_memory();
 
 // What the host allocator has done with large blocks since the process started (or since
-// reset_host_memory_stats). Counts are allocations; bytes are rounded to pages (to 2 MiB for
-// blocks of 8 MiB and more).
+// reset_host_memory_stats). Counts are allocations; bytes are rounded to 2 MiB.
 struct HostMemoryStats {
   std::int64_t reused = 0;       // served by a kept block of the same size
   std::int64_t assembled = 0;    // served by kept pages moved into place, fresh pages for the rest

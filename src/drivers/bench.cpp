@@ -87,12 +87,14 @@ struct Measured {
   std::int64_t warmup = 0;  // untimed steps run: o.warmup, and more while pages still faulted in
 };
 
-// A warm-up step after o.warmup that still faulted in more pages than this (on some rank) is
+// A warm-up step after o.warmup that still faulted in more bytes than this (on some rank) is
 // followed by another, at most kMoreWarmup of them: the host pool's pages settle over the first
 // steps where a block is assembled from pages no step wrote yet (parts of oneDNN's scratchpads
 // and its bf16 copies; conv-bench under --precision bf16: 65 600 faults per step over the 2 steps
-// after one warm-up, 0 after four), and a training run's steps are the settled ones.
-constexpr long kSettledFaults = 4096;  // 16 MiB of 4 KiB pages
+// after one warm-up, 0 after four), and a training run's steps are the settled ones. Counted as
+// the pool's fresh bytes (its huge pages fault once per 2 MiB: src/allocator.cpp) plus 4 KiB per
+// minor fault (the rest of the heap).
+constexpr std::int64_t kSettledBytes = std::int64_t{16} << 20;
 constexpr std::int64_t kMoreWarmup = 4;
 
 // Runs o.warmup untimed steps (and more as above) and o.steps timed ones. Collective over the
@@ -112,6 +114,7 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
       faults_before = minor_page_faults();
     }
     const long step_faults_before = s < warmup ? minor_page_faults() : 0;  // warm-up only
+    const std::int64_t step_fresh_before = s < warmup ? host_memory_stats().fresh_bytes : 0;
     model.state() = {.mode = Mode::train, .seed = o.seed, .step = s};
     runtime.comm().set_step(s);
     const auto began = clock_type::now();
@@ -121,8 +124,9 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
     step_seconds += std::chrono::duration<double>(clock_type::now() - began).count();
     check_finite_loss(world, r.loss, s, "try a smaller --lr");
     if (s + 1 == warmup && warmup > 0 && warmup < o.warmup + kMoreWarmup) {
-      const long faults = minor_page_faults() - step_faults_before;
-      if (allreduce_max(world, faults > kSettledFaults ? 1 : 0) != 0) ++warmup;
+      const std::int64_t faulted = std::int64_t{4096} * (minor_page_faults() - step_faults_before) +
+                                   (host_memory_stats().fresh_bytes - step_fresh_before);
+      if (allreduce_max(world, faulted > kSettledBytes ? 1 : 0) != 0) ++warmup;
     }
   }
   const auto steps = static_cast<double>(o.steps);
