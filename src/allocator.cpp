@@ -84,9 +84,9 @@ constexpr std::size_t kMaxPieces = 64;
 // after a move took 270-360 ms against 10 ms for the same pages in place (4 KiB pages), and
 // 10.5 ms when the pages were huge ones moved whole (a standalone program, 2026-11-27).
 // unet-small's 1-rank step at 2048x2048 moved 1.6 GiB of kept pages so and spent 4.4-5.3 s of its
-// 6.2-7.1 s in such faults; at 512x512, with blocks of 8 MiB and more in huge pages and smaller
-// ones in 4 KiB pages, its step was 0.18-0.22 s, all in huge pages 0.08-0.11 s (the rounding adds
-// 0.7 MiB to its 184 MiB peak).
+// 6.2-7.1 s in such faults. Every block, not only large ones: at 512x512 (most blocks 1-8 MiB) a
+// first version that kept blocks under 8 MiB in 4 KiB pages took 0.18-0.22 s a step against
+// 0.08-0.11 s (the 2 MiB rounding adds 0.7 MiB to its 184 MiB peak).
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 class HostAllocator final : public Allocator {
