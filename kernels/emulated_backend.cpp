@@ -95,6 +95,19 @@ class EmulatedBatchNorm final : public BatchNormKernel<T> {
                      Tensor<T>& dx) const override {
     in_kernel([&] { k_->backward_data(x, dy, layout, stats, weight, mean_dy, mean_dy_xhat, dx); });
   }
+  void backward_sums_activated(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                               const reference::BatchNormStats& stats,
+                               const ForwardActivation<T>& a, std::span<double> sum_dy,
+                               std::span<double> sum_dy_xhat) const override {
+    in_kernel([&] { k_->backward_sums_activated(x, dy, layout, stats, a, sum_dy, sum_dy_xhat); });
+  }
+  void backward_data_activated(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                               const reference::BatchNormStats& stats,
+                               const ForwardActivation<T>& a, std::span<const double> mean_dy,
+                               std::span<const double> mean_dy_xhat, Tensor<T>& dx) const override {
+    in_kernel(
+        [&] { k_->backward_data_activated(x, dy, layout, stats, a, mean_dy, mean_dy_xhat, dx); });
+  }
 
  private:
   std::unique_ptr<BatchNormKernel<T>> k_;

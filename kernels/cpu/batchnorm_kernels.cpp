@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "batchnorm_checks.hpp"
@@ -82,6 +85,20 @@ using batchnorm_checks::channels;
 using batchnorm_checks::same;
 using batchnorm_checks::statistics;
 
+// T's values in their order as unsigned integers: -inf, ..., -0, +0, ..., +inf (NaNs beyond).
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+template <typename T>
+Bits<T> ordered(T v) {
+  const Bits<T> b = std::bit_cast<Bits<T>>(v), sign = Bits<T>(1) << (8 * sizeof(T) - 1);
+  return (b & sign) != 0 ? ~b : b | sign;
+}
+template <typename T>
+T from_ordered(Bits<T> k) {
+  const Bits<T> sign = Bits<T>(1) << (8 * sizeof(T) - 1);
+  return std::bit_cast<T>((k & sign) != 0 ? k & ~sign : ~k);
+}
+
 namespace base {
 #define TESSERA_WIDE_LOOPS 0
 #include "batchnorm_loops.inc"
@@ -108,6 +125,32 @@ bool use_wide() {
 #endif
 
 }  // namespace
+
+template <typename T>
+PositiveRange<T> batchnorm_positive_range(double mean, double scale, double shift) {
+  constexpr T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const auto positive = [&](T x) {
+    return elementwise::batchnorm_apply(x, mean, scale, shift) > T(0);
+  };
+  if (scale == 0) {
+    if (!positive(T(0))) return {nan, nan};
+    return {-std::numeric_limits<T>::max(), std::numeric_limits<T>::max()};
+  }
+  if (!(scale > 0) && !(scale < 0)) return {nan, nan};  // NaN
+  // Positive from some value on (scale > 0) or up to some value (scale < 0): bisect the ordered
+  // values between the infinities for the boundary, holding `inside` (positive) and `outside`.
+  const bool rising = scale > 0;
+  const T far = rising ? inf : -inf;
+  if (!positive(far)) return {nan, nan};  // nowhere (a NaN or infinite mean or shift)
+  if (positive(-far)) return {-inf, inf};
+  Bits<T> inside = ordered(far), outside = ordered(-far);
+  while ((rising ? inside - outside : outside - inside) > 1) {
+    const Bits<T> mid = rising ? outside + (inside - outside) / 2 : inside + (outside - inside) / 2;
+    (positive(from_ordered<T>(mid)) ? inside : outside) = mid;
+  }
+  const T edge = from_ordered<T>(inside);
+  return rising ? PositiveRange<T>{edge, inf} : PositiveRange<T>{-inf, edge};
+}
 
 template <typename T>
 void batchnorm_sum(const Tensor<T>& x, Layout layout, std::span<double> sum) {
@@ -148,29 +191,38 @@ void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& 
 template <typename T>
 void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                              const BatchNormStats& stats, std::span<double> sum_dy,
-                             std::span<double> sum_dy_xhat) {
+                             std::span<double> sum_dy_xhat, const AppliedActivation<T>* applied) {
   const Shape4& s = x.shape();
   statistics("batchnorm_backward_sums", s, stats);
+  if (applied != nullptr) {
+    channels("batchnorm_backward_sums", s, applied->weight.size(), "weight");
+    channels("batchnorm_backward_sums", s, applied->bias.size(), "bias");
+  }
   same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
   channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
   channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
-  TESSERA_LOOPS(backward_sums, units_of(s, layout), x.data(), dy.data(), stats, sum_dy,
-                sum_dy_xhat);
+  TESSERA_LOOPS(backward_sums, units_of(s, layout), x.data(), dy.data(), stats, sum_dy, sum_dy_xhat,
+                applied);
 }
 
 template <typename T>
 void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                              const BatchNormStats& stats, std::span<const T> weight,
                              std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
-                             Tensor<T>& dx) {
+                             Tensor<T>& dx, const AppliedActivation<T>* applied) {
   batchnorm_checks::backward_data("batchnorm_backward_data", x, dy, stats, weight.size(),
                                   mean_dy.size(), mean_dy_xhat.size(), dx);
+  if (applied != nullptr) {
+    channels("batchnorm_backward_data", x.shape(), applied->weight.size(), "weight");
+    channels("batchnorm_backward_data", x.shape(), applied->bias.size(), "bias");
+  }
   TESSERA_LOOPS(backward_data, units_of(x.shape(), layout), x.data(), dy.data(), stats,
-                weight.data(), mean_dy, mean_dy_xhat, dx.data(), streams<T>(dx.numel()));
+                weight.data(), mean_dy, mean_dy_xhat, dx.data(), streams<T>(dx.numel()), applied);
 }
 #undef TESSERA_LOOPS
 
 #define TESSERA_INSTANTIATE(T)                                                                \
+  template PositiveRange<T> batchnorm_positive_range<T>(double, double, double);              \
   template void batchnorm_sum<T>(const Tensor<T>&, Layout, std::span<double>);                \
   template void batchnorm_centered_square_sum<T>(const Tensor<T>&, Layout,                    \
                                                  std::span<const double>, std::span<double>); \
@@ -181,10 +233,10 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
                                      std::optional<T>);                                       \
   template void batchnorm_backward_sums<T>(const Tensor<T>&, const Tensor<T>&, Layout,        \
                                            const BatchNormStats&, std::span<double>,          \
-                                           std::span<double>);                                \
+                                           std::span<double>, const AppliedActivation<T>*);   \
   template void batchnorm_backward_data<T>(                                                   \
       const Tensor<T>&, const Tensor<T>&, Layout, const BatchNormStats&, std::span<const T>,  \
-      std::span<const double>, std::span<const double>, Tensor<T>&);
+      std::span<const double>, std::span<const double>, Tensor<T>&, const AppliedActivation<T>*);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE
@@ -234,6 +286,29 @@ class CpuBatchNorm final : public BatchNormKernel<T> {
                      std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
                      Tensor<T>& dx) const override {
     fast::batchnorm_backward_data(x, dy, layout, stats, weight, mean_dy, mean_dy_xhat, dx);
+  }
+  void backward_sums_activated(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                               const reference::BatchNormStats& stats,
+                               const ForwardActivation<T>& a, std::span<double> sum_dy,
+                               std::span<double> sum_dy_xhat) const override {
+    const fast::AppliedActivation<T> applied = applied_of(a);
+    fast::batchnorm_backward_sums(x, dy, layout, stats, sum_dy, sum_dy_xhat, &applied);
+  }
+  void backward_data_activated(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                               const reference::BatchNormStats& stats,
+                               const ForwardActivation<T>& a, std::span<const double> mean_dy,
+                               std::span<const double> mean_dy_xhat, Tensor<T>& dx) const override {
+    const fast::AppliedActivation<T> applied = applied_of(a);
+    fast::batchnorm_backward_data(x, dy, layout, stats, a.weight, mean_dy, mean_dy_xhat, dx,
+                                  &applied);
+  }
+
+ private:
+  fast::AppliedActivation<T> applied_of(const ForwardActivation<T>& a) const {
+    TESSERA_CHECK(applies(a.f), "batch norm: no fused activation of this kind");
+    return {.weight = a.weight,
+            .bias = a.bias,
+            .slope = a.f.kind == ActivationKind::leaky_relu ? static_cast<T>(a.f.slope) : T(0)};
   }
 };
 

@@ -133,8 +133,9 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   }
   // Activations their neighbours compute: the producer applies f as it writes its output when
   // the activation is its only consumer; the consumer applies f' to its input gradient when it is
-  // the activation's only one (a halo layer, from the window it keeps). The activation then
-  // moves tensors through. Offered before bind(), where kernels are planned for it.
+  // the activation's only one (a halo layer, from the window it keeps), else the producer that
+  // applies f where it can (batch norm; after bind). The activation then moves tensors through.
+  // Offered before bind(), where kernels are planned for it.
   struct Fusion {
     std::size_t activation;
     std::optional<std::size_t> producer, consumer;
@@ -177,11 +178,16 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   for (const Fusion& u : fusions) {
     const bool by_producer = u.producer && nodes_[*u.producer].layer->output_activation_fused();
     const bool by_consumer = u.consumer && nodes_[*u.consumer].layer->input_activation_grad_fused();
-    nodes_[u.activation].layer->set_fused(by_producer, by_consumer);
+    // f' where no consumer applies it: by the producer that applies f, where it can.
+    const bool grad_by_producer =
+        by_producer && !by_consumer && nodes_[*u.producer].layer->take_output_activation_grad();
+    nodes_[u.activation].layer->set_fused(by_producer, by_consumer || grad_by_producer);
     if (by_producer || by_consumer)
       fused_.push_back({.activation = nodes_[u.activation].layer->name(),
                         .producer = by_producer ? nodes_[*u.producer].layer->name() : "",
-                        .consumer = by_consumer ? nodes_[*u.consumer].layer->name() : ""});
+                        .consumer = by_consumer        ? nodes_[*u.consumer].layer->name()
+                                    : grad_by_producer ? nodes_[*u.producer].layer->name()
+                                                       : ""});
   }
   // A concat taken: its consumer is given the concat's inputs instead (the same number of
   // consumers each), and the concat is never run.

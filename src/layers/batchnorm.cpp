@@ -147,7 +147,17 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
   std::vector<double> sums(2 * channels);
   const std::span<double> sum_dy(sums.data(), channels),
       sum_dy_xhat(sums.data() + channels, channels);
-  kernel_->backward_sums(x_, dy.local, layout_, stats, sum_dy, sum_dy_xhat);
+  // With the activation's f' (take_output_activation_grad): the parameters are the forward's,
+  // since the optimizer updates them after the backward pass.
+  const MemorySpace space = this->allocator().space();
+  const std::span<const T> weight = std::as_const(weight_.value).span_in(space);
+  const ForwardActivation<T> applied{.weight = weight,
+                                     .bias = std::as_const(bias_.value).span_in(space),
+                                     .f = activation_.value_or(FusedActivation{})};
+  if (activation_grad_)
+    kernel_->backward_sums_activated(x_, dy.local, layout_, stats, applied, sum_dy, sum_dy_xhat);
+  else
+    kernel_->backward_sums(x_, dy.local, layout_, stats, sum_dy, sum_dy_xhat);
   // The parameter gradients take this rank's share; Model::reduce_gradients adds the others.
   // (C values each: on a device through host copies.)
   HostValues<T> bias_grad(bias_.grad), weight_grad(weight_.grad);
@@ -168,9 +178,13 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
     std::fill(sums.begin(), sums.end(), 0.0);  // the running statistics do not depend on x
   }
   DistTensor<T> dx(dy.dist, layout_, uninitialized, this->allocator());
-  kernel_->backward_data(
-      x_, dy.local, layout_, stats, std::as_const(weight_.value).span_in(this->allocator().space()),
-      std::span<const double>(sum_dy), std::span<const double>(sum_dy_xhat), dx.local);
+  if (activation_grad_)
+    kernel_->backward_data_activated(x_, dy.local, layout_, stats, applied,
+                                     std::span<const double>(sum_dy),
+                                     std::span<const double>(sum_dy_xhat), dx.local);
+  else
+    kernel_->backward_data(x_, dy.local, layout_, stats, weight, std::span<const double>(sum_dy),
+                           std::span<const double>(sum_dy_xhat), dx.local);
   x_ = Tensor<T>();  // one backward per forward: the copy goes back as the pass proceeds
   return dx;
 }

@@ -71,9 +71,9 @@ namespace {
 
 // Activations fused into their neighbours: (leaky) ReLU after a conv applied by the conv's kernel
 // (oneDNN, float32) and after a batch norm by its normalisation (CPU backends), f' applied by the
-// halo layer that consumes it (conv, pooling, transposed conv), and the cases that stay apart: a
-// producer that is neither (pooling), an activation with two consumers, the last layer. The same
-// results, on the test grid, as with fusion off.
+// halo layer that consumes it (conv, pooling, transposed conv) or else by the batch norm before
+// it, and the cases that stay apart: a producer that is neither (pooling), an activation with two
+// consumers, the last layer. The same results, on the test grid, as with fusion off.
 const char* kFusions = R"({"input_channels": 3, "layers": [
   {"name": "c1", "type": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
   {"name": "a1", "type": "leaky_relu", "slope": 0.2},
@@ -86,7 +86,8 @@ const char* kFusions = R"({"input_channels": 3, "layers": [
   {"name": "c3", "type": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
   {"name": "b1", "type": "batchnorm2d"},
   {"name": "a6", "type": "leaky_relu", "slope": 0.1},
-  {"name": "cat", "type": "concat", "inputs": ["a4", "a6"]},
+  {"name": "c5", "type": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1},
+  {"name": "cat", "type": "concat", "inputs": ["a4", "a6", "c5"]},
   {"name": "c4", "type": "conv2d", "out_channels": 3, "kernel": 1},
   {"name": "a5", "type": "relu"}],
   "loss": "pixel_cross_entropy"})";
@@ -145,9 +146,10 @@ void check_fusions(const std::vector<typename Model<T>::ActivationFusion>& expec
 TEST(FusedActivations, WhereTheyFuseAndTheSameResultsAsApart) {
   const KernelBackend kind = test::world_runtime().backend().kind();
   // a1: leaky ReLU after c1 into c2; a2 after c2 into the pooling; a3 after pooling (no producer
-  // fuses) into the transposed conv; a4 has two consumers; a6 after a batch norm into a concat
-  // (no f'); a5 is the last layer. CPU activations work from outputs (f' fused everywhere but
-  // cuda); only oneDNN's convs apply f, and every CPU batch norm.
+  // fuses) into the transposed conv; a4 has two consumers; a6 after a batch norm has two (a conv
+  // and a concat: the batch norm's backward applies f'); a5 is the last layer. CPU activations work
+  // from outputs (f' fused everywhere but cuda); only oneDNN's convs apply f, and every CPU batch
+  // norm.
   const bool f_prime = kind != KernelBackend::cuda;
   const bool by_batch_norm = kind != KernelBackend::cuda;
   const auto expect = [&](bool f) {
@@ -158,7 +160,7 @@ TEST(FusedActivations, WhereTheyFuseAndTheSameResultsAsApart) {
            F{"a2", f ? "c2" : "", f_prime ? "p1" : ""}};
       if (f_prime) v.push_back(F{"a3", "", "t1"});
     }
-    if (by_batch_norm) v.push_back(F{"a6", "b1", ""});
+    if (by_batch_norm) v.push_back(F{"a6", "b1", "b1"});
     if (f) v.push_back(F{"a5", "c4", ""});
     return v;
   };

@@ -240,11 +240,41 @@ TEST(CpuBatchNorm, AppliesTheFollowingReluAsItWrites) {
           apart(s, layout, uninitialized);
       k->forward_activated(x, layout, stats, weight, bias, f, fused);
       k->forward(x, layout, stats, weight, bias, normalised);
-      make_cpu_activation<float>(f.kind, f.slope)->forward(normalised, apart);
-      std::int64_t wrong = 0;
-      for (std::size_t i = 0; i < fused.span().size(); ++i)
-        wrong += std::memcmp(&fused.span()[i], &apart.span()[i], sizeof(float)) != 0;
-      EXPECT_EQ(wrong, 0) << to_string(layout) << ", slope " << f.slope;
+      const std::unique_ptr<ActivationKernel<float>> activation =
+          make_cpu_activation<float>(f.kind, f.slope);
+      activation->forward(normalised, apart);
+      const auto mismatched = [](const Tensor<float>& a, const Tensor<float>& b) {
+        std::int64_t wrong = 0;
+        for (std::size_t i = 0; i < a.span().size(); ++i)
+          wrong += std::memcmp(&a.span()[i], &b.span()[i], sizeof(float)) != 0;
+        return wrong;
+      };
+      const std::string what =
+          std::string(to_string(layout)) + ", slope " + std::to_string(f.slope);
+      EXPECT_EQ(mismatched(fused, apart), 0) << what;
+      // Backward with f' (the activation has no consumer to apply it): the batch norm's passes on
+      // dy, bit for bit the activation's backward and then the batch norm's.
+      const Tensor<float> dy = to_layout(test::random_tensor<float>(s, kSeed + 1, 2), layout);
+      Tensor<float> dz(s, layout, uninitialized);
+      activation->backward(dy, dz);
+      const std::size_t n = std::size_t(c);
+      std::vector<double> sums(2 * n), fused_sums(2 * n);
+      k->backward_sums(x, dz, layout, stats, std::span(sums).first(n), std::span(sums).last(n));
+      const ForwardActivation<float> a{.weight = weight, .bias = bias, .f = f};
+      k->backward_sums_activated(x, dy, layout, stats, a, std::span(fused_sums).first(n),
+                                 std::span(fused_sums).last(n));
+      EXPECT_EQ(std::memcmp(sums.data(), fused_sums.data(), sums.size() * sizeof(double)), 0)
+          << what;
+      EXPECT_FALSE(std::isnan(sums[1])) << what << ": f' of a NaN is that of its output";
+      const std::vector<double> mean_dy(n, 0.25), mean_dy_xhat(n, -0.5);
+      Tensor<float> dx(s, layout, uninitialized), fused_dx(s, layout, uninitialized);
+      k->backward_data(x, dz, layout, stats, weight, mean_dy, mean_dy_xhat, dx);
+      k->backward_data_activated(x, dy, layout, stats, a, mean_dy, mean_dy_xhat, fused_dx);
+      EXPECT_EQ(mismatched(dx, fused_dx), 0) << what;
+      // Not just dy: f' zeroes (ReLU) or scales (leaky) some of it.
+      Tensor<float> plain_dx(s, layout, uninitialized);
+      k->backward_data(x, dy, layout, stats, weight, mean_dy, mean_dy_xhat, plain_dx);
+      EXPECT_GT(mismatched(plain_dx, fused_dx), 0) << what;
     }
 }
 

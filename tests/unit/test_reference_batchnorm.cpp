@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "tessera/kernels/batchnorm_kernels.hpp"
 #include "tessera/kernels/reference_batchnorm.hpp"
 #include "tessera/kernels/simd.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
@@ -506,6 +508,60 @@ TEST(BatchNormKernels, GiveTheSameResultsAtEverySimdLevelAndThreadCount) {
   // The large shapes against the reference too, at the level this machine runs.
   expect_fast_kernels_match_reference<float>({1, 16, 600, 520}, Layout::nchw16c, 1000.0);
   expect_fast_kernels_match_reference<double>({2, 3, 1031, 1029}, Layout::nchw, 0.0);
+}
+
+// fast::batchnorm_positive_range against the normalisation itself: at random inputs, at the
+// interval's ends and their neighbours, at zeros, infinities, NaN and the smallest subnormals; for
+// scales of either sign, tiny and huge, zero, infinite and NaN, and infinite or NaN means and
+// shifts (a NaN-poisoned step).
+template <typename T>
+void expect_positive_range_exact() {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  const double dinf = std::numeric_limits<double>::infinity(),
+               dnan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<std::array<double, 3>> cases = {
+      {0.1, 1.5, -0.1},    {-0.3, -2.0, 0.05}, {0.0, 1.0, 0.0},    {0.0, -1.0, 0.0},
+      {0.2, 1e-30, 1e-38}, {0.2, 1e30, -3.0},  {1e3, 1e-3, 1e-45}, {0.5, 0.0, 0.25},
+      {0.5, 0.0, -0.25},   {0.5, 0.0, 0.0},    {0.0, dinf, 0.0},   {0.0, -dinf, 1.0},
+      {0.0, dnan, 1.0},    {dnan, 1.0, 1.0},   {dinf, 1.0, 0.0},   {-dinf, 1.0, 0.0},
+      {0.0, 1.0, dinf},    {0.0, 1.0, -dinf},  {0.0, 1.0, dnan},   {3.0, -1e-40, 1e-300}};
+  std::uint64_t index = 0;
+  const auto uniform = [&](double lo, double hi) {
+    return lo + (hi - lo) * uniform01(kSeed, 77, index++);
+  };
+  for (int k = 0; k < 40; ++k)
+    cases.push_back({uniform(-2, 2), uniform(-3, 3), uniform(-1, 1)});
+  for (const auto& [mean, scale, shift] : cases) {
+    const fast::PositiveRange<T> r = fast::batchnorm_positive_range<T>(mean, scale, shift);
+    std::vector<T> xs = {T(0),
+                         -T(0),
+                         inf,
+                         -inf,
+                         std::numeric_limits<T>::quiet_NaN(),
+                         std::numeric_limits<T>::denorm_min(),
+                         -std::numeric_limits<T>::denorm_min(),
+                         std::numeric_limits<T>::max(),
+                         -std::numeric_limits<T>::max(),
+                         static_cast<T>(mean)};
+    for (T e : {r.lo, r.hi})
+      if (!std::isnan(e))
+        for (T x : {e, std::nextafter(e, inf), std::nextafter(e, -inf)})
+          xs.push_back(x);
+    for (int i = 0; i < 2000; ++i)
+      xs.push_back(static_cast<T>(uniform(-4, 4)));
+    int wrong = 0;
+    for (T x : xs) {
+      const bool want = elementwise::batchnorm_apply(x, mean, scale, shift) > T(0);
+      wrong += want != (x >= r.lo && x <= r.hi);
+    }
+    EXPECT_EQ(wrong, 0) << "mean " << mean << ", scale " << scale << ", shift " << shift << ": ["
+                        << r.lo << ", " << r.hi << "]";
+  }
+}
+
+TEST(BatchNormKernels, ThePositiveRangeIsExactlyWhereTheNormalisedValueIsPositive) {
+  expect_positive_range_exact<float>();
+  expect_positive_range_exact<double>();
 }
 
 TEST(BatchNormKernels, SimdLevelsAreNamedAndTheBaselineIsAlwaysThere) {

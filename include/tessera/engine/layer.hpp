@@ -124,6 +124,11 @@ class Layer {
   virtual bool output_activation_fused() const { return false; }
   virtual void offer_input_activation_grad(const FusedActivation&) {}
   virtual bool input_activation_grad_fused() const { return false; }
+  // A producer that applies f may apply f' as well, to the gradient its backward receives, where
+  // no consumer does (an activation with several consumers, or one that applies none): batch
+  // norm, from f's output computed again from the input it keeps. Asked after bind(), only of a
+  // producer whose output_activation_fused(); true when it will. Local.
+  virtual bool take_output_activation_grad() { return false; }
   // An activation its neighbours may compute says which (on `backend`'s kernels; before bind),
   // and is told after the neighbours' bind whether its producer applies f and its consumer f'.
   // Local.

@@ -94,8 +94,9 @@ class Model {
   void set_synchronized_timings(bool on) { synchronized_timings_ = on; }
 
   // The activations their neighbours compute (README "Fused activations"), in layer order: the
-  // layer that applies f as it writes its output and the one that applies f' to its input
-  // gradient, each empty where the activation does it itself. Same on every rank. Local.
+  // layer that applies f as it writes its output and the one that applies f' (its consumer, to its
+  // input gradient; or its producer, a batch norm, to the gradient it receives), each empty where
+  // the activation does it itself. Same on every rank. Local.
   struct ActivationFusion {
     std::string activation, producer, consumer;
   };

@@ -15,6 +15,13 @@
 
 namespace tessera {
 
+// What a batch norm's forward_activated applied: f, after normalising with this weight and bias.
+template <typename T>
+struct ForwardActivation {
+  std::span<const T> weight, bias;
+  FusedActivation f;
+};
+
 template <typename T>
 class BatchNormKernel {
  public:
@@ -39,7 +46,8 @@ class BatchNormKernel {
   // y = (x - mean) * invstd * weight + bias, in x's layout.
   virtual void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                        std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const = 0;
-  // Whether forward_activated applies `f` (the layer then computes its following activation).
+  // Whether forward_activated applies `f` (the layer then computes its following activation), and
+  // the *_activated backward passes its derivative.
   virtual bool applies(const FusedActivation& /*f*/) const { return false; }
   // forward, then y = f(y) as each value is written: the activation's arithmetic bit for bit.
   virtual void forward_activated(const Tensor<T>& /*x*/, Layout /*layout*/,
@@ -57,6 +65,28 @@ class BatchNormKernel {
                              const reference::BatchNormStats& stats, std::span<const T> weight,
                              std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
                              Tensor<T>& dx) const = 0;
+  // backward_sums and backward_data of a forward_activated output whose gradient dy has not been
+  // multiplied by f' (no consumer of the activation applies it): they multiply dy by f' first, read
+  // from f's output, which they compute again from x as forward_activated did (`a`: the forward's
+  // weight, bias and f), bit for bit the activation's own backward from its output. Where
+  // applies(f).
+  virtual void backward_sums_activated(const Tensor<T>& /*x*/, const Tensor<T>& /*dy*/,
+                                       Layout /*layout*/,
+                                       const reference::BatchNormStats& /*stats*/,
+                                       const ForwardActivation<T>& /*a*/,
+                                       std::span<double> /*sum_dy*/,
+                                       std::span<double> /*sum_dy_xhat*/) const {
+    throw Error("batch norm kernel '" + name() + "' applies no activation's derivative");
+  }
+  virtual void backward_data_activated(const Tensor<T>& /*x*/, const Tensor<T>& /*dy*/,
+                                       Layout /*layout*/,
+                                       const reference::BatchNormStats& /*stats*/,
+                                       const ForwardActivation<T>& /*a*/,
+                                       std::span<const double> /*mean_dy*/,
+                                       std::span<const double> /*mean_dy_xhat*/,
+                                       Tensor<T>& /*dx*/) const {
+    throw Error("batch norm kernel '" + name() + "' applies no activation's derivative");
+  }
 };
 
 // Tessera's CPU batch norm: the threaded loops of batchnorm_kernels.hpp (the reference's

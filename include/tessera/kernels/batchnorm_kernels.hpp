@@ -41,17 +41,43 @@ void batchnorm_forward(const Tensor<T>& x, Layout layout, const BatchNormStats& 
                        std::span<const T> weight, std::span<const T> bias, Tensor<T>& y,
                        std::optional<T> leaky_slope = std::nullopt);
 
-// As reference::batchnorm_backward_sums; dy in x's layout.
+// What a forward that applied a (leaky) ReLU normalised with (its weight and bias) and the
+// activation's slope (0: ReLU): given to the backward passes of such a batch norm whose activation
+// has no consumer that applies its derivative, they multiply dy by f' first, read from
+// f(batchnorm(x)) computed again as batchnorm_forward computed it, bit for bit, so that the
+// activation keeps no mask and makes no pass of its own (elementwise::leaky_relu_grad, as the
+// activation's own backward from its output).
+template <typename T>
+struct AppliedActivation {
+  std::span<const T> weight, bias;
+  T slope = T(0);
+};
+
+// The inputs x whose normalised value y = elementwise::batchnorm_apply(x, mean, scale, shift) is
+// > 0 (as T: what a (leaky) ReLU's f' reads from its output), as the interval lo <= x <= hi (empty:
+// lo NaN). Exact: y rounds monotonically in x for a scale > 0 (< 0: the other way), so the
+// interval is found by bisection over T's ordered values with batchnorm_apply itself; a scale of
+// 0 gives y = shift for every finite x (an infinite one: NaN). The backward passes then compare x
+// with it instead of normalising x again. Local; pure.
+template <typename T>
+struct PositiveRange {
+  T lo, hi;
+};
+template <typename T>
+PositiveRange<T> batchnorm_positive_range(double mean, double scale, double shift);
+
+// As reference::batchnorm_backward_sums; dy in x's layout. With `applied`, of dy * f'.
 template <typename T>
 void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                              const BatchNormStats& stats, std::span<double> sum_dy,
-                             std::span<double> sum_dy_xhat);
+                             std::span<double> sum_dy_xhat,
+                             const AppliedActivation<T>* applied = nullptr);
 
-// As reference::batchnorm_backward_data; dy and dx in x's layout.
+// As reference::batchnorm_backward_data; dy and dx in x's layout. With `applied`, of dy * f'.
 template <typename T>
 void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
                              const BatchNormStats& stats, std::span<const T> weight,
                              std::span<const double> mean_dy, std::span<const double> mean_dy_xhat,
-                             Tensor<T>& dx);
+                             Tensor<T>& dx, const AppliedActivation<T>* applied = nullptr);
 
 }  // namespace tessera::fast

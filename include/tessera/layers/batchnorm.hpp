@@ -44,13 +44,20 @@ class BatchNorm2d final : public UnaryLayer<T> {
     comm_ = &runtime.comm();
     kernel_ = runtime.backend().batch_norm<T>();
     activation_.reset();
+    activation_grad_ = false;
     if (offered_ && kernel_->applies(*offered_)) activation_ = offered_;
   }
   // The (leaky) ReLU that follows, applied as the normalised values are written where the
-  // backend's kernel can (CPU); its derivative stays with the activation layer (from the output)
-  // or its consumer. Local.
+  // backend's kernel can (CPU); its derivative goes with the consumer where that takes it (a halo
+  // layer, from its window), else with this layer's backward passes
+  // (BatchNormKernel::backward_sums_activated), which compute f's output again from the kept
+  // input: the activation then keeps no mask and makes no pass. Local.
   void offer_output_activation(const FusedActivation& f) override { offered_ = f; }
   bool output_activation_fused() const override { return activation_.has_value(); }
+  bool take_output_activation_grad() override {
+    activation_grad_ = activation_.has_value();
+    return activation_grad_;
+  }
   using UnaryLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState& state) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState& state) override;
@@ -67,6 +74,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
   const Comm* comm_ = nullptr;
   std::unique_ptr<BatchNormKernel<T>> kernel_;
   std::optional<FusedActivation> offered_, activation_;  // offered; taken at bind
+  bool activation_grad_ = false;                         // backward applies activation_'s f'
   std::int64_t count_ = 0;  // values per channel in the global batch: N * H * W
   Param<T> weight_, bias_;
   Buffer<T> running_mean_, running_var_;

@@ -38,8 +38,8 @@ class Activation final : public UnaryLayer<T> {
 
   // (Leaky) ReLU, whose f' its output tells, where the backend's kernel works from outputs.
   std::optional<FusedActivation> fusable_activation(const Backend& backend) const override;
-  // `by_producer`: its input is already f(x); `by_consumer`: the gradient it receives is already
-  // multiplied by f'.
+  // `by_producer`: its input is already f(x); `by_consumer`: f' is a neighbour's (the gradient it
+  // receives is already multiplied by it, or its producer multiplies the gradient it passes on).
   void set_fused(bool by_producer, bool by_consumer) override {
     by_producer_ = by_producer;
     by_consumer_ = by_consumer;
