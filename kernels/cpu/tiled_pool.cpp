@@ -1,12 +1,18 @@
 // TiledMaxPool (include/tessera/kernels/pool_kernel.hpp): max pooling over windows that tile the
 // image, one band of kernel_h input rows per output row, split over the kernel threads.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera {
@@ -51,6 +57,49 @@ void unpool_2x2(const T* __restrict grad, const std::uint8_t* __restrict place, 
     r1[2 * ow + 1] = at == 3 ? g : T(0);
   }
 }
+
+#if TESSERA_HAS_WIDE_LOOPS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+// unpool_2x2 on float in AVX-512, 16 windows at a time: each window's gradient and place are
+// spread over the two inputs of each of its rows by lane permutes, and each input takes the
+// gradient where its place is the winner's, else +0 (the same values as unpool_2x2). With
+// `stream` (and both rows 64-byte aligned), streaming stores: the input gradient is several times
+// the cache and written once, so nothing reads its lines in first.
+void unpool_2x2_wide(const float* __restrict grad, const std::uint8_t* __restrict place,
+                     float* __restrict r0, float* __restrict r1, std::int64_t count, bool stream) {
+  const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  const __m512i top = _mm512_set_epi32(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+  const __m512i bottom = _mm512_add_epi32(top, _mm512_set1_epi32(2));
+  stream = stream && reinterpret_cast<std::uintptr_t>(r0) % 64 == 0 &&
+           reinterpret_cast<std::uintptr_t>(r1) % 64 == 0;
+  const auto store = [stream](float* q, __m512 v) {
+    if (stream)
+      _mm512_stream_ps(q, v);
+    else
+      _mm512_storeu_ps(q, v);
+  };
+  std::int64_t ow = 0;
+  for (; ow + 16 <= count; ow += 16) {
+    const __m512 g = _mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(grad + ow));  // 0 + g
+    // The maskz forms: GCC 12's unmasked ones start from an "undefined" vector that
+    // -Wmaybe-uninitialized flags (as in kernels/cpu/narrow_conv.cpp).
+    const __m512i at = _mm512_maskz_cvtepu8_epi32(
+        0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(place + ow)));
+    for (int half = 0; half < 2; ++half) {
+      const __m512i spread = half == 0 ? first : second;
+      const __m512 gs = _mm512_maskz_permutexvar_ps(0xffff, spread, g);
+      const __m512i as = _mm512_maskz_permutexvar_epi32(0xffff, spread, at);
+      store(r0 + 2 * ow + 16 * half, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(as, top), gs));
+      store(r1 + 2 * ow + 16 * half, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(as, bottom), gs));
+    }
+  }
+  if (stream) _mm_sfence();
+  unpool_2x2(grad + ow, place + ow, r0 + 2 * ow, r1 + 2 * ow, count - ow);
+}
+#pragma GCC pop_options
+#endif
 
 // Any kernel: the scan over each window in row-major order.
 template <typename T>
@@ -133,12 +182,26 @@ void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
   TESSERA_CHECK(static_cast<std::int64_t>(place_.size()) == ys.numel(),
                 "tiled max pooling: backward before any forward");
   const std::int64_t kh = kernel_h_, kw = kernel_w_;
+  [[maybe_unused]] const bool wide = simd_level() == SimdLevel::avx512,
+                              stream =
+                                  dx.numel() * std::int64_t(sizeof(T)) >= streaming_store_bytes();
   for_each_band(ys, kh * xs.w, [&](std::int64_t b, std::int64_t plane, std::int64_t oh) {
     T* out = dx.data() + (plane * xs.h + oh * kh) * xs.w;
     const T* grad = dy.data() + b * ys.w;
     const std::uint8_t* place = place_.data() + b * ys.w;
     if (kh == 2 && kw == 2) {
+#if TESSERA_HAS_WIDE_LOOPS
+      if constexpr (std::is_same_v<T, float>) {
+        if (wide)
+          unpool_2x2_wide(grad, place, out, out + xs.w, ys.w, stream);
+        else
+          unpool_2x2(grad, place, out, out + xs.w, ys.w);
+      } else {
+        unpool_2x2(grad, place, out, out + xs.w, ys.w);
+      }
+#else
       unpool_2x2(grad, place, out, out + xs.w, ys.w);
+#endif
       for (T* row : {out, out + xs.w})  // the column under no window (an odd width)
         std::fill(row + 2 * ys.w, row + xs.w, T(0));
       return;

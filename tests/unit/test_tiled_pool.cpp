@@ -10,9 +10,11 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/layers/pool2d.hpp"
 #include "tessera/random.hpp"
 #include "tessera_config.h"
@@ -102,6 +104,31 @@ TEST(TiledMaxPool, GivesTheReferenceResultsBitForBit) {
         expect_reference_results<float>(c, static_cast<float>(special));
         expect_reference_results<double>(c, special);
       }
+}
+
+TEST(TiledMaxPool, GivesTheReferenceResultsAtEverySimdLevelWithAndWithoutStreaming) {
+  // 2x2 windows in rows of 16 and more (AVX-512 takes 16 windows at a time; 37 leaves 5 over),
+  // rows of an even and an odd width (the second row of a band then not 64-byte aligned).
+  const SimdLevel level = simd_level();
+  const std::int64_t streaming = streaming_store_bytes();
+  std::vector<SimdLevel> levels{SimdLevel::baseline};
+  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
+  for (SimdLevel l : levels)
+    for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1} << 40}) {
+      set_simd_level(l);
+      set_streaming_store_bytes(bytes);
+      for (const TiledCase& c :
+           {TiledCase{.n = 2, .c = 3, .kh = 2, .kw = 2, .out_h = 5, .out_w = 32},
+            TiledCase{.n = 1, .c = 2, .kh = 2, .kw = 2, .out_h = 4, .out_w = 37, .trailing_w = 1},
+            TiledCase{.n = 1, .c = 1, .kh = 2, .kw = 2, .out_h = 3, .out_w = 16, .trailing_h = 1}})
+        for (double special : {std::numeric_limits<double>::quiet_NaN(), -0.0}) {
+          SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ""));
+          expect_reference_results<float>(c, static_cast<float>(special));
+          expect_reference_results<double>(c, special);
+        }
+    }
+  set_simd_level(level);
+  set_streaming_store_bytes(streaming);
 }
 
 TEST(TiledMaxPool, DeclinesWindowsThatDoNotTileTheImage) {
