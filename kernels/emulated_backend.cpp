@@ -217,6 +217,7 @@ class EmulatedUpsample final : public UpsampleKernel<T> {
   explicit EmulatedUpsample(std::unique_ptr<UpsampleKernel<T>> k) : k_(std::move(k)) {}
   std::string name() const override { return "emulated " + k_->name(); }
   bool takes_blocked() const override { return k_->takes_blocked(); }
+  bool converts_blocked_to_nchw() const override { return k_->converts_blocked_to_nchw(); }
   void forward(const Tensor<T>& x, Tensor<T>& y) const override {
     in_kernel([&] { k_->forward(x, y); });
   }

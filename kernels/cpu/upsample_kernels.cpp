@@ -4,14 +4,22 @@
 // (the reference gathers through a column table). Same results as
 // reference::upsample_nearest_forward / _backward bit for bit: the backward adds each input's
 // gradients in the reference's order (row-major over the outputs), one input row at a time.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
+#include "tessera/kernels/simd.hpp"
 #include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/parallel.hpp"
 
@@ -74,19 +82,95 @@ void narrow_row_into(const T* __restrict out, T* __restrict in, const Pairs& p) 
       in[p.pairs * V + v] += out[2 * p.pairs * V + v];
 }
 
+// The V channels of a blocked row of `count` pixels into V rows of `count` values (`stride`
+// apart) and back: dst[j * stride + w] = src[w * V + j], and src[w * V + j] = dst[j * stride + w].
+template <typename T>
+void block_to_rows(const T* __restrict block, T* __restrict rows, std::int64_t count,
+                   std::int64_t v, std::int64_t stride) {
+  for (std::int64_t w = 0; w < count; ++w)
+    for (std::int64_t j = 0; j < v; ++j)
+      rows[j * stride + w] = block[w * v + j];
+}
+template <typename T>
+void rows_to_block(const T* __restrict rows, T* __restrict block, std::int64_t count,
+                   std::int64_t v, std::int64_t stride) {
+  for (std::int64_t w = 0; w < count; ++w)
+    for (std::int64_t j = 0; j < v; ++j)
+      block[w * v + j] = rows[j * stride + w];
+}
+
+#if TESSERA_HAS_WIDE_LOOPS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+// 16 rows of 16 floats (`from` apart) into 16 columns (`to` apart): dst[c * to + i] =
+// src[i * from + c]. Three rounds of shuffles: pairs of rows interleaved, then groups of four
+// within each 128-bit lane, then the 128-bit lanes (the maskz forms: GCC 12's unmasked ones
+// start from an "undefined" vector that -Wuninitialized flags, as in kernels/cpu/narrow_conv.cpp).
+inline void transpose16(const float* __restrict src, std::int64_t from, float* __restrict dst,
+                        std::int64_t to) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = _mm512_loadu_ps(src + i * from);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(0xffff, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[i], r[i + 1]);
+  }
+  // r[4g + m], lane L: column 4L + m of rows 4g...4g + 3.
+  for (int g = 0; g < 16; g += 4) {
+    r[g] = _mm512_maskz_shuffle_ps(0xffff, t[g], t[g + 2], 0x44);
+    r[g + 1] = _mm512_maskz_shuffle_ps(0xffff, t[g], t[g + 2], 0xEE);
+    r[g + 2] = _mm512_maskz_shuffle_ps(0xffff, t[g + 1], t[g + 3], 0x44);
+    r[g + 3] = _mm512_maskz_shuffle_ps(0xffff, t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 a = _mm512_maskz_shuffle_f32x4(0xffff, r[m], r[4 + m], 0x44);
+    const __m512 b = _mm512_maskz_shuffle_f32x4(0xffff, r[m], r[4 + m], 0xEE);
+    const __m512 c = _mm512_maskz_shuffle_f32x4(0xffff, r[8 + m], r[12 + m], 0x44);
+    const __m512 d = _mm512_maskz_shuffle_f32x4(0xffff, r[8 + m], r[12 + m], 0xEE);
+    _mm512_storeu_ps(dst + (m)*to, _mm512_maskz_shuffle_f32x4(0xffff, a, c, 0x88));
+    _mm512_storeu_ps(dst + (4 + m) * to, _mm512_maskz_shuffle_f32x4(0xffff, a, c, 0xDD));
+    _mm512_storeu_ps(dst + (8 + m) * to, _mm512_maskz_shuffle_f32x4(0xffff, b, d, 0x88));
+    _mm512_storeu_ps(dst + (12 + m) * to, _mm512_maskz_shuffle_f32x4(0xffff, b, d, 0xDD));
+  }
+}
+
+// block_to_rows and rows_to_block for float in 16-channel blocks, 16 pixels at a time.
+void block_to_rows_wide(const float* __restrict block, float* __restrict rows, std::int64_t count,
+                        std::int64_t stride) {
+  std::int64_t w = 0;
+  for (; w + 16 <= count; w += 16)
+    transpose16(block + w * 16, 16, rows + w, stride);
+  block_to_rows(block + w * 16, rows + w, count - w, 16, stride);
+}
+void rows_to_block_wide(const float* __restrict rows, float* __restrict block, std::int64_t count,
+                        std::int64_t stride) {
+  std::int64_t w = 0;
+  for (; w + 16 <= count; w += 16)
+    transpose16(rows + w, stride, block + w * 16, 16);
+  rows_to_block(rows + w, block + w * 16, count - w, 16, stride);
+}
+#pragma GCC pop_options
+#endif
+
 // NCHW, or a blocked layout: then a row is a block's row of pixels of V values (the padding
-// channels of a last partial block upsampled with the rest: zeros stay zeros).
+// channels of a last partial block upsampled with the rest: zeros stay zeros). Or a blocked window
+// (and its gradient) with an NCHW output (and its gradient): each block row of the window gives
+// the output rows of its channels, one channel at a time while the block row is in cache, so the
+// layout is converted with no pass of its own (a consumer that computes in NCHW after a producer
+// that writes blocks, as unet-small's d1 after d2).
 template <typename T>
 class PairedUpsample final : public UpsampleKernel<T> {
  public:
   explicit PairedUpsample(const reference::UpsampleGeometry& g) : g_(g) {}
   std::string name() const override { return "threaded pairs"; }
   bool takes_blocked() const override { return true; }
+  bool converts_blocked_to_nchw() const override { return true; }
 
   void forward(const Tensor<T>& x, Tensor<T>& y) const override {
     const Shape4 &xs = x.shape(), &ys = y.shape();
     reference::check_upsample("upsample_nearest_forward", xs, ys, g_);
     check_layouts(x, y);
+    if (x.layout() != y.layout()) return forward_to_nchw(x, y);
     const std::int64_t v = block_of(x.layout()), planes = xs.n * channel_blocks(xs.c, v);
     const Pairs p = pairs_of(ys.w, g_.phase_w);
     const auto widen = v == 1 ? widen_row<1, T> : v == 8 ? widen_row<8, T> : widen_row<kBlock, T>;
@@ -107,6 +191,7 @@ class PairedUpsample final : public UpsampleKernel<T> {
     const Shape4 &xs = dx.shape(), &ys = dy.shape();
     reference::check_upsample("upsample_nearest_backward", xs, ys, g_);
     check_layouts(dx, dy);
+    if (dx.layout() != dy.layout()) return backward_from_nchw(dy, dx);
     const std::int64_t v = block_of(dx.layout()), planes = xs.n * channel_blocks(xs.c, v);
     const Pairs p = pairs_of(ys.w, g_.phase_w);
     const auto narrow = v == 1   ? narrow_row_into<1, T>
@@ -131,10 +216,83 @@ class PairedUpsample final : public UpsampleKernel<T> {
   }
 
  private:
-  static void check_layouts(const Tensor<T>& a, const Tensor<T>& b) {
-    TESSERA_CHECK(a.layout() == b.layout(), std::string("upsample_nearest: ") +
-                                                to_string(a.layout()) + " and " +
-                                                to_string(b.layout()) + " tensors");
+  // `window` (x or dx) and `image` (y or dy): the same layout, or a blocked window and NCHW.
+  static void check_layouts(const Tensor<T>& window, const Tensor<T>& image) {
+    TESSERA_CHECK(window.layout() == image.layout() || image.layout() == Layout::nchw,
+                  std::string("upsample_nearest: ") + to_string(window.layout()) + " and " +
+                      to_string(image.layout()) + " tensors");
+  }
+
+  // A blocked window into NCHW outputs: each block row of x (one task per block plane and row)
+  // into V rows of its channels in a scratch buffer, widened from there into every output row
+  // that reads it.
+  void forward_to_nchw(const Tensor<T>& x, Tensor<T>& y) const {
+    const Shape4 &xs = x.shape(), &ys = y.shape();
+    const std::int64_t v = block_of(x.layout()), blocks = channel_blocks(xs.c, v);
+    const Pairs p = pairs_of(ys.w, g_.phase_w);
+    parallel_for(
+        xs.n * blocks * xs.h,
+        [&](std::int64_t first, std::int64_t last) {
+          std::vector<T> rows(static_cast<std::size_t>(v * xs.w));
+          for (std::int64_t k = first; k < last; ++k) {
+            const std::int64_t bp = k / xs.h, h = k % xs.h, n = bp / blocks, cb = bp % blocks;
+            const auto [begin, end] = readers(h, ys.h);
+            if (begin >= end) continue;
+            to_rows(x.data() + k * xs.w * v, rows.data(), xs.w, v);
+            for (std::int64_t j = 0; j < v && cb * v + j < xs.c; ++j)
+              for (std::int64_t r = begin; r < end; ++r)
+                widen_row<1, T>(rows.data() + j * xs.w,
+                                y.data() + ((n * ys.c + cb * v + j) * ys.h + r) * ys.w, p);
+          }
+        },
+        grain_for(xs.w * v * g_.scale_h * 2));
+  }
+
+  // Each block row of dx from its channels' rows in a scratch buffer: zeros (the padding
+  // channels' stay so), then each channel's output rows that read it in increasing order, as
+  // backward adds them.
+  void backward_from_nchw(const Tensor<T>& dy, Tensor<T>& dx) const {
+    const Shape4 &xs = dx.shape(), &ys = dy.shape();
+    const std::int64_t v = block_of(dx.layout()), blocks = channel_blocks(xs.c, v);
+    const Pairs p = pairs_of(ys.w, g_.phase_w);
+    parallel_for(
+        xs.n * blocks * xs.h,
+        [&](std::int64_t first, std::int64_t last) {
+          std::vector<T> rows(static_cast<std::size_t>(v * xs.w));
+          for (std::int64_t k = first; k < last; ++k) {
+            const std::int64_t bp = k / xs.h, h = k % xs.h, n = bp / blocks, cb = bp % blocks;
+            const auto [begin, end] = readers(h, ys.h);
+            std::fill(rows.begin(), rows.end(), T(0));
+            for (std::int64_t j = 0; j < v && cb * v + j < xs.c; ++j)
+              for (std::int64_t r = begin; r < end; ++r)
+                narrow_row_into<1, T>(dy.data() + ((n * ys.c + cb * v + j) * ys.h + r) * ys.w,
+                                      rows.data() + j * xs.w, p);
+            from_rows(rows.data(), dx.data() + k * xs.w * v, xs.w, v);
+          }
+        },
+        grain_for(xs.w * v * g_.scale_h * 2));
+  }
+
+  // The output rows [begin, end) that read input row h: (r + phase) / scale == h.
+  std::pair<std::int64_t, std::int64_t> readers(std::int64_t h, std::int64_t rows) const {
+    const std::int64_t sh = g_.scale_h, ph = g_.phase_h;
+    return {std::max<std::int64_t>(h * sh - ph, 0), std::min<std::int64_t>(h * sh - ph + sh, rows)};
+  }
+  static void to_rows(const T* block, T* rows, std::int64_t count, std::int64_t v) {
+#if TESSERA_HAS_WIDE_LOOPS
+    if constexpr (std::is_same_v<T, float>)
+      if (v == 16 && simd_level() == SimdLevel::avx512)
+        return block_to_rows_wide(block, rows, count, count);
+#endif
+    block_to_rows(block, rows, count, v, count);
+  }
+  static void from_rows(const T* rows, T* block, std::int64_t count, std::int64_t v) {
+#if TESSERA_HAS_WIDE_LOOPS
+    if constexpr (std::is_same_v<T, float>)
+      if (v == 16 && simd_level() == SimdLevel::avx512)
+        return rows_to_block_wide(rows, block, count, count);
+#endif
+    rows_to_block(rows, block, count, v, count);
   }
   reference::UpsampleGeometry g_;
 };

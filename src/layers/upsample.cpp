@@ -45,10 +45,12 @@ void UpsampleNearest<T>::bind_kernel(const Box&, const Backend& backend) {
   kernel_ = backend.upsample<T>(geometry_);
   // The window and the output blocked where the model allows the output so and the kernel takes
   // it: an input that comes so is then read in place, and nothing is converted.
-  layout_ = this->blocked_output_allowed() && kernel_->takes_blocked()
-                ? blocked_layout_for(this->out_dist().global.c)
-                : Layout::nchw;
-  this->set_window_layout(layout_);
+  const Layout blocked = blocked_layout_for(this->out_dist().global.c);
+  layout_ = this->blocked_output_allowed() && kernel_->takes_blocked() ? blocked : Layout::nchw;
+  // An NCHW output from blocked inputs: the kernel converts as it widens.
+  const bool converts = layout_ == Layout::nchw && blocked != Layout::nchw &&
+                        this->blocked_input_expected() && kernel_->converts_blocked_to_nchw();
+  this->set_window_layout(converts ? blocked : layout_);
 }
 
 template <typename T>

@@ -50,30 +50,42 @@ struct Threads {
   ~Threads() { set_kernel_threads(before); }
 };
 
-// In `layout` (its last block padded for 3 channels in nchw8c or nchw16c): converted back to
-// NCHW, the results are the reference's.
+// In `layout` (its last block padded for 3 channels in nchw8c or nchw16c), or with `nchw_image`
+// the window x and dx in `layout` and y and dy in NCHW: converted back to NCHW, the results are
+// the reference's.
 template <typename T>
 void expect_upsample_matches(std::int64_t sh, std::int64_t ph, std::int64_t pw, std::int64_t out_h,
                              std::int64_t out_w, std::uint64_t stream, Layout layout = Layout::nchw,
-                             std::int64_t channels = 3) {
+                             std::int64_t channels = 3, bool nchw_image = false) {
   const UpsampleGeometry g{.scale_h = sh, .scale_w = 2, .phase_h = ph, .phase_w = pw};
   // x holds exactly the rows and columns y reads, plus one unread column.
   const Shape4 x{2, channels, (out_h - 1 + ph) / sh + 1, (out_w - 1 + pw) / 2 + 2};
   const Shape4 y{2, channels, out_h, out_w};
+  const Layout image = nchw_image ? Layout::nchw : layout;
   const std::string what = "scale " + std::to_string(sh) + "x2, phase " + std::to_string(ph) + "," +
-                           std::to_string(pw) + ", y " + y.str() + " in " + to_string(layout);
+                           std::to_string(pw) + ", y " + y.str() + " in " + to_string(image) +
+                           ", x in " + to_string(layout);
   std::unique_ptr<UpsampleKernel<T>> k = make_cpu_upsample<T>(g);
   ASSERT_EQ(k->name(), "threaded pairs");
   ASSERT_TRUE(k->takes_blocked());
+  ASSERT_TRUE(k->converts_blocked_to_nchw());
   const Tensor<T> xv = test::random_tensor<T>(x, kSeed, stream);
   const Tensor<T> dy = test::random_tensor<T>(y, kSeed, stream + 1);
-  Tensor<T> got_y(y, layout, T(7)), got_dx(x, layout, T(7)), want_y(y), want_dx(x);
+  Tensor<T> got_y(y, image, T(7)), got_dx(x, layout, T(7)), want_y(y), want_dx(x);
   k->forward(to_layout(xv, layout), got_y);
-  k->backward(to_layout(dy, layout), got_dx);
+  k->backward(to_layout(dy, image), got_dx);
   reference::upsample_nearest_forward(xv, want_y, g);
   reference::upsample_nearest_backward(dy, want_dx, g);
   EXPECT_EQ(mismatches(to_layout(got_y, Layout::nchw), want_y), 0) << "forward, " << what;
   EXPECT_EQ(mismatches(to_layout(got_dx, Layout::nchw), want_dx), 0) << "backward, " << what;
+  // A last partial block's padding channels hold zeros, as to_layout leaves them: all of the
+  // storage as to_layout writes it.
+  const Tensor<T> padded = to_layout(want_dx, layout);
+  ASSERT_EQ(got_dx.span().size(), padded.span().size()) << what;
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < padded.span().size(); ++i)
+    wrong += std::memcmp(&got_dx.span()[i], &padded.span()[i], sizeof(T)) != 0;
+  EXPECT_EQ(wrong, 0) << "backward, storage with padding channels, " << what;
 }
 
 TEST(CpuUpsample, ByTwoAcrossColumnsGivesTheReferenceBitForBit) {
@@ -97,6 +109,18 @@ TEST(CpuUpsample, BlockedLayoutsGiveTheReferenceBitForBit) {
           stream += 2;
           expect_upsample_matches<float>(2, 1, pw, 6, out_w, stream, layout, channels);
           expect_upsample_matches<double>(1, 0, pw, 3, out_w, stream, layout, channels);
+        }
+}
+
+TEST(CpuUpsample, BlockedWindowsIntoNchwImagesGiveTheReferenceBitForBit) {
+  std::uint64_t stream = 2000;
+  for (const Layout layout : {Layout::nchw8c, Layout::nchw16c})
+    for (std::int64_t channels : {3, 16, 20})
+      for (std::int64_t pw : {0, 1})
+        for (std::int64_t out_w : {1, 7, 40}) {
+          stream += 2;
+          expect_upsample_matches<float>(2, 1, pw, 6, out_w, stream, layout, channels, true);
+          expect_upsample_matches<double>(3, 2, pw, 5, out_w, stream, layout, channels, true);
         }
 }
 

@@ -12,8 +12,10 @@
 
 #include "tessera/allocator.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/layers/batchnorm.hpp"
 #include "tessera/layers/pool2d.hpp"
+#include "tessera/layers/upsample.hpp"
 #include "tessera/random.hpp"
 
 #include "../common/test_helpers.hpp"
@@ -113,6 +115,37 @@ TEST(HandOver, BatchNormKeepsItsInputInsteadOfACopy) {
 TEST(HandOver, APoolWhoseWindowIsItsTileReadsItsInputInPlace) {
   expect_taken_over<Pool2d<float>>(
       [] { return Pool2d<float>("l", parse_pool2d(spec_of("maxpool2d")), 1); }, 0, 0);
+}
+
+// An upsampling whose output goes on in NCHW (its consumer computes in NCHW) from an input that
+// comes in 16-channel blocks: its window is the input in place, converted as it is widened, and
+// the input gradient comes back in the input's blocks; the reference's results. Without the
+// blocked input expected, the window is an NCHW copy.
+TEST(HandOver, AnUpsampleIntoNchwReadsABlockedInputInPlace) {
+  const Runtime& single = test::single_runtime();
+  const Shape4 shape{1, 16, 128, 128};  // 1 MiB: a large block
+  const Distribution in{shape, single.comm().shape(), single.comm().coords()};
+  const Tensor<float> x = test::random_tensor<float>(shape, kSeed, 3);
+  const reference::UpsampleGeometry g{.scale_h = 2, .scale_w = 2};
+  for (bool expected : {true, false}) {
+    UpsampleNearest<float> up("l", UpsampleSpec{.scale = 2}, 1);
+    const Distribution out = up.setup(in);
+    up.expect_blocked_input(expected);
+    up.hand_over_input(true);
+    up.bind(single);
+    const Tensor<float> dy = test::random_tensor<float>(out.local_shape(), kSeed, 4);
+    const auto r = run(up, in, out, true, to_layout(x, Layout::nchw16c), dy);
+    const std::string what = expected ? "blocked input expected" : "not expected";
+    // The output alone (1 of 4 MiB, assembled from kept pages or fresh), or also the window.
+    EXPECT_EQ(r.forward_allocations, expected ? 1 : 2) << what;
+    EXPECT_EQ(r.y.layout(), Layout::nchw) << what;
+    EXPECT_EQ(r.dx.layout(), Layout::nchw16c) << what;
+    Tensor<float> want_y(out.local_shape()), want_dx(shape);
+    reference::upsample_nearest_forward(x, want_y, g);
+    reference::upsample_nearest_backward(dy, want_dx, g);
+    EXPECT_EQ(differences(r.y, want_y), 0) << what;
+    EXPECT_EQ(differences(to_layout(r.dx, Layout::nchw), want_dx), 0) << what;
+  }
 }
 
 TEST(HandOver, ABatchNormWhoseInputNeverCameRefusesItsBackward) {

@@ -174,6 +174,9 @@ class UpsampleKernel {
   virtual std::string name() const = 0;
   // Whether x and y (dy and dx) may be in a blocked layout, both in the same one; else NCHW.
   virtual bool takes_blocked() const { return false; }
+  // Whether x (dx) may be in a blocked layout while y (dy) is in NCHW: the layout converted as the
+  // values are widened (narrowed), with no pass of its own.
+  virtual bool converts_blocked_to_nchw() const { return false; }
   // y (its shape gives the output extent) from the window x.
   virtual void forward(const Tensor<T>& x, Tensor<T>& y) const = 0;
   // dx (overwritten, the window's shape): each input's sum of the gradients of the outputs that

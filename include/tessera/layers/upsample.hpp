@@ -37,7 +37,9 @@ class UpsampleNearest final : public WindowLayer<T> {
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
   std::optional<WindowMap> window() const override { return upsample_window(spec_.scale); }
   // Any input layout (the exchange converts into the window's); the output is nchw16c where the
-  // model allows it and the kernel takes it, else NCHW.
+  // model allows it and the kernel takes it, else NCHW, and then the window is blocked where the
+  // input is expected blocked and the kernel converts as it widens
+  // (UpsampleKernel::converts_blocked_to_nchw): no conversion pass either way.
   bool takes_blocked() const override { return true; }
 
  private:
@@ -46,7 +48,7 @@ class UpsampleNearest final : public WindowLayer<T> {
   UpsampleSpec spec_;
   reference::UpsampleGeometry geometry_;
   std::unique_ptr<UpsampleKernel<T>> kernel_;
-  Layout layout_ = Layout::nchw;  // of the window, the output and their gradients: bind_kernel's
+  Layout layout_ = Layout::nchw;  // of the output and its gradient: bind_kernel's
 };
 
 }  // namespace tessera
