@@ -223,51 +223,69 @@ class PairedUpsample final : public UpsampleKernel<T> {
                       to_string(image.layout()) + " tensors");
   }
 
-  // A blocked window into NCHW outputs: each block row of x (one task per block plane and row)
-  // into V rows of its channels in a scratch buffer, widened from there into every output row
-  // that reads it.
+  // A blocked window into NCHW outputs: each block row of x into V rows of its channels in a
+  // scratch buffer, widened from there into every output row that reads it.
   void forward_to_nchw(const Tensor<T>& x, Tensor<T>& y) const {
-    const Shape4 &xs = x.shape(), &ys = y.shape();
-    const std::int64_t v = block_of(x.layout()), blocks = channel_blocks(xs.c, v);
-    const Pairs p = pairs_of(ys.w, g_.phase_w);
-    parallel_for(
-        xs.n * blocks * xs.h,
-        [&](std::int64_t first, std::int64_t last) {
-          std::vector<T> rows(static_cast<std::size_t>(v * xs.w));
-          for (std::int64_t k = first; k < last; ++k) {
-            const std::int64_t bp = k / xs.h, h = k % xs.h, n = bp / blocks, cb = bp % blocks;
-            const auto [begin, end] = readers(h, ys.h);
-            if (begin >= end) continue;
-            to_rows(x.data() + k * xs.w * v, rows.data(), xs.w, v);
-            for (std::int64_t j = 0; j < v && cb * v + j < xs.c; ++j)
-              for (std::int64_t r = begin; r < end; ++r)
-                widen_row<1, T>(rows.data() + j * xs.w,
-                                y.data() + ((n * ys.c + cb * v + j) * ys.h + r) * ys.w, p);
-          }
-        },
-        grain_for(xs.w * v * g_.scale_h * 2));
+    const Shape4& xs = x.shape();
+    const std::int64_t v = block_of(x.layout());
+    const Pairs p = pairs_of(y.shape().w, g_.phase_w);
+    for_each_block_row(xs, y.shape(), v, [&](const BlockRow& b, T* rows) {
+      if (b.begin >= b.end) return;
+      to_rows(x.data() + b.k * xs.w * v, rows, xs.w, v);
+      for (std::int64_t j = 0; j < b.channels; ++j)
+        for (std::int64_t r = b.begin; r < b.end; ++r)
+          widen_row<1, T>(rows + j * xs.w, y.data() + b.image_row(j, r), p);
+    });
   }
 
   // Each block row of dx from its channels' rows in a scratch buffer: zeros (the padding
   // channels' stay so), then each channel's output rows that read it in increasing order, as
   // backward adds them.
   void backward_from_nchw(const Tensor<T>& dy, Tensor<T>& dx) const {
-    const Shape4 &xs = dx.shape(), &ys = dy.shape();
-    const std::int64_t v = block_of(dx.layout()), blocks = channel_blocks(xs.c, v);
-    const Pairs p = pairs_of(ys.w, g_.phase_w);
+    const Shape4& xs = dx.shape();
+    const std::int64_t v = block_of(dx.layout());
+    const Pairs p = pairs_of(dy.shape().w, g_.phase_w);
+    for_each_block_row(xs, dy.shape(), v, [&](const BlockRow& b, T* rows) {
+      std::fill(rows, rows + v * xs.w, T(0));
+      for (std::int64_t j = 0; j < b.channels; ++j)
+        for (std::int64_t r = b.begin; r < b.end; ++r)
+          narrow_row_into<1, T>(dy.data() + b.image_row(j, r), rows + j * xs.w, p);
+      from_rows(rows, dx.data() + b.k * xs.w * v, xs.w, v);
+    });
+  }
+
+  // Block row k of a blocked window (sample n, channels cb * V..., row h): its channels that are
+  // not padding, the output rows [begin, end) that read it, and where output row r of its
+  // channel j starts in the NCHW image.
+  struct BlockRow {
+    std::int64_t k, n, cb, v, channels, begin, end, image_c, image_h, image_w;
+    std::int64_t image_row(std::int64_t j, std::int64_t r) const {
+      return ((n * image_c + cb * v + j) * image_h + r) * image_w;
+    }
+  };
+  // body(block row, scratch of V x W values) for every block row of a window of shape xs in
+  // blocks of v channels, over the kernel threads.
+  template <typename Body>
+  void for_each_block_row(const Shape4& xs, const Shape4& ys, std::int64_t v, Body&& body) const {
+    const std::int64_t blocks = channel_blocks(xs.c, v);
     parallel_for(
         xs.n * blocks * xs.h,
         [&](std::int64_t first, std::int64_t last) {
           std::vector<T> rows(static_cast<std::size_t>(v * xs.w));
           for (std::int64_t k = first; k < last; ++k) {
-            const std::int64_t bp = k / xs.h, h = k % xs.h, n = bp / blocks, cb = bp % blocks;
-            const auto [begin, end] = readers(h, ys.h);
-            std::fill(rows.begin(), rows.end(), T(0));
-            for (std::int64_t j = 0; j < v && cb * v + j < xs.c; ++j)
-              for (std::int64_t r = begin; r < end; ++r)
-                narrow_row_into<1, T>(dy.data() + ((n * ys.c + cb * v + j) * ys.h + r) * ys.w,
-                                      rows.data() + j * xs.w, p);
-            from_rows(rows.data(), dx.data() + k * xs.w * v, xs.w, v);
+            const std::int64_t bp = k / xs.h, cb = bp % blocks;
+            const auto [begin, end] = readers(k % xs.h, ys.h);
+            body(BlockRow{.k = k,
+                          .n = bp / blocks,
+                          .cb = cb,
+                          .v = v,
+                          .channels = std::min(v, xs.c - cb * v),
+                          .begin = begin,
+                          .end = end,
+                          .image_c = ys.c,
+                          .image_h = ys.h,
+                          .image_w = ys.w},
+                 rows.data());
           }
         },
         grain_for(xs.w * v * g_.scale_h * 2));
