@@ -74,6 +74,11 @@ class EmulatedBatchNorm final : public BatchNormKernel<T> {
                            std::span<double> sum) const override {
     in_kernel([&] { k_->centered_square_sum(x, layout, mean, sum); });
   }
+  // The wrapped kernel's one pass (the layer's path on the CPU), not the two-pass default.
+  void shifted_sums(const Tensor<T>& x, Layout layout, std::span<const double> shift,
+                    std::span<double> sum, std::span<double> square_sum) const override {
+    in_kernel([&] { k_->shifted_sums(x, layout, shift, sum, square_sum); });
+  }
   void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const override {
     in_kernel([&] { k_->forward(x, layout, stats, weight, bias, y); });
