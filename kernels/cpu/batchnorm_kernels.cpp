@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -99,6 +100,22 @@ T from_ordered(Bits<T> k) {
   return std::bit_cast<T>((k & sign) != 0 ? k & ~sign : ~k);
 }
 
+// The scale forward normalises channel c with (batchnorm_loops.inc's normalise_lanes), and the
+// f' masks (OutputMask) compute their intervals with: one expression, so that both round alike.
+template <typename T>
+double normalise_scale(const BatchNormStats& stats, const T* weight, std::size_t c) {
+  return stats.invstd[c] * double(weight[c]);
+}
+
+// Where a forward-applied activation's f' is 1, per channel: lo[c] <= x <= hi[c]
+// (batchnorm_positive_range), its slope elsewhere. Built once per backward pass (C bisections),
+// read by the loops as they go.
+template <typename T>
+struct OutputMask {
+  std::vector<T> lo, hi;
+  T slope;
+};
+
 namespace base {
 #define TESSERA_WIDE_LOOPS 0
 #include "batchnorm_loops.inc"
@@ -152,6 +169,25 @@ PositiveRange<T> batchnorm_positive_range(double mean, double scale, double shif
   return rising ? PositiveRange<T>{edge, inf} : PositiveRange<T>{-inf, edge};
 }
 
+namespace {
+
+// The mask of `applied` for the statistics of a forward (nullopt without one).
+template <typename T>
+std::optional<OutputMask<T>> mask_of(const BatchNormStats& stats,
+                                     const AppliedActivation<T>* applied) {
+  if (applied == nullptr) return std::nullopt;
+  OutputMask<T> m{.lo = {}, .hi = {}, .slope = applied->slope};
+  for (std::size_t c = 0; c < stats.mean.size(); ++c) {
+    const PositiveRange<T> r = batchnorm_positive_range<T>(
+        stats.mean[c], normalise_scale(stats, applied->weight.data(), c), double(applied->bias[c]));
+    m.lo.push_back(r.lo);
+    m.hi.push_back(r.hi);
+  }
+  return m;
+}
+
+}  // namespace
+
 template <typename T>
 void batchnorm_sum(const Tensor<T>& x, Layout layout, std::span<double> sum) {
   channels("batchnorm_sum", x.shape(), sum.size(), "sum");
@@ -201,8 +237,9 @@ void batchnorm_backward_sums(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
   same("batchnorm_backward_sums", s, dy.shape(), "output gradient");
   channels("batchnorm_backward_sums", s, sum_dy.size(), "sum_dy");
   channels("batchnorm_backward_sums", s, sum_dy_xhat.size(), "sum_dy_xhat");
+  const std::optional<OutputMask<T>> mask = mask_of(stats, applied);
   TESSERA_LOOPS(backward_sums, units_of(s, layout), x.data(), dy.data(), stats, sum_dy, sum_dy_xhat,
-                applied);
+                mask ? &*mask : nullptr);
 }
 
 template <typename T>
@@ -216,8 +253,10 @@ void batchnorm_backward_data(const Tensor<T>& x, const Tensor<T>& dy, Layout lay
     channels("batchnorm_backward_data", x.shape(), applied->weight.size(), "weight");
     channels("batchnorm_backward_data", x.shape(), applied->bias.size(), "bias");
   }
+  const std::optional<OutputMask<T>> mask = mask_of(stats, applied);
   TESSERA_LOOPS(backward_data, units_of(x.shape(), layout), x.data(), dy.data(), stats,
-                weight.data(), mean_dy, mean_dy_xhat, dx.data(), streams<T>(dx.numel()), applied);
+                weight.data(), mean_dy, mean_dy_xhat, dx.data(), streams<T>(dx.numel()),
+                mask ? &*mask : nullptr);
 }
 #undef TESSERA_LOOPS
 
