@@ -70,7 +70,7 @@ Tensor<T> read_image_tile(const h5::File& file, const Distribution& d) {
   return out;
 }
 
-std::vector<std::int32_t> read_label_tile(const h5::File& file, const Distribution& d) {
+Labels read_label_tile(const h5::File& file, const Distribution& d) {
   const std::array<std::int64_t, 3> offset{d.samples().begin, d.rows().begin, d.cols().begin};
   const std::array<std::int64_t, 3> count{d.samples().size(), d.rows().size(), d.cols().size()};
   const bool per_image = file.info("/labels").dims.size() == 1;
@@ -78,7 +78,7 @@ std::vector<std::int32_t> read_label_tile(const h5::File& file, const Distributi
       per_image ? file.read<std::int64_t>("/labels", std::span(offset).first(1),
                                           std::span(count).first(1))
                 : file.read<std::int64_t>("/labels", offset, count);
-  std::vector<std::int32_t> out(wide.size());
+  Labels out(wide.size());
   for (std::size_t k = 0; k < wide.size(); ++k) {
     TESSERA_CHECK(wide[k] >= 0 && wide[k] < d.global.c,
                   "'" + file.path() + "': /labels holds " + std::to_string(wide[k]) +
@@ -106,10 +106,10 @@ Tensor<T> random_image_tile(const Distribution& d, std::uint64_t seed) {
   return out;
 }
 
-std::vector<std::int32_t> random_label_tile(const Distribution& d, std::uint64_t seed) {
+Labels random_label_tile(const Distribution& d, std::uint64_t seed) {
   const Shape4& g = d.global;
   const Range ns = d.samples(), hs = d.rows(), ws = d.cols();
-  std::vector<std::int32_t> out;
+  Labels out;
   out.reserve(static_cast<std::size_t>(ns.size() * hs.size() * ws.size()));
   const std::uint64_t stream = hash_string("labels");
   for (std::int64_t n = ns.begin; n < ns.end; ++n)

@@ -128,8 +128,7 @@ H5Dataset::~H5Dataset() {
 }
 
 void H5Dataset::read(std::span<const std::int64_t> samples, const Box& image_tile,
-                     const Box& label_tile, Tensor<float>& images,
-                     std::vector<std::int32_t>& labels) {
+                     const Box& label_tile, Tensor<float>& images, Labels& labels) {
   try {
     read_tiles(samples, image_tile, label_tile, images, labels);
   } catch (const Error&) {
@@ -139,8 +138,7 @@ void H5Dataset::read(std::span<const std::int64_t> samples, const Box& image_til
 }
 
 void H5Dataset::read(std::span<const std::int64_t> samples, const Box& image_tile,
-                     const Box& label_tile, Tensor<double>& images,
-                     std::vector<std::int32_t>& labels) {
+                     const Box& label_tile, Tensor<double>& images, Labels& labels) {
   try {
     read_tiles(samples, image_tile, label_tile, images, labels);
   } catch (const Error&) {
@@ -171,8 +169,7 @@ void H5Dataset::check_unchanged() const {
 
 template <typename T>
 void H5Dataset::read_tiles(std::span<const std::int64_t> samples, const Box& image_tile,
-                           const Box& label_tile, Tensor<T>& images,
-                           std::vector<std::int32_t>& labels) {
+                           const Box& label_tile, Tensor<T>& images, Labels& labels) {
   const std::string& path = file_.path();
   for (std::int64_t s : samples)
     TESSERA_CHECK(s >= 0 && s < info_.samples, "'" + path + "' has no sample " + std::to_string(s) +

@@ -318,8 +318,7 @@ void paint(const SyntheticScene& s, std::int64_t row, Range cols,
 
 template <typename T>
 void SyntheticDataset::read_tiles(std::span<const std::int64_t> samples, const Box& image_tile,
-                                  const Box& label_tile, Tensor<T>& images,
-                                  std::vector<std::int32_t>& labels) {
+                                  const Box& label_tile, Tensor<T>& images, Labels& labels) {
   const SyntheticOptions& o = options_;
   const bool per_pixel = info_.labels == LabelKind::per_pixel;
   check_box(image_tile, info_, "image");
@@ -372,14 +371,12 @@ void SyntheticDataset::read_tiles(std::span<const std::int64_t> samples, const B
 }
 
 void SyntheticDataset::read(std::span<const std::int64_t> samples, const Box& image_tile,
-                            const Box& label_tile, Tensor<float>& images,
-                            std::vector<std::int32_t>& labels) {
+                            const Box& label_tile, Tensor<float>& images, Labels& labels) {
   read_tiles(samples, image_tile, label_tile, images, labels);
 }
 
 void SyntheticDataset::read(std::span<const std::int64_t> samples, const Box& image_tile,
-                            const Box& label_tile, Tensor<double>& images,
-                            std::vector<std::int32_t>& labels) {
+                            const Box& label_tile, Tensor<double>& images, Labels& labels) {
   read_tiles(samples, image_tile, label_tile, images, labels);
 }
 

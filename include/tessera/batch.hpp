@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/dataset.hpp"
 #include "tessera/dist_tensor.hpp"
 #include "tessera/io/hdf5.hpp"
 
@@ -31,13 +32,13 @@ Tensor<T> read_image_tile(const h5::File& file, const Distribution& d);
 
 // This rank's tile of /labels for distribution `d` (d.global is the logits' shape, whose C is
 // the class count); every label is checked to lie in [0, C).
-std::vector<std::int32_t> read_label_tile(const h5::File& file, const Distribution& d);
+Labels read_label_tile(const h5::File& file, const Distribution& d);
 
 // Uniform(-1, 1) images and uniform labels in [0, C) whose values depend only on the seed and
 // the global index, so every grid sees the same batch.
 template <typename T>
 Tensor<T> random_image_tile(const Distribution& d, std::uint64_t seed);
-std::vector<std::int32_t> random_label_tile(const Distribution& d, std::uint64_t seed);
+Labels random_label_tile(const Distribution& d, std::uint64_t seed);
 
 // Writes `group`/images and `group`/labels (whole tensors; "" for the root) into `file`. The
 // labels are [N, H, W] of `logits`' shape, or [N] when the logits are one vector per sample.

@@ -27,6 +27,10 @@ struct DatasetInfo {
   bool has_labels = true;    // false: images only (to predict on); read() returns no labels
 };
 
+// A batch's labels, as the datasets read them and the loss reads them: in the host pool's huge
+// pages where large (tessera/allocator.hpp, HostVector, says why).
+using Labels = HostVector<std::int32_t>;
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -37,11 +41,9 @@ class Dataset {
   // Images are scaled as the model sees them (uint8 / 255). Local unless the implementation says
   // otherwise.
   virtual void read(std::span<const std::int64_t> samples, const Box& image_tile,
-                    const Box& label_tile, Tensor<float>& images,
-                    std::vector<std::int32_t>& labels) = 0;
+                    const Box& label_tile, Tensor<float>& images, Labels& labels) = 0;
   virtual void read(std::span<const std::int64_t> samples, const Box& image_tile,
-                    const Box& label_tile, Tensor<double>& images,
-                    std::vector<std::int32_t>& labels) = 0;
+                    const Box& label_tile, Tensor<double>& images, Labels& labels) = 0;
 };
 
 // The order of samples: a permutation of [0, size) per epoch drawn from (seed, epoch), the same

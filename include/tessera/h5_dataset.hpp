@@ -45,9 +45,9 @@ class H5Dataset : public Dataset {
   // inode: truncated, rewritten or replaced under the running job); callers agree() on it.
   // Labels below the caller's class count are its to check.
   void read(std::span<const std::int64_t> samples, const Box& image_tile, const Box& label_tile,
-            Tensor<float>& images, std::vector<std::int32_t>& labels) override;
+            Tensor<float>& images, Labels& labels) override;
   void read(std::span<const std::int64_t> samples, const Box& image_tile, const Box& label_tile,
-            Tensor<double>& images, std::vector<std::int32_t>& labels) override;
+            Tensor<double>& images, Labels& labels) override;
 
   // Reads every sample whole (ranks share the samples) and checks that every pixel is finite,
   // every label lies in [0, classes) and, when the file carries /image_crc32 and /label_crc32
@@ -67,7 +67,7 @@ class H5Dataset : public Dataset {
  private:
   template <typename T>
   void read_tiles(std::span<const std::int64_t> samples, const Box& image_tile,
-                  const Box& label_tile, Tensor<T>& images, std::vector<std::int32_t>& labels);
+                  const Box& label_tile, Tensor<T>& images, Labels& labels);
 
   void check_unchanged() const;
 

@@ -86,14 +86,14 @@ class SyntheticDataset final : public Dataset {
   // [samples.size(), C, rows, cols] and `labels` resized. Float values are the double ones
   // rounded once.
   void read(std::span<const std::int64_t> samples, const Box& image_tile, const Box& label_tile,
-            Tensor<float>& images, std::vector<std::int32_t>& labels) override;
+            Tensor<float>& images, Labels& labels) override;
   void read(std::span<const std::int64_t> samples, const Box& image_tile, const Box& label_tile,
-            Tensor<double>& images, std::vector<std::int32_t>& labels) override;
+            Tensor<double>& images, Labels& labels) override;
 
  private:
   template <typename T>
   void read_tiles(std::span<const std::int64_t> samples, const Box& image_tile,
-                  const Box& label_tile, Tensor<T>& images, std::vector<std::int32_t>& labels);
+                  const Box& label_tile, Tensor<T>& images, Labels& labels);
 
   SyntheticOptions options_;
   DatasetInfo info_;

@@ -248,6 +248,16 @@ void check_cross_entropy_shapes(const Shape4& s, std::size_t labels, const Shape
 }
 
 void check_labels(std::span<const std::int32_t> labels, std::int64_t classes) {
+  // The smallest and largest label first, in a loop with no branch that the compiler vectorises
+  // (a check per label ran at about 1 GB/s: 15 ms a step for a 2048x2048 image), then the first
+  // label out of range for the message.
+  std::int32_t low = 0, high = 0;
+  if (!labels.empty()) low = high = labels[0];
+  for (const std::int32_t label : labels) {
+    low = std::min(low, label);
+    high = std::max(high, label);
+  }
+  if (low >= 0 && high < classes) return;
   for (const std::int32_t label : labels)
     TESSERA_CHECK(label >= 0 && label < classes,
                   "label " + std::to_string(label) + " is outside [0, " + std::to_string(classes) +

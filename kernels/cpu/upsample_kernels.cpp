@@ -134,6 +134,63 @@ inline void transpose16(const float* __restrict src, std::int64_t from, float* _
   }
 }
 
+// widen_row<1> on float, 16 inputs at a time into 32 outputs by two lane permutes, with
+// streaming stores when `stream` and the pairs start 64-byte aligned: an upsampled image is
+// several times the cache and written once, so nothing reads its lines in first (the caller
+// fences). The same values as widen_row<1>.
+void widen_row_wide(const float* __restrict in, float* __restrict out, const Pairs& p,
+                    bool stream) {
+  in += p.first_input;
+  if (p.single_first) *out++ = *in++;
+  const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  stream = stream && reinterpret_cast<std::uintptr_t>(out) % 64 == 0;
+  std::int64_t i = 0;
+  for (; i + 16 <= p.pairs; i += 16) {
+    const __m512 v = _mm512_loadu_ps(in + i);
+    // The maskz forms: GCC 12's unmasked ones start from an "undefined" vector that
+    // -Wmaybe-uninitialized flags (as in kernels/cpu/narrow_conv.cpp).
+    const __m512 a = _mm512_maskz_permutexvar_ps(0xffff, first, v);
+    const __m512 b = _mm512_maskz_permutexvar_ps(0xffff, second, v);
+    if (stream) {
+      _mm512_stream_ps(out + 2 * i, a);
+      _mm512_stream_ps(out + 2 * i + 16, b);
+    } else {
+      _mm512_storeu_ps(out + 2 * i, a);
+      _mm512_storeu_ps(out + 2 * i + 16, b);
+    }
+  }
+  widen_row<1, float>(in + i, out + 2 * i, {.pairs = p.pairs - i, .single_last = p.single_last});
+}
+
+// narrow_row_into<1> on float, 16 inputs at a time: each from its two outputs, split into even and
+// odd lanes, added in the same order (the same values). `next`, where not null, is the output row
+// read after this one: its lines are prefetched as this row's are read (rows of different
+// channels lie a plane apart, and each is too short for the hardware's prefetcher to find).
+void narrow_row_wide(const float* __restrict out, float* __restrict in, const Pairs& p,
+                     const float* next) {
+  in += p.first_input;
+  if (p.single_first) {
+    *in++ += *out++;
+    if (next != nullptr) ++next;
+  }
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  std::int64_t i = 0;
+  for (; i + 16 <= p.pairs; i += 16) {
+    if (next != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + 2 * i), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(next + 2 * i + 16), _MM_HINT_T1);
+    }
+    const __m512 a = _mm512_loadu_ps(out + 2 * i), b = _mm512_loadu_ps(out + 2 * i + 16);
+    const __m512 e = _mm512_maskz_permutex2var_ps(0xffff, a, even, b);
+    const __m512 o = _mm512_maskz_permutex2var_ps(0xffff, a, odd, b);
+    _mm512_storeu_ps(in + i, _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(in + i), e), o));
+  }
+  narrow_row_into<1, float>(out + 2 * i, in + i,
+                            {.pairs = p.pairs - i, .single_last = p.single_last});
+}
+
 // block_to_rows and rows_to_block for float in 16-channel blocks, 16 pixels at a time.
 void block_to_rows_wide(const float* __restrict block, float* __restrict rows, std::int64_t count,
                         std::int64_t stride) {
@@ -173,15 +230,22 @@ class PairedUpsample final : public UpsampleKernel<T> {
     if (x.layout() != y.layout()) return forward_to_nchw(x, y);
     const std::int64_t v = block_of(x.layout()), planes = xs.n * channel_blocks(xs.c, v);
     const Pairs p = pairs_of(ys.w, g_.phase_w);
-    const auto widen = v == 1 ? widen_row<1, T> : v == 8 ? widen_row<8, T> : widen_row<kBlock, T>;
+    const auto widen = v == 8 ? widen_row<8, T> : widen_row<kBlock, T>;
+    const bool stream = streams(y);
     parallel_for(
         planes * ys.h,
         [&](std::int64_t first, std::int64_t last) {
           for (std::int64_t k = first; k < last; ++k) {
             const std::int64_t plane = k / ys.h, r = k % ys.h;
             const std::int64_t source = elementwise::upsample_source(r, g_.scale_h, g_.phase_h);
-            widen(x.data() + (plane * xs.h + source) * xs.w * v, y.data() + k * ys.w * v, p);
+            const T* in = x.data() + (plane * xs.h + source) * xs.w * v;
+            T* out = y.data() + k * ys.w * v;
+            if (v == 1)
+              widen_plane_row(in, out, p, stream);
+            else
+              widen(in, out, p);
           }
+          if (stream) fence();
         },
         grain_for(ys.w * v));
   }
@@ -194,9 +258,7 @@ class PairedUpsample final : public UpsampleKernel<T> {
     if (dx.layout() != dy.layout()) return backward_from_nchw(dy, dx);
     const std::int64_t v = block_of(dx.layout()), planes = xs.n * channel_blocks(xs.c, v);
     const Pairs p = pairs_of(ys.w, g_.phase_w);
-    const auto narrow = v == 1   ? narrow_row_into<1, T>
-                        : v == 8 ? narrow_row_into<8, T>
-                                 : narrow_row_into<kBlock, T>;
+    const auto narrow = v == 8 ? narrow_row_into<8, T> : narrow_row_into<kBlock, T>;
     const std::int64_t sh = g_.scale_h, ph = g_.phase_h;
     parallel_for(
         planes * xs.h,
@@ -208,8 +270,13 @@ class PairedUpsample final : public UpsampleKernel<T> {
             // Output rows r with (r + ph) / sh == row.
             const std::int64_t begin = std::max<std::int64_t>(row * sh - ph, 0);
             const std::int64_t end = std::min<std::int64_t>(row * sh - ph + sh, ys.h);
-            for (std::int64_t r = begin; r < end; ++r)
-              narrow(dy.data() + (plane * ys.h + r) * ys.w * v, in, p);
+            for (std::int64_t r = begin; r < end; ++r) {
+              const T* out = dy.data() + (plane * ys.h + r) * ys.w * v;
+              if (v == 1)
+                narrow_plane_row(out, in, p, nullptr);  // the next row follows: prefetched anyway
+              else
+                narrow(out, in, p);
+            }
           }
         },
         grain_for(xs.w * v * sh * 2));
@@ -229,12 +296,14 @@ class PairedUpsample final : public UpsampleKernel<T> {
     const Shape4& xs = x.shape();
     const std::int64_t v = block_of(x.layout());
     const Pairs p = pairs_of(y.shape().w, g_.phase_w);
+    const bool stream = streams(y);
     for_each_block_row(xs, y.shape(), v, [&](const BlockRow& b, T* rows) {
       if (b.begin >= b.end) return;
       to_rows(x.data() + b.k * xs.w * v, rows, xs.w, v);
       for (std::int64_t j = 0; j < b.channels; ++j)
         for (std::int64_t r = b.begin; r < b.end; ++r)
-          widen_row<1, T>(rows + j * xs.w, y.data() + b.image_row(j, r), p);
+          widen_plane_row(rows + j * xs.w, y.data() + b.image_row(j, r), p, stream);
+      if (stream) fence();
     });
   }
 
@@ -248,8 +317,13 @@ class PairedUpsample final : public UpsampleKernel<T> {
     for_each_block_row(xs, dy.shape(), v, [&](const BlockRow& b, T* rows) {
       std::fill(rows, rows + v * xs.w, T(0));
       for (std::int64_t j = 0; j < b.channels; ++j)
-        for (std::int64_t r = b.begin; r < b.end; ++r)
-          narrow_row_into<1, T>(dy.data() + b.image_row(j, r), rows + j * xs.w, p);
+        for (std::int64_t r = b.begin; r < b.end; ++r) {
+          // The row read after this one: the next of this channel, or the next channel's first.
+          const T* next = r + 1 < b.end        ? dy.data() + b.image_row(j, r + 1)
+                          : j + 1 < b.channels ? dy.data() + b.image_row(j + 1, b.begin)
+                                               : nullptr;
+          narrow_plane_row(dy.data() + b.image_row(j, r), rows + j * xs.w, p, next);
+        }
       from_rows(rows, dx.data() + b.k * xs.w * v, xs.w, v);
     });
   }
@@ -295,6 +369,32 @@ class PairedUpsample final : public UpsampleKernel<T> {
   std::pair<std::int64_t, std::int64_t> readers(std::int64_t h, std::int64_t rows) const {
     const std::int64_t sh = g_.scale_h, ph = g_.phase_h;
     return {std::max<std::int64_t>(h * sh - ph, 0), std::min<std::int64_t>(h * sh - ph + sh, rows)};
+  }
+  // Whether outputs of `y`'s size are written with streaming stores (tessera/kernels/simd.hpp).
+  static bool streams(const Tensor<T>& y) {
+    return y.numel() * std::int64_t(sizeof(T)) >= streaming_store_bytes();
+  }
+  // Orders a thread's streaming stores before what follows (its part of the loop ending).
+  static void fence() {
+#if TESSERA_HAS_WIDE_LOOPS
+    _mm_sfence();
+#endif
+  }
+  // widen_row<1> and narrow_row_into<1>, in AVX-512 for float where chosen (the same values).
+  static void widen_plane_row(const T* in, T* out, const Pairs& p, [[maybe_unused]] bool stream) {
+#if TESSERA_HAS_WIDE_LOOPS
+    if constexpr (std::is_same_v<T, float>)
+      if (simd_level() == SimdLevel::avx512) return widen_row_wide(in, out, p, stream);
+#endif
+    widen_row<1, T>(in, out, p);
+  }
+  static void narrow_plane_row(const T* out, T* in, const Pairs& p,
+                               [[maybe_unused]] const T* next) {
+#if TESSERA_HAS_WIDE_LOOPS
+    if constexpr (std::is_same_v<T, float>)
+      if (simd_level() == SimdLevel::avx512) return narrow_row_wide(out, in, p, next);
+#endif
+    narrow_row_into<1, T>(out, in, p);
   }
   static void to_rows(const T* block, T* rows, std::int64_t count, std::int64_t v) {
 #if TESSERA_HAS_WIDE_LOOPS

@@ -119,7 +119,7 @@ void write_dataset(SyntheticDataset& data, const Request& r, h5::File& file, std
   };
 
   Tensor<float> band;
-  std::vector<std::int32_t> labels;
+  Labels labels;
   std::vector<std::uint8_t> bytes;
   Progress progress(r.image_bytes + r.label_bytes, out);
   std::int64_t done = 0;

@@ -101,8 +101,8 @@ constexpr std::int64_t kMoreWarmup = 4;
 // world group.
 template <typename T>
 Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T>& x,
-                    const std::vector<std::int32_t>& labels, const BenchOptions& o,
-                    const Runtime& runtime, const Comm& world) {
+                    const Labels& labels, const BenchOptions& o, const Runtime& runtime,
+                    const Comm& world) {
   double step_seconds = 0;
   long faults_before = 0;
   std::int64_t warmup = o.warmup;
@@ -384,7 +384,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   // In the backend's memory once, as the batch of a GPU benchmark lies on the GPU (PyTorch's in
   // compare_pytorch.py too): a step does not copy the images in.
   x.local = copy_to(random_image_tile<T>(x.dist, o.seed), runtime.allocator());
-  const std::vector<std::int32_t> labels = random_label_tile(model->output_distribution(), o.seed);
+  const Labels labels = random_label_tile(model->output_distribution(), o.seed);
 
   const double sgemm = o.sgemm ? sgemm_gflops() : 0;
 

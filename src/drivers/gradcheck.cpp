@@ -80,7 +80,7 @@ void write_result(h5::File& f, const std::string& group, double loss, const Tens
 // this rank's hyperslab).
 template <typename T>
 void tile_of_batch(std::optional<h5::File>& input, std::uint64_t seed, DistTensor<T>& x,
-                   const Distribution& label_dist, std::vector<std::int32_t>& labels) {
+                   const Distribution& label_dist, Labels& labels) {
   if (input) {
     x.local = read_image_tile<T>(*input, x.dist);
     labels = read_label_tile(*input, label_dist);
@@ -96,7 +96,7 @@ template <typename T>
 struct Reference {
   std::unique_ptr<Model<T>> model;
   DistTensor<T> x;
-  std::vector<std::int32_t> labels;
+  Labels labels;
   StepResult<T> result;
   double seconds = 0;
 };
@@ -276,7 +276,7 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
 
   // This rank's tile of the batch.
   DistTensor<T> x(model->input_distribution());
-  std::vector<std::int32_t> labels;
+  Labels labels;
   const Distribution& label_dist = model->output_distribution();
   agree(world, [&] { tile_of_batch(input, o.seed, x, label_dist, labels); });
 

@@ -416,7 +416,7 @@ void Predictor<T>::pass(std::int64_t first) {
   std::vector<std::int64_t> samples;
   for (std::int64_t k = mine.begin; k < mine.end; ++k)
     samples.push_back(std::min(first + k, images_ - 1));
-  std::vector<std::int32_t> labels;
+  Labels labels;
   const Distribution& y = model_->output_distribution();
   agree(world_, [&] {
     data_->read(samples, x.dist.tile(), y.tile(), x.local, labels);

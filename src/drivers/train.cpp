@@ -187,7 +187,7 @@ class Trainer {
   int stop(std::int64_t done, int signal);
   void open_data();
   void read_batch(const Split& split, std::span<const std::int64_t> global_batch, DistTensor<T>& x,
-                  std::vector<std::int32_t>& labels);
+                  Labels& labels);
   Record validate(std::int64_t step, std::int64_t epoch);
   void save(std::int64_t step, std::int64_t epoch);
   void print_summary();
@@ -272,7 +272,7 @@ class Trainer {
   std::optional<EpochSampler> sampler_;
   std::optional<MetricsFile> metrics_;
   DistTensor<T> x_;  // the batch of a step: this rank's tile
-  std::vector<std::int32_t> labels_;
+  Labels labels_;
   std::int64_t start_ = 0;  // the first step of this run
   // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
   // images per second count training only); steps since window_began_.
@@ -341,7 +341,7 @@ void Trainer<T>::open_data() {
 
 template <typename T>
 void Trainer<T>::read_batch(const Split& split, std::span<const std::int64_t> global_batch,
-                            DistTensor<T>& x, std::vector<std::int32_t>& labels) {
+                            DistTensor<T>& x, Labels& labels) {
   const Range mine = x.dist.samples();
   std::vector<std::int64_t> samples;
   for (std::int64_t k = mine.begin; k < mine.end; ++k)
@@ -371,7 +371,7 @@ Record Trainer<T>::validate(std::int64_t step, std::int64_t epoch) {
     for (std::int64_t k = 0; k < batch; ++k)
       order[static_cast<std::size_t>(k)] = b * batch + k;
     DistTensor<T> x(model_->input_distribution());
-    std::vector<std::int32_t> labels;
+    Labels labels;
     read_batch(val_, order, x, labels);
     const DistTensor<T> logits = model_->forward(x);
     loss += compute_loss(spec_.loss, logits, labels, grid(), model_->loss_kernel()).loss;

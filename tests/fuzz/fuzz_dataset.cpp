@@ -35,7 +35,7 @@ void read_corner(tessera::H5Dataset& d, bool far) {
   const tessera::Box labels = far ? tessera::Box{last(info.label_height), last(info.label_width)}
                                   : tessera::Box{first(info.label_height), first(info.label_width)};
   tessera::Tensor<T> x;
-  std::vector<std::int32_t> y;
+  tessera::Labels y;
   d.read(samples, image, labels, x, y);
 }
 

@@ -206,7 +206,7 @@ TEST(ConvGrad, SkippingTheInputGradientChangesNoParameterGradient) {
   without.set_input_grad(false);
   DistTensor<double> x(with.input_distribution());
   x.local = random_image_tile<double>(x.dist, 7);
-  const std::vector<std::int32_t> labels = random_label_tile(with.output_distribution(), 7);
+  const Labels labels = random_label_tile(with.output_distribution(), 7);
   const StepResult<double> a = forward_backward(with, x, labels);
   const StepResult<double> b = forward_backward(without, x, labels);
   EXPECT_EQ(a.loss, b.loss);
@@ -311,7 +311,7 @@ TEST(ConvGrad, BothBackendsInOneProcessAgree) {
   o.init_params(5);
   DistTensor<float> x(r.input_distribution());
   x.local = random_image_tile<float>(x.dist, 5);
-  const std::vector<std::int32_t> labels = random_label_tile(r.output_distribution(), 5);
+  const Labels labels = random_label_tile(r.output_distribution(), 5);
   const StepResult<float> a = forward_backward(r, x, labels);
   const StepResult<float> b = forward_backward(o, x, labels);
   EXPECT_NEAR(a.loss, b.loss, 1e-4 * std::abs(a.loss));

@@ -54,11 +54,11 @@ class SharedPath {
 };
 
 enum class Pixels { uint8, float32, float64, int32 };
-enum class Labels { int32, int64, float32 };
+enum class LabelType { int32, int64, float32 };
 
 struct Spec {
   Pixels pixels = Pixels::float32;
-  Labels labels = Labels::int32;
+  LabelType labels = LabelType::int32;
   bool per_pixel = true;
   std::int64_t n = 7, c = 2, h = 13, w = 11;
   std::int64_t label_h = 7, label_w = 5;  // the label maps need not have the images' size
@@ -132,17 +132,17 @@ void write_dataset(const std::string& path, const Spec& s) {
         const std::vector<std::int32_t> ints(values.begin(), values.end());
         f.write<std::int32_t>("/images", ints, dims);
       }
-      if (s.labels == Labels::int32) {
+      if (s.labels == LabelType::int32) {
         const std::vector<std::int32_t> narrow(labels.begin(), labels.end());
         f.write<std::int32_t>("/labels", narrow, label_dims);
       }
-      if (s.labels == Labels::float32) {
+      if (s.labels == LabelType::float32) {
         const std::vector<float> floats(labels.begin(), labels.end());
         f.write<float>("/labels", floats, label_dims);
       }
     }
     if (s.pixels == Pixels::uint8) write_raw(path, "/images", H5T_NATIVE_UINT8, bytes.data(), dims);
-    if (s.labels == Labels::int64)
+    if (s.labels == LabelType::int64)
       write_raw(path, "/labels", H5T_NATIVE_INT64, labels.data(), label_dims);
   });
 }
@@ -158,8 +158,7 @@ Distribution label_dist(const Spec& s) {
 // Compares a read against the values written, for the boxes given; names the first mismatch.
 template <typename T>
 void expect_tiles(const Spec& s, std::span<const std::int64_t> samples, const Box& image_box,
-                  const Box& label_box, const Tensor<T>& images,
-                  const std::vector<std::int32_t>& labels) {
+                  const Box& label_box, const Tensor<T>& images, const Labels& labels) {
   const auto k = static_cast<std::int64_t>(samples.size());
   ASSERT_EQ(images.shape(), (Shape4{k, s.c, image_box.h.size(), image_box.w.size()}));
   for (std::int64_t n = 0; n < k; ++n)
@@ -173,7 +172,7 @@ void expect_tiles(const Spec& s, std::span<const std::int64_t> samples, const Bo
           ASSERT_EQ(got, expect) << "sample " << sample << " channel " << c << " pixel (" << h
                                  << ", " << w << ")";
         }
-  std::vector<std::int32_t> expect;
+  Labels expect;
   for (std::int64_t sample : samples)
     if (!s.per_pixel)
       expect.push_back(static_cast<std::int32_t>(image_label(sample)));
@@ -186,11 +185,11 @@ void expect_tiles(const Spec& s, std::span<const std::int64_t> samples, const Bo
 
 TEST(H5Dataset, EachRankReadsItsTileOfTheRequestedSamples) {
   const std::vector<Spec> specs{
-      {.pixels = Pixels::uint8, .labels = Labels::int64, .per_pixel = true},
-      {.pixels = Pixels::float32, .labels = Labels::int32, .per_pixel = false},
-      {.pixels = Pixels::float64, .labels = Labels::int64, .per_pixel = false},
-      {.pixels = Pixels::float32, .labels = Labels::int32, .per_pixel = true},
-      {.pixels = Pixels::uint8, .labels = Labels::int32, .per_pixel = false},
+      {.pixels = Pixels::uint8, .labels = LabelType::int64, .per_pixel = true},
+      {.pixels = Pixels::float32, .labels = LabelType::int32, .per_pixel = false},
+      {.pixels = Pixels::float64, .labels = LabelType::int64, .per_pixel = false},
+      {.pixels = Pixels::float32, .labels = LabelType::int32, .per_pixel = true},
+      {.pixels = Pixels::uint8, .labels = LabelType::int32, .per_pixel = false},
   };
   for (std::size_t k = 0; k < specs.size(); ++k) {
     SCOPED_TRACE("spec " + std::to_string(k));
@@ -216,7 +215,7 @@ TEST(H5Dataset, EachRankReadsItsTileOfTheRequestedSamples) {
     for (const auto& samples : requests) {
       Tensor<float> images32;
       Tensor<double> images64;
-      std::vector<std::int32_t> labels32, labels64;
+      Labels labels32, labels64;
       data.read(samples, image_box, label_box, images32, labels32);
       data.read(samples, image_box, label_box, images64, labels64);
       expect_tiles<float>(s, samples, image_box, label_box, images32, labels32);
@@ -225,7 +224,7 @@ TEST(H5Dataset, EachRankReadsItsTileOfTheRequestedSamples) {
     // Another rank's tile: any box may be read, not only one's own.
     const Box corner{{0, 1}, {s.w - 2, s.w}};
     Tensor<double> images;
-    std::vector<std::int32_t> labels;
+    Labels labels;
     const std::vector<std::int64_t> samples{3, 4};
     data.read(samples, corner, {{s.label_h - 1, s.label_h}, {0, 2}}, images, labels);
     expect_tiles<double>(s, samples, corner, {{s.label_h - 1, s.label_h}, {0, 2}}, images, labels);
@@ -239,7 +238,7 @@ TEST(H5Dataset, EachRankReadsItsTileOfTheRequestedSamples) {
 TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
   const Comm& grid = test::world();
   const Spec s{.pixels = Pixels::float32,
-               .labels = Labels::int32,
+               .labels = LabelType::int32,
                .per_pixel = false,
                .n = 23,
                .label_n = 23};
@@ -258,7 +257,7 @@ TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
         const std::span<const std::int64_t> samples = std::span(all).subspan(
             static_cast<std::size_t>(mine.begin), static_cast<std::size_t>(mine.size()));
         Tensor<float> images;
-        std::vector<std::int32_t> labels;
+        Labels labels;
         data.read(samples, tile, tile, images, labels);
         expect_tiles<float>(s, samples, tile, tile, images, labels);
         for (std::int32_t id : labels)
@@ -276,7 +275,7 @@ TEST(H5Dataset, EverySampleIsSeenOncePerEpochAcrossTheGroups) {
   // One rank alone reads: a read that waited for the others would hang here (MPIEXEC_TIMEOUT).
   if (world_rank() == 0) {
     Tensor<float> images;
-    std::vector<std::int32_t> labels;
+    Labels labels;
     const std::vector<std::int64_t> samples{22, 0};
     data.read(samples, tile, tile, images, labels);
     expect_tiles<float>(s, samples, tile, tile, images, labels);
@@ -345,7 +344,7 @@ TEST(H5Dataset, ABadFileIsOneAgreedErrorOnEveryRank) {
   const std::vector<std::pair<Spec, std::string>> malformed{
       {{.image_rank = 3}, "/images has 3 dimensions, expected 4 [N, C, H, W]"},
       {{.pixels = Pixels::int32}, "/images holds int32, expected float32, float64 or uint8"},
-      {{.labels = Labels::float32}, "/labels holds float32, expected int32 or int64"},
+      {{.labels = LabelType::float32}, "/labels holds float32, expected int32 or int64"},
       {{.label_n = 6}, "/labels has 6 samples, /images 7"},
   };
   for (std::size_t k = 0; k < malformed.size(); ++k) {
@@ -368,7 +367,7 @@ TEST(H5Dataset, ABadFileIsOneAgreedErrorOnEveryRank) {
 // Bad values are found by the rank whose tile holds them; read() is local, so the training loop
 // agrees on its outcome, as here.
 TEST(H5Dataset, BadPixelsAndLabelsNameTheFileSampleAndTile) {
-  const Spec s{.pixels = Pixels::float64, .labels = Labels::int64, .per_pixel = true};
+  const Spec s{.pixels = Pixels::float64, .labels = LabelType::int64, .per_pixel = true};
   const SharedPath path("bad_values");
   write_dataset(path.str(), s);
   agree(test::world(), [&] {
@@ -431,7 +430,7 @@ TEST(H5Dataset, BadPixelsAndLabelsNameTheFileSampleAndTile) {
   for (const Case& c : cases) {
     const std::vector<std::int64_t> samples{1, c.sample};
     Tensor<double> images;
-    std::vector<std::int32_t> labels;
+    Labels labels;
     bool threw = false;
     try {
       agree(test::world(), [&] {
@@ -455,7 +454,7 @@ TEST(H5Dataset, BadPixelsAndLabelsNameTheFileSampleAndTile) {
   }
   // A sample the file does not have, and a tile outside the images.
   Tensor<float> images;
-  std::vector<std::int32_t> labels;
+  Labels labels;
   const std::vector<std::int64_t> beyond{0, s.n};
   EXPECT_THROW(data.read(beyond, image_box, label_box, images, labels), Error);
   const std::vector<std::int64_t> fine{0};

@@ -220,6 +220,30 @@ TEST_F(HostPool, LargeBlocksAreWholeHugePagesAndMovedWhole) {
   release_kept_host_memory();
 }
 
+// Vectors that live from step to step (a batch's labels, the max pooling's winners) come from
+// the pool: large ones in its 2 MiB-aligned blocks of huge pages, and a second step's as the
+// first's pages; small ones from malloc.
+TEST_F(HostPool, HostVectorsTakeLargeBlocksFromThePool) {
+  release_kept_host_memory();
+  reset_host_memory_stats();
+  {
+    HostVector<std::int32_t> labels(4 * kMiB, 7);  // 16 MiB
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(labels.data()) % (2 * kMiB), 0u);
+    EXPECT_EQ(host_memory_stats().live_bytes, static_cast<std::int64_t>(16 * kMiB));
+    EXPECT_EQ(std::count(labels.begin(), labels.end(), 7), static_cast<std::ptrdiff_t>(4 * kMiB));
+    const HostVector<std::int32_t> copy = labels;
+    EXPECT_EQ(host_memory_stats().live_bytes, static_cast<std::int64_t>(32 * kMiB));
+    EXPECT_EQ(copy, labels);
+    const HostVector<std::uint8_t> small(1000, 1);
+    EXPECT_EQ(host_memory_stats().live_bytes, static_cast<std::int64_t>(32 * kMiB))
+        << "a small vector came from the pool";
+  }
+  EXPECT_EQ(host_memory_stats().live_bytes, 0);
+  const HostVector<std::int32_t> next(4 * kMiB, 1);
+  EXPECT_EQ(host_memory_stats().reused, 1) << "the next step's labels in the last one's pages";
+  EXPECT_EQ(host_memory_stats().fresh_bytes, static_cast<std::int64_t>(32 * kMiB));
+}
+
 TEST_F(HostPool, SystemPolicyKeepsNothing) {
   set_host_memory(HostMemory::system);
   reset_host_memory_stats();

@@ -124,6 +124,32 @@ TEST(CpuUpsample, BlockedWindowsIntoNchwImagesGiveTheReferenceBitForBit) {
         }
 }
 
+// The AVX-512 rows (16 inputs at a time, the rest as the plain loop does) and the baseline ones,
+// with and without streaming stores (aligned or not: an odd phase starts the pairs one value in),
+// in NCHW and from blocked windows into NCHW images: the reference's results bit for bit.
+TEST(CpuUpsample, GivesTheReferenceAtEverySimdLevelWithAndWithoutStreaming) {
+  const SimdLevel level = simd_level();
+  const std::int64_t streaming = streaming_store_bytes();
+  std::vector<SimdLevel> levels{SimdLevel::baseline};
+  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
+  std::uint64_t stream = 3000;
+  for (SimdLevel l : levels)
+    for (std::int64_t bytes : {std::int64_t{0}, streaming}) {
+      set_simd_level(l);
+      set_streaming_store_bytes(bytes);
+      SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ""));
+      for (std::int64_t pw : {0, 1})
+        for (std::int64_t out_w : {32, 64, 97}) {
+          stream += 2;
+          expect_upsample_matches<float>(2, 0, pw, 4, out_w, stream);
+          expect_upsample_matches<float>(2, 1, pw, 5, out_w, stream, Layout::nchw16c, 20, true);
+          expect_upsample_matches<float>(2, 0, pw, 4, out_w, stream, Layout::nchw8c, 3, true);
+        }
+    }
+  set_simd_level(level);
+  set_streaming_store_bytes(streaming);
+}
+
 TEST(CpuUpsample, OtherScalesAndTheReferenceBackendKeepTheReference) {
   EXPECT_EQ(make_cpu_upsample<float>(UpsampleGeometry{.scale_h = 2, .scale_w = 3})->name(),
             "reference");

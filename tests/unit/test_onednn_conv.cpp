@@ -349,7 +349,7 @@ void expect_float32_matches_float64(const ModelSpec& spec, Shape4 input, std::ui
   DistTensor<float> xf(f.input_distribution());
   for (std::int64_t k = 0; k < xd.local.numel(); ++k)
     xf.local.data()[k] = static_cast<float>(xd.local.data()[k]);
-  const std::vector<std::int32_t> labels = random_label_tile(d.output_distribution(), seed);
+  const Labels labels = random_label_tile(d.output_distribution(), seed);
   const StepResult<float> rf = forward_backward(f, xf, labels);
   const StepResult<double> rd = forward_backward(d, xd, labels);
   EXPECT_NEAR(rf.loss, rd.loss, 1e-5 * std::abs(rd.loss)) << what;

@@ -34,7 +34,7 @@ SyntheticOptions classification(std::int64_t classes = 10, std::int64_t channels
 template <typename T>
 struct Read {
   Tensor<T> images;
-  std::vector<std::int32_t> labels;
+  Labels labels;
 };
 
 template <typename T>
@@ -347,7 +347,7 @@ TEST(Synthetic, BadOptionsAndBoxesAreErrors) {
   EXPECT_THROW(SyntheticDataset{o}, Error);
   SyntheticDataset d(segmentation());
   Tensor<float> images;
-  std::vector<std::int32_t> labels;
+  Labels labels;
   const std::vector<std::int64_t> one{0}, outside{12};
   const Box ok{{0, 37}, {0, 29}};
   EXPECT_THROW(d.read(one, {{0, 38}, {0, 29}}, ok, images, labels), Error);

@@ -86,7 +86,7 @@ class TiledMaxPool final : public PoolKernel<T> {
       : shapes_(shapes), kernel_h_(kernel_h), kernel_w_(kernel_w) {}
   PoolShapes shapes_;
   std::int64_t kernel_h_, kernel_w_;
-  std::vector<std::uint8_t> place_;  // per output: h * kernel_w + w of its winner in its window
+  HostVector<std::uint8_t> place_;  // per output: h * kernel_w + w of its winner in its window
 };
 
 }  // namespace tessera
