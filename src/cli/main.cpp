@@ -13,6 +13,7 @@
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/drivers/driver.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
 #include "tessera/io/hdf5.hpp"
@@ -111,6 +112,18 @@ int main(int argc, char** argv) {
   // for the next step (allocator.hpp, README "Memory").
   tessera::set_host_memory(runtime.host_memory);
   tessera::set_kernel_threads(runtime.threads);
+  // The commands that stop cleanly on SIGUSR1 and SIGTERM take them from the start: one that came
+  // before their driver installed the handler (Slurm's time-limit warning while the job starts,
+  // forwarded by its batch script) ended the rank with the signal's default action.
+  const std::string first = argc > 1 ? argv[1] : "";
+  std::string early_error;
+  if (first == "train" || first == "predict" || first == "evaluate") {
+    try {
+      tessera::install_stop_signals();
+    } catch (const tessera::Error& e) {
+      early_error = e.what();
+    }
+  }
   MPI_Init(&argc, &argv);
   // MPI failures come back as error codes, which TESSERA_CHECK_MPI turns into Errors.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -136,6 +149,7 @@ int main(int argc, char** argv) {
     // A bad environment variable stops every rank with one message before any command runs.
     tessera::agree(world, [&] {
       if (!bad_environment.empty()) throw tessera::Error(bad_environment);
+      if (!early_error.empty()) throw tessera::Error(early_error);
     });
     if (command == "--version" || command == "version") {
       if (rank == 0) print_version(runtime);

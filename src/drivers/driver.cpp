@@ -55,9 +55,17 @@ void install_stop_signals() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // system calls (MPI's polls, file writes) go on
-  for (int s : {SIGUSR1, SIGTERM})
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int s : {SIGUSR1, SIGTERM}) {
     TESSERA_CHECK(sigaction(s, &action, nullptr) == 0,
                   "cannot install the handler of " + signal_name(s));
+    sigaddset(&stops, s);
+  }
+  // A process started with them blocked (a launcher's mask is inherited through exec) would
+  // never see a stop; one sent while they were blocked is taken now.
+  TESSERA_CHECK(pthread_sigmask(SIG_UNBLOCK, &stops, nullptr) == 0,
+                "cannot unblock SIGUSR1 and SIGTERM");
 }
 
 int stop_signal() {

@@ -93,11 +93,12 @@ class Env:
     def path(self, name):
         return self.tmp / name
 
-    def run_cmd(self, argv, timeout=TIMEOUT_S):
+    def run_cmd(self, argv, timeout=TIMEOUT_S, preexec_fn=None):
         env = dict(os.environ, MPIEXEC_TIMEOUT="60")
         proc = subprocess.Popen([str(a) for a in argv], cwd=self.tmp, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=preexec_fn)
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -747,6 +747,29 @@ def train_signal_checkpoints_and_resumes(env):
 
 
 @scenario
+def train_signal_before_training(env):
+    """A stop that comes while the job starts (MPI starting, the model built, the data opened) is
+    kept for the end of the first step, not fatal: the process starts with SIGUSR1 sent while it
+    was blocked (pending through exec, as a signal that comes before any handler would be, but
+    reproducibly), and stops after step 1 with a checkpoint and exit 75. (Before, the handler
+    came after MPI's start and the signal stayed blocked: the run went on to its end.)"""
+    ckpt = env.path("ckpt")
+
+    def pending_usr1():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    # One process without mpiexec (MPI's singleton start): mpiexec's fork would drop the pending
+    # signal.
+    r = env.run_cmd([env.exe, "train", *SMALL, "--steps", "50", "--progress", "plain",
+                     "--checkpoint-dir", ckpt], preexec_fn=pending_usr1)
+    expect_ok_rc = r.rc == 75 and "stopped by SIGUSR1 after step 1 of 50: checkpoint" in r.output
+    if not expect_ok_rc or not (ckpt / "checkpoint-1.h5").exists():
+        fail("expected the pending SIGUSR1 to stop the run after step 1 with checkpoint-1.h5 "
+             f"(exit 75; got {r.rc})", r)
+
+
+@scenario
 def train_watchdog_slow_rank(env):
     """A rank stopped for 2 s and continued, within a 30 s timeout, changes nothing: the run
     ends normally."""

@@ -34,7 +34,10 @@ void check_finite_loss(const Comm& comm, double loss, std::int64_t step, const s
 // Stop requests. SIGUSR1 (what a batch script forwards when Slurm warns of the time limit,
 // `#SBATCH --signal=B:USR1@120`) and SIGTERM (scancel, preemption) only set a flag here; a
 // long-running command looks at it between steps (agreed_stop_signal) and stops cleanly there,
-// with a checkpoint. install_stop_signals is idempotent. Local.
+// with a checkpoint. install_stop_signals also unblocks both in the calling thread (a stop sent
+// while they were blocked is taken then); it is idempotent. `tessera train`, `predict` and
+// `evaluate` call it first thing in main, before MPI starts: a stop that comes while the job
+// starts is kept for the first step's end rather than ending the process. Local.
 void install_stop_signals();
 // The stop signal this process received (SIGUSR1 or SIGTERM), 0 if none. Local.
 int stop_signal();
