@@ -70,7 +70,11 @@ struct OneDnnPool::Plan {
   dnnl::pooling_forward fwd;
   dnnl::pooling_backward bwd;
   memory::desc x_desc, y_desc;
-  memory workspace;  // max: where each output's maximum lies, kept from forward to backward
+  // max: where each output's maximum lies, kept from forward to backward; its storage from the
+  // host allocator, in huge pages where large (oneDNN's own allocation is in 4 KiB pages, which
+  // cost hidden faults on some VMs: tessera/allocator.hpp, HostVector).
+  Storage workspace_storage;
+  memory workspace;
 };
 
 std::unique_ptr<OneDnnPool> OneDnnPool::create(PoolKind kind, const PoolShapes& shapes,
@@ -108,8 +112,11 @@ std::unique_ptr<OneDnnPool> OneDnnPool::create(PoolKind kind, const PoolShapes& 
     if (!is_jit(plan->fwd_pd) || !is_jit(plan->bwd_pd)) return nullptr;
     plan->fwd = pooling_forward(plan->fwd_pd);
     plan->bwd = pooling_backward(plan->bwd_pd);
-    if (kind == PoolKind::max)
-      plan->workspace = memory(plan->fwd_pd.workspace_desc(), onednn::cpu_engine());
+    if (kind == PoolKind::max) {
+      const memory::desc ws = plan->fwd_pd.workspace_desc();
+      plan->workspace_storage = Storage(host_allocator(), ws.get_size());
+      plan->workspace = memory(ws, onednn::cpu_engine(), plan->workspace_storage.data());
+    }
   } catch (const dnnl::error&) {
     return nullptr;  // declined: the reference takes the case
   }
