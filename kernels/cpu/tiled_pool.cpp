@@ -61,6 +61,39 @@ void unpool_2x2(const T* __restrict grad, const std::uint8_t* __restrict place, 
 #if TESSERA_HAS_WIDE_LOOPS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+// pool_2x2 on float in AVX-512, 16 windows at a time: each row's 32 values split into the
+// windows' left and right inputs by lane permutes, then scan's four steps on 16 lanes (a strictly
+// greater value or a NaN takes over: the same winners and values as pool_2x2).
+void pool_2x2_wide(const float* __restrict r0, const float* __restrict r1, float* __restrict out,
+                   std::uint8_t* __restrict place, std::int64_t count) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  std::int64_t ow = 0;
+  for (; ow + 16 <= count; ow += 16) {
+    __m512 v[4];
+    for (int row = 0; row < 2; ++row) {
+      const float* r = (row == 0 ? r0 : r1) + 2 * ow;
+      const __m512 lo = _mm512_loadu_ps(r), hi = _mm512_loadu_ps(r + 16);
+      // The maskz forms: GCC 12's unmasked ones start from an "undefined" vector that
+      // -Wmaybe-uninitialized flags (as in kernels/cpu/narrow_conv.cpp).
+      v[2 * row] = _mm512_maskz_permutex2var_ps(0xffff, lo, even, hi);
+      v[2 * row + 1] = _mm512_maskz_permutex2var_ps(0xffff, lo, odd, hi);
+    }
+    __m512 best = v[0];
+    __m512i at = _mm512_setzero_si512();
+    for (int k = 1; k < 4; ++k) {
+      const __mmask16 take =
+          _mm512_cmp_ps_mask(v[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
+      best = _mm512_mask_mov_ps(best, take, v[k]);
+      at = _mm512_mask_mov_epi32(at, take, _mm512_set1_epi32(k));
+    }
+    _mm512_storeu_ps(out + ow, best);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(place + ow),
+                     _mm512_maskz_cvtepi32_epi8(0xffff, at));
+  }
+  pool_2x2(r0 + 2 * ow, r1 + 2 * ow, out + ow, place + ow, count - ow);
+}
+
 // unpool_2x2 on float in AVX-512, 16 windows at a time: each window's gradient and place are
 // spread over the two inputs of each of its rows by lane permutes, and each input takes the
 // gradient where its place is the winner's, else +0 (the same values as unpool_2x2). With
@@ -164,13 +197,18 @@ void TiledMaxPool<T>::forward(const Tensor<T>& x, Tensor<T>& y) {
   check_call(shapes_, x, y, xs, ys, "forward");
   place_.resize(static_cast<std::size_t>(ys.numel()));
   const std::int64_t kh = kernel_h_, kw = kernel_w_;
+  [[maybe_unused]] const bool wide = simd_level() == SimdLevel::avx512;
   for_each_band(ys, kh * xs.w, [&](std::int64_t b, std::int64_t plane, std::int64_t oh) {
     const T* in = x.data() + (plane * xs.h + oh * kh) * xs.w;
     T* out = y.data() + b * ys.w;
     std::uint8_t* place = place_.data() + b * ys.w;
-    if (kh == 2 && kw == 2)
+    if (kh == 2 && kw == 2) {
+#if TESSERA_HAS_WIDE_LOOPS
+      if constexpr (std::is_same_v<T, float>)
+        if (wide) return pool_2x2_wide(in, in + xs.w, out, place, ys.w);
+#endif
       pool_2x2(in, in + xs.w, out, place, ys.w);
-    else
+    } else
       pool_any(in, xs.w, kh, kw, out, place, ys.w);
   });
 }

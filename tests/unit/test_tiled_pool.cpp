@@ -107,7 +107,8 @@ TEST(TiledMaxPool, GivesTheReferenceResultsBitForBit) {
 }
 
 TEST(TiledMaxPool, GivesTheReferenceResultsAtEverySimdLevelWithAndWithoutStreaming) {
-  // 2x2 windows in rows of 16 and more (AVX-512 takes 16 windows at a time; 37 leaves 5 over),
+  // 2x2 windows in rows of 16 and more (AVX-512 takes 16 windows at a time, forward and
+  // backward; 37 leaves 5 over),
   // rows of an even and an odd width (the second row of a band then not 64-byte aligned).
   const SimdLevel level = simd_level();
   const std::int64_t streaming = streaming_store_bytes();
@@ -121,7 +122,9 @@ TEST(TiledMaxPool, GivesTheReferenceResultsAtEverySimdLevelWithAndWithoutStreami
            {TiledCase{.n = 2, .c = 3, .kh = 2, .kw = 2, .out_h = 5, .out_w = 32},
             TiledCase{.n = 1, .c = 2, .kh = 2, .kw = 2, .out_h = 4, .out_w = 37, .trailing_w = 1},
             TiledCase{.n = 1, .c = 1, .kh = 2, .kw = 2, .out_h = 3, .out_w = 16, .trailing_h = 1}})
-        for (double special : {std::numeric_limits<double>::quiet_NaN(), -0.0}) {
+        for (double special :
+             {std::numeric_limits<double>::quiet_NaN(), -0.0,
+              std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
           SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ""));
           expect_reference_results<float>(c, static_cast<float>(special));
           expect_reference_results<double>(c, special);
