@@ -64,12 +64,13 @@ class ReferencePool final : public PoolKernel<T> {
 };
 
 // Max pooling whose windows tile the image: kernel == stride on both axes, no padding, every
-// window inside the image (NCHW). The windows do not overlap, so each output row reads its own
-// band of input rows and the backward writes each input gradient once; the kernel keeps one byte
-// per output (the winner's place in its window) instead of the reference's 8-byte plane index.
-// Same results as reference::maxpool2d_forward / _backward bit for bit, ties and NaN included
-// (the scan of elementwise::window_max, unrolled for 2x2). Rows after the last window's (a tile
-// of odd height or width) get a zero gradient, as the reference gives them. Local.
+// window inside the image (NCHW, or nchw8c / nchw16c: each channel of a block pooled on its own;
+// a last block's padding channels pooled like the rest). The windows do not overlap, so each output
+// row reads its own band of input rows and the backward writes each input gradient once; the kernel
+// keeps one byte per output (the winner's place in its window) instead of the reference's 8-byte
+// plane index. Same results as reference::maxpool2d_forward / _backward bit for bit, ties and NaN
+// included (the scan of elementwise::window_max, unrolled for 2x2). Rows after the last window's (a
+// tile of odd height or width) get a zero gradient, as the reference gives them. Local.
 template <typename T>
 class TiledMaxPool final : public PoolKernel<T> {
  public:
@@ -86,7 +87,8 @@ class TiledMaxPool final : public PoolKernel<T> {
       : shapes_(shapes), kernel_h_(kernel_h), kernel_w_(kernel_w) {}
   PoolShapes shapes_;
   std::int64_t kernel_h_, kernel_w_;
-  HostVector<std::uint8_t> place_;  // per output: h * kernel_w + w of its winner in its window
+  // Per output value (padding channels included): h * kernel_w + w of its winner in its window.
+  HostVector<std::uint8_t> place_;
 };
 
 }  // namespace tessera
