@@ -66,6 +66,22 @@ void unpool_2x2(const T* __restrict grad, const std::uint8_t* __restrict place, 
 #if TESSERA_HAS_WIDE_LOOPS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+// scan's four steps on 16 lanes, window k's inputs in lanes of v[0..3] (a strictly greater value
+// or a NaN takes over: the same winners and values as pool_2x2): the maxima to out, their places
+// to place, 16 each.
+inline void scan_16(const __m512 (&v)[4], float* out, std::uint8_t* place) {
+  __m512 best = v[0];
+  __m512i at = _mm512_setzero_si512();
+  for (int k = 1; k < 4; ++k) {
+    const __mmask16 take =
+        _mm512_cmp_ps_mask(v[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, take, v[k]);
+    at = _mm512_mask_mov_epi32(at, take, _mm512_set1_epi32(k));
+  }
+  _mm512_storeu_ps(out, best);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(place), _mm512_maskz_cvtepi32_epi8(0xffff, at));
+}
+
 // pool_2x2 on float in AVX-512, 16 windows at a time: each row's 32 values split into the
 // windows' left and right inputs by lane permutes, then scan's four steps on 16 lanes (a strictly
 // greater value or a NaN takes over: the same winners and values as pool_2x2).
@@ -84,17 +100,7 @@ void pool_2x2_wide(const float* __restrict r0, const float* __restrict r1, float
       v[2 * row] = _mm512_maskz_permutex2var_ps(0xffff, lo, even, hi);
       v[2 * row + 1] = _mm512_maskz_permutex2var_ps(0xffff, lo, odd, hi);
     }
-    __m512 best = v[0];
-    __m512i at = _mm512_setzero_si512();
-    for (int k = 1; k < 4; ++k) {
-      const __mmask16 take =
-          _mm512_cmp_ps_mask(v[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
-      best = _mm512_mask_mov_ps(best, take, v[k]);
-      at = _mm512_mask_mov_epi32(at, take, _mm512_set1_epi32(k));
-    }
-    _mm512_storeu_ps(out + ow, best);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(place + ow),
-                     _mm512_maskz_cvtepi32_epi8(0xffff, at));
+    scan_16(v, out + ow, place + ow);
   }
   pool_2x2<1>(r0 + 2 * ow, r1 + 2 * ow, out + ow, place + ow, count - ow);
 }
@@ -107,18 +113,21 @@ void pool_2x2_blocks_wide(const float* __restrict r0, const float* __restrict r1
   for (std::int64_t ow = 0; ow < count; ++ow) {
     const __m512 v[4] = {_mm512_loadu_ps(r0 + 32 * ow), _mm512_loadu_ps(r0 + 32 * ow + 16),
                          _mm512_loadu_ps(r1 + 32 * ow), _mm512_loadu_ps(r1 + 32 * ow + 16)};
-    __m512 best = v[0];
-    __m512i at = _mm512_setzero_si512();
-    for (int k = 1; k < 4; ++k) {
-      const __mmask16 take =
-          _mm512_cmp_ps_mask(v[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
-      best = _mm512_mask_mov_ps(best, take, v[k]);
-      at = _mm512_mask_mov_epi32(at, take, _mm512_set1_epi32(k));
-    }
-    _mm512_storeu_ps(out + 16 * ow, best);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(place + 16 * ow),
-                     _mm512_maskz_cvtepi32_epi8(0xffff, at));
+    scan_16(v, out + 16 * ow, place + 16 * ow);
   }
+}
+
+// Whether both rows start on a 64-byte boundary (streaming stores need it).
+inline bool both_aligned(const float* r0, const float* r1) {
+  return reinterpret_cast<std::uintptr_t>(r0) % 64 == 0 &&
+         reinterpret_cast<std::uintptr_t>(r1) % 64 == 0;
+}
+// 16 floats to q, streamed (q 64-byte aligned) or not.
+inline void store_16(float* q, __m512 v, bool stream) {
+  if (stream)
+    _mm512_stream_ps(q, v);
+  else
+    _mm512_storeu_ps(q, v);
 }
 
 // unpool_2x2<16> on float in AVX-512, one window's 16 channels at a time, with streaming stores
@@ -126,14 +135,8 @@ void pool_2x2_blocks_wide(const float* __restrict r0, const float* __restrict r1
 void unpool_2x2_blocks_wide(const float* __restrict grad, const std::uint8_t* __restrict place,
                             float* __restrict r0, float* __restrict r1, std::int64_t count,
                             bool stream) {
-  stream = stream && reinterpret_cast<std::uintptr_t>(r0) % 64 == 0 &&
-           reinterpret_cast<std::uintptr_t>(r1) % 64 == 0;
-  const auto store = [stream](float* q, __m512 v) {
-    if (stream)
-      _mm512_stream_ps(q, v);
-    else
-      _mm512_storeu_ps(q, v);
-  };
+  stream = stream && both_aligned(r0, r1);
+  const auto store = [stream](float* q, __m512 v) { store_16(q, v, stream); };
   for (std::int64_t ow = 0; ow < count; ++ow) {
     const __m512 g = _mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(grad + 16 * ow));
     const __m512i at = _mm512_maskz_cvtepu8_epi32(
@@ -160,14 +163,8 @@ void unpool_2x2_wide(const float* __restrict grad, const std::uint8_t* __restric
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
   const __m512i top = _mm512_set_epi32(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   const __m512i bottom = _mm512_add_epi32(top, _mm512_set1_epi32(2));
-  stream = stream && reinterpret_cast<std::uintptr_t>(r0) % 64 == 0 &&
-           reinterpret_cast<std::uintptr_t>(r1) % 64 == 0;
-  const auto store = [stream](float* q, __m512 v) {
-    if (stream)
-      _mm512_stream_ps(q, v);
-    else
-      _mm512_storeu_ps(q, v);
-  };
+  stream = stream && both_aligned(r0, r1);
+  const auto store = [stream](float* q, __m512 v) { store_16(q, v, stream); };
   std::int64_t ow = 0;
   for (; ow + 16 <= count; ow += 16) {
     const __m512 g = _mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(grad + ow));  // 0 + g
