@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/kernels/simd.hpp"
 #include "tessera/random.hpp"
 #include "tessera/tensor.hpp"
 
@@ -83,6 +84,31 @@ inline bool contains(const std::string& text, const std::string& part) {
 inline void expect_mentions(const std::string& message, std::initializer_list<std::string> parts) {
   for (const std::string& part : parts)
     EXPECT_TRUE(contains(message, part)) << "'" << part << "' not in: " << message;
+}
+
+// Runs body() at every SIMD level of this CPU and build (baseline, then AVX-512 where there is
+// one), each with streaming stores for every output (a threshold of 0) and for none, under a
+// SCOPED_TRACE that names both; the level and threshold in force before are restored after, also
+// when body throws. Local (it sets the process-wide level and threshold).
+template <class Body>
+void at_every_simd_level_streaming_or_not(Body&& body) {
+  struct Restore {
+    SimdLevel level = simd_level();
+    std::int64_t bytes = streaming_store_bytes();
+    ~Restore() {
+      set_simd_level(level);
+      set_streaming_store_bytes(bytes);
+    }
+  } restore;
+  std::vector<SimdLevel> levels{SimdLevel::baseline};
+  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
+  for (SimdLevel l : levels)
+    for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1} << 40}) {
+      set_simd_level(l);
+      set_streaming_store_bytes(bytes);
+      SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ", not streaming"));
+      body();
+    }
 }
 
 }  // namespace tessera::test

@@ -128,26 +128,16 @@ TEST(CpuUpsample, BlockedWindowsIntoNchwImagesGiveTheReferenceBitForBit) {
 // with and without streaming stores (aligned or not: an odd phase starts the pairs one value in),
 // in NCHW and from blocked windows into NCHW images: the reference's results bit for bit.
 TEST(CpuUpsample, GivesTheReferenceAtEverySimdLevelWithAndWithoutStreaming) {
-  const SimdLevel level = simd_level();
-  const std::int64_t streaming = streaming_store_bytes();
-  std::vector<SimdLevel> levels{SimdLevel::baseline};
-  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
   std::uint64_t stream = 3000;
-  for (SimdLevel l : levels)
-    for (std::int64_t bytes : {std::int64_t{0}, streaming}) {
-      set_simd_level(l);
-      set_streaming_store_bytes(bytes);
-      SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ""));
-      for (std::int64_t pw : {0, 1})
-        for (std::int64_t out_w : {32, 64, 97}) {
-          stream += 2;
-          expect_upsample_matches<float>(2, 0, pw, 4, out_w, stream);
-          expect_upsample_matches<float>(2, 1, pw, 5, out_w, stream, Layout::nchw16c, 20, true);
-          expect_upsample_matches<float>(2, 0, pw, 4, out_w, stream, Layout::nchw8c, 3, true);
-        }
-    }
-  set_simd_level(level);
-  set_streaming_store_bytes(streaming);
+  test::at_every_simd_level_streaming_or_not([&] {
+    for (std::int64_t pw : {0, 1})
+      for (std::int64_t out_w : {32, 64, 97}) {
+        stream += 2;
+        expect_upsample_matches<float>(2, 0, pw, 4, out_w, stream);
+        expect_upsample_matches<float>(2, 1, pw, 5, out_w, stream, Layout::nchw16c, 20, true);
+        expect_upsample_matches<float>(2, 0, pw, 4, out_w, stream, Layout::nchw8c, 3, true);
+      }
+  });
 }
 
 TEST(CpuUpsample, OtherScalesAndTheReferenceBackendKeepTheReference) {

@@ -19,6 +19,7 @@
 #include "tessera/random.hpp"
 #include "tessera_config.h"
 
+#include "../common/test_helpers.hpp"
 #include "unit_test.hpp"
 
 namespace tessera {
@@ -116,65 +117,45 @@ TEST(TiledMaxPool, GivesTheReferenceResultsAtEverySimdLevelWithAndWithoutStreami
   // 2x2 windows in rows of 16 and more (AVX-512 takes 16 windows at a time, forward and
   // backward; 37 leaves 5 over),
   // rows of an even and an odd width (the second row of a band then not 64-byte aligned).
-  const SimdLevel level = simd_level();
-  const std::int64_t streaming = streaming_store_bytes();
-  std::vector<SimdLevel> levels{SimdLevel::baseline};
-  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
-  for (SimdLevel l : levels)
-    for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1} << 40}) {
-      set_simd_level(l);
-      set_streaming_store_bytes(bytes);
-      for (const TiledCase& c :
-           {TiledCase{.n = 2, .c = 3, .kh = 2, .kw = 2, .out_h = 5, .out_w = 32},
-            TiledCase{.n = 1, .c = 2, .kh = 2, .kw = 2, .out_h = 4, .out_w = 37, .trailing_w = 1},
-            TiledCase{.n = 1, .c = 1, .kh = 2, .kw = 2, .out_h = 3, .out_w = 16, .trailing_h = 1}})
-        for (double special :
-             {std::numeric_limits<double>::quiet_NaN(), -0.0,
-              std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
-          SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ""));
-          expect_reference_results<float>(c, static_cast<float>(special));
-          expect_reference_results<double>(c, special);
-        }
-    }
-  set_simd_level(level);
-  set_streaming_store_bytes(streaming);
+  test::at_every_simd_level_streaming_or_not([] {
+    for (const TiledCase& c :
+         {TiledCase{.n = 2, .c = 3, .kh = 2, .kw = 2, .out_h = 5, .out_w = 32},
+          TiledCase{.n = 1, .c = 2, .kh = 2, .kw = 2, .out_h = 4, .out_w = 37, .trailing_w = 1},
+          TiledCase{.n = 1, .c = 1, .kh = 2, .kw = 2, .out_h = 3, .out_w = 16, .trailing_h = 1}})
+      for (double special :
+           {std::numeric_limits<double>::quiet_NaN(), -0.0, std::numeric_limits<double>::infinity(),
+            -std::numeric_limits<double>::infinity()}) {
+        expect_reference_results<float>(c, static_cast<float>(special));
+        expect_reference_results<double>(c, special);
+      }
+  });
 }
 
 // nchw8c and nchw16c, each channel of a block pooled on its own (the padding channels of a last
 // partial block too), 2x2 windows (AVX-512 for 16-channel blocks of float) and others, at both
 // SIMD levels, streaming or not: the reference's results bit for bit.
 TEST(TiledMaxPool, BlockedLayoutsGiveTheReferenceResultsBitForBit) {
-  const SimdLevel level = simd_level();
-  const std::int64_t streaming = streaming_store_bytes();
-  std::vector<SimdLevel> levels{SimdLevel::baseline};
-  if (simd_available(SimdLevel::avx512)) levels.push_back(SimdLevel::avx512);
   std::int64_t i = 0;
-  for (SimdLevel l : levels)
-    for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1} << 40}) {
-      set_simd_level(l);
-      set_streaming_store_bytes(bytes);
-      SCOPED_TRACE(std::string(to_string(l)) + (bytes == 0 ? ", streaming" : ""));
-      for (const Layout layout : {Layout::nchw8c, Layout::nchw16c})
-        for (std::int64_t channels : {3, 16, 20})
-          for (const auto& [kh, kw] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{1, 3}})
-            for (double special : {std::numeric_limits<double>::quiet_NaN(), -0.0,
-                                   -std::numeric_limits<double>::infinity()}) {
-              ++i;
-              const TiledCase c{.n = 1 + i % 2,
-                                .c = channels,
-                                .kh = kh,
-                                .kw = kw,
-                                .out_h = 2 + i % 3,
-                                .out_w = 3 + i % 5,
-                                .trailing_h = i % 2,
-                                .trailing_w = (i / 2) % 2,
-                                .layout = layout};
-              expect_reference_results<float>(c, static_cast<float>(special));
-              expect_reference_results<double>(c, special);
-            }
-    }
-  set_simd_level(level);
-  set_streaming_store_bytes(streaming);
+  test::at_every_simd_level_streaming_or_not([&] {
+    for (const Layout layout : {Layout::nchw8c, Layout::nchw16c})
+      for (std::int64_t channels : {3, 16, 20})
+        for (const auto& [kh, kw] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{1, 3}})
+          for (double special : {std::numeric_limits<double>::quiet_NaN(), -0.0,
+                                 -std::numeric_limits<double>::infinity()}) {
+            ++i;
+            const TiledCase c{.n = 1 + i % 2,
+                              .c = channels,
+                              .kh = kh,
+                              .kw = kw,
+                              .out_h = 2 + i % 3,
+                              .out_w = 3 + i % 5,
+                              .trailing_h = i % 2,
+                              .trailing_w = (i / 2) % 2,
+                              .layout = layout};
+            expect_reference_results<float>(c, static_cast<float>(special));
+            expect_reference_results<double>(c, special);
+          }
+  });
 }
 
 TEST(TiledMaxPool, DeclinesWindowsThatDoNotTileTheImage) {
