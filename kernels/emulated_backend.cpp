@@ -3,11 +3,16 @@
 // EmulatedKernelScope, so inside a kernel the memory reads as host memory and outside it every
 // host accessor refuses it: a model that trains here reaches its device tensors only through
 // kernels and copies, as a GPU needs.
+#include <algorithm>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/batchnorm_kernel.hpp"
 
 namespace tessera {
 namespace {
@@ -114,8 +119,72 @@ class EmulatedBatchNorm final : public BatchNormKernel<T> {
         [&] { k_->backward_data_activated(x, dy, layout, stats, a, mean_dy, mean_dy_xhat, dx); });
   }
 
+  // Trains alone as the CUDA kernel does (kernels/cuda/cuda_layer_kernels.cpp), with the wrapped
+  // kernel's passes: the statistics and the running statistics stay in the kernel, which the host
+  // then reads only through store_running (BatchNorm2d's bookkeeping checked without a GPU).
+  bool trains_alone() const override { return true; }
+  void train_forward_alone(const Tensor<T>& x, Layout layout, const BatchNormTraining& training,
+                           std::span<const T> running_mean, std::span<const T> running_var,
+                           bool load_running, std::span<const T> weight, std::span<const T> bias,
+                           Tensor<T>& y) const override {
+    const std::size_t channels = running_mean.size();
+    if (load_running) {
+      running_.assign(running_mean.begin(), running_mean.end());
+      running_.insert(running_.end(), running_var.begin(), running_var.end());
+    }
+    TESSERA_CHECK(running_.size() == 2 * channels,
+                  "emulated batch norm: its running statistics were never loaded");
+    std::vector<double> shift(channels), var(channels);
+    for (std::size_t c = 0; c < channels; ++c)
+      shift[c] = double(running_[c]);
+    mean_.assign(channels, 0.0);
+    invstd_.assign(channels, 0.0);
+    in_kernel([&] {
+      batch_statistics(*k_, x, layout, std::span<const double>(shift), training.count,
+                       std::span<double>(mean_), std::span<double>(var), [](std::span<double>) {});
+      for (std::size_t c = 0; c < channels; ++c) {
+        invstd_[c] = elementwise::batchnorm_invstd(var[c], training.eps);
+        elementwise::batchnorm_update_running(running_[c], running_[channels + c], mean_[c], var[c],
+                                              training.momentum, training.count);
+      }
+      k_->forward(x, layout, {mean_, invstd_}, weight, bias, y);
+    });
+    count_ = training.count;
+  }
+  void train_backward_alone(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                            std::span<const T> weight, Tensor<T>& bias_grad, Tensor<T>& weight_grad,
+                            Tensor<T>& dx) const override {
+    TESSERA_CHECK(count_ > 0, "emulated batch norm: a backward alone without its forward");
+    const std::size_t channels = mean_.size();
+    std::vector<double> sum_dy(channels), sum_dy_xhat(channels);
+    const reference::BatchNormStats stats{mean_, invstd_};
+    in_kernel([&] {
+      k_->backward_sums(x, dy, layout, stats, sum_dy, sum_dy_xhat);
+      for (std::size_t c = 0; c < channels; ++c) {
+        bias_grad.data()[c] += static_cast<T>(sum_dy[c]);
+        weight_grad.data()[c] += static_cast<T>(sum_dy_xhat[c]);
+        sum_dy[c] /= count_;
+        sum_dy_xhat[c] /= count_;
+      }
+      k_->backward_data(x, dy, layout, stats, weight, sum_dy, sum_dy_xhat, dx);
+    });
+  }
+  void store_running(std::span<T> running_mean, std::span<T> running_var) const override {
+    const std::size_t channels = running_mean.size();
+    TESSERA_CHECK(running_.size() == 2 * channels && running_var.size() == channels,
+                  "emulated batch norm: no running statistics of that length");
+    std::copy(running_.begin(), running_.begin() + static_cast<std::ptrdiff_t>(channels),
+              running_mean.begin());
+    std::copy(running_.begin() + static_cast<std::ptrdiff_t>(channels), running_.end(),
+              running_var.begin());
+  }
+
  private:
   std::unique_ptr<BatchNormKernel<T>> k_;
+  // Training alone: the running mean then variance, the batch's statistics, its count.
+  mutable std::vector<T> running_;
+  mutable std::vector<double> mean_, invstd_;
+  mutable double count_ = 0;
 };
 
 template <typename T>

@@ -73,6 +73,7 @@ RuntimeOptions runtime_options_from_environment() {
   o.overlap = switch_of("TESSERA_OVERLAP", true);
   o.fuse = switch_of("TESSERA_FUSE", true);
   o.windowless = switch_of("TESSERA_WINDOWLESS", true);
+  o.batchnorm_alone = switch_of("TESSERA_BN_ALONE", true);
   o.winograd = switch_of("TESSERA_WINOGRAD", true);
   o.narrow_conv = switch_of("TESSERA_NARROW_CONV", wide_multiplies_pay());
   if (variable("TESSERA_SIMD"))

@@ -27,6 +27,10 @@ struct RuntimeOptions {
   // itself with the kernel's zero padding, and only the border strips that read halos from small
   // strip buffers (README "Windowless convolutions"); off only to compare with the window path.
   bool windowless = true;
+  // A batch norm whose batch lies wholly on one rank lets a kernel that can keep its statistics
+  // where it computes (the CUDA kernel: BatchNormKernel::trains_alone), so that the host never
+  // waits for them; off only to compare with the host's statistics.
+  bool batchnorm_alone = true;
   std::optional<WaitPolicy> wait;  // none: detected from ranks and cores per node
   double timeout = 600;            // seconds any one wait may take (the watchdog)
   // How the host serves large blocks (allocator.hpp); process-wide, like the heap: main applies it.

@@ -153,6 +153,42 @@ template <typename T>
 void batchnorm_backward_sums(const T* x, const T* dy, const double* mean, const double* invstd,
                              double* sums, std::int64_t planes, std::int64_t channels,
                              std::int64_t plane, cudaStream_t stream);
+// sums[2p] = the sum of x, sums[2p + 1] = the sum of (x - shift[c])^2 over plane p (c = p %
+// channels), each bit for bit as batchnorm_sums takes it alone, in one pass over x; `sums` holds
+// plane_sums_size(planes, plane, 2) doubles. S: double (shifts from the host) or T (the running
+// mean on the device).
+template <typename T, typename S>
+void batchnorm_shifted_sums(const T* x, const S* shift, double* sums, std::int64_t planes,
+                            std::int64_t channels, std::int64_t plane, cudaStream_t stream);
+// batchnorm_sums with `mean` where *needed != 0; else x is not read and the sums are zeros (the
+// caller then ignores them).
+template <typename T>
+void batchnorm_centered_square_sums_if(const T* x, const double* mean, const int* needed,
+                                       double* sums, std::int64_t planes, std::int64_t channels,
+                                       std::int64_t plane, cudaStream_t stream);
+// Batch norm's training statistics kept on the device (one thread each, a few values per
+// channel): the plane sums of `samples` x `channels` planes added over the samples in order, as
+// the host adds them (kernels/cuda/cuda_layer_kernels.cpp), and elementwise::batchnorm_moments.
+// moments: from batchnorm_shifted_sums' sums around the running mean, mean[c] and var[c], and
+// *unconditioned = 1 where any channel's moments are not conditioned, else 0.
+template <typename T>
+void batchnorm_moments(const double* sums, const T* running_mean, double count, double* mean,
+                       double* var, int* unconditioned, std::int64_t samples, std::int64_t channels,
+                       cudaStream_t stream);
+// finish: where *unconditioned, var[c] = batchnorm_centered_square_sums_if's sums / count; then
+// invstd[c] (elementwise::batchnorm_invstd) and the running statistics updated
+// (elementwise::batchnorm_update_running).
+template <typename T>
+void batchnorm_finish(const double* centered, const int* unconditioned, double count, double eps,
+                      double momentum, const double* mean, double* var, double* invstd,
+                      T* running_mean, T* running_var, std::int64_t samples, std::int64_t channels,
+                      cudaStream_t stream);
+// gradients: from batchnorm_backward_sums' sums, bias_grad[c] += T(sum of dy), weight_grad[c] +=
+// T(sum of dy * xhat), and mean_dy[c], mean_dy_xhat[c] those sums / count.
+template <typename T>
+void batchnorm_gradients(const double* sums, double count, T* bias_grad, T* weight_grad,
+                         double* mean_dy, double* mean_dy_xhat, std::int64_t samples,
+                         std::int64_t channels, cudaStream_t stream);
 // y = elementwise::batchnorm_apply; dx = elementwise::batchnorm_grad.
 template <typename T>
 void batchnorm_forward(const T* x, const double* mean, const double* invstd, const T* weight,

@@ -217,6 +217,26 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     add_planes(s, planes, 1, {sum});
   }
 
+  // Both sums in one pass over x (batchnorm_shifted_sums), each as sum() and
+  // centered_square_sum() take it.
+  void shifted_sums(const Tensor<T>& x, Layout layout, std::span<const double> shift,
+                    std::span<double> sum, std::span<double> square_sum) const override {
+    const Shape4& s = x.shape();
+    const char* who = "batchnorm_shifted_sums";
+    check_nchw(who, layout);
+    batchnorm_checks::channels(who, s, shift.size(), "shift");
+    batchnorm_checks::channels(who, s, sum.size(), "sum");
+    batchnorm_checks::channels(who, s, square_sum.size(), "square_sum");
+    const double* k = upload_channels({shift});
+    double* planes =
+        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 2)));
+    batchnorm_shifted_sums(device(x), k, planes, s.n * s.c, s.c, s.h * s.w, stream());
+    add_planes(s, planes, 2, {sum, square_sum});
+    const double count = static_cast<double>(s.n * s.h * s.w);
+    for (std::size_t c = 0; c < sum.size(); ++c)
+      sum[c] -= count * shift[c];
+  }
+
   void forward(const Tensor<T>& x, Layout layout, const reference::BatchNormStats& stats,
                std::span<const T> weight, std::span<const T> bias, Tensor<T>& y) const override {
     const Shape4& s = x.shape();
@@ -262,6 +282,89 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
                             c + 3 * s.c, device(dx), s.n * s.c, s.c, s.h * s.w, stream());
   }
 
+  // Training alone: every statistic stays on the device, each step's kernels queued without the
+  // host waiting (the statistics' kernels run on one thread: a few values per channel).
+  bool trains_alone() const override { return true; }
+
+  void train_forward_alone(const Tensor<T>& x, Layout layout, const BatchNormTraining& training,
+                           std::span<const T> running_mean, std::span<const T> running_var,
+                           bool load_running, std::span<const T> weight, std::span<const T> bias,
+                           Tensor<T>& y) const override {
+    const Shape4& s = x.shape();
+    const char* who = "batchnorm_train_forward_alone";
+    check_nchw(who, layout);
+    batchnorm_checks::channels(who, s, running_mean.size(), "running mean");
+    batchnorm_checks::channels(who, s, running_var.size(), "running variance");
+    batchnorm_checks::channels(who, s, weight.size(), "weight");
+    batchnorm_checks::channels(who, s, bias.size(), "bias");
+    batchnorm_checks::same(who, s, y.shape(), "output");
+    const std::size_t c = static_cast<std::size_t>(s.c);
+    T* running = running_.get<T>(2 * c);
+    if (load_running) {  // rare (the first step, a checkpoint's values): the host waits here
+      std::vector<T> both(running_mean.begin(), running_mean.end());
+      both.insert(both.end(), running_var.begin(), running_var.end());
+      device_allocator()->upload(running, both.data(), both.size() * sizeof(T));
+    }
+    // mean, var, invstd, mean_dy, mean_dy_xhat (C each), then the flag.
+    double* at = statistics_.get<double>(5 * c + 1);
+    double *mean = at, *var = at + c, *invstd = at + 2 * c;
+    int* unconditioned = reinterpret_cast<int*>(at + 5 * c);
+    const std::int64_t planes = s.n * s.c, plane = s.h * s.w;
+    double* sums =
+        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, 2)));
+    double* centered =
+        centered_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, 1)));
+    batchnorm_shifted_sums(device(x), static_cast<const T*>(running), sums, planes, s.c, plane,
+                           stream());
+    batchnorm_moments(sums, running, training.count, mean, var, unconditioned, s.n, s.c, stream());
+    batchnorm_centered_square_sums_if(device(x), mean, unconditioned, centered, planes, s.c, plane,
+                                      stream());
+    batchnorm_finish(centered, unconditioned, training.count, training.eps, training.momentum, mean,
+                     var, invstd, running, running + c, s.n, s.c, stream());
+    batchnorm_forward(device(x), mean, invstd, weight.data(), bias.data(), device(y), planes, s.c,
+                      plane, stream());
+    count_ = training.count;
+  }
+
+  void train_backward_alone(const Tensor<T>& x, const Tensor<T>& dy, Layout layout,
+                            std::span<const T> weight, Tensor<T>& bias_grad, Tensor<T>& weight_grad,
+                            Tensor<T>& dx) const override {
+    const Shape4& s = x.shape();
+    const char* who = "batchnorm_train_backward_alone";
+    check_nchw(who, layout);
+    batchnorm_checks::same(who, s, dy.shape(), "output gradient");
+    batchnorm_checks::same(who, s, dx.shape(), "input gradient");
+    batchnorm_checks::channels(who, s, weight.size(), "weight");
+    batchnorm_checks::channels(who, s, static_cast<std::size_t>(bias_grad.numel()),
+                               "bias gradient");
+    batchnorm_checks::channels(who, s, static_cast<std::size_t>(weight_grad.numel()),
+                               "weight gradient");
+    TESSERA_CHECK(count_ > 0, std::string(who) + ": no training forward before it");
+    const std::size_t c = static_cast<std::size_t>(s.c);
+    double* at = statistics_.get<double>(5 * c + 1);
+    const double *mean = at, *invstd = at + 2 * c;
+    double *mean_dy = at + 3 * c, *mean_dy_xhat = at + 4 * c;
+    const std::int64_t planes = s.n * s.c, plane = s.h * s.w;
+    double* sums =
+        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, 2)));
+    batchnorm_backward_sums(device(x), device(dy), mean, invstd, sums, planes, s.c, plane,
+                            stream());
+    batchnorm_gradients(sums, count_, device(bias_grad), device(weight_grad), mean_dy, mean_dy_xhat,
+                        s.n, s.c, stream());
+    batchnorm_backward_data(device(x), device(dy), mean, invstd, weight.data(), mean_dy,
+                            mean_dy_xhat, device(dx), planes, s.c, plane, stream());
+  }
+
+  void store_running(std::span<T> running_mean, std::span<T> running_var) const override {
+    TESSERA_CHECK(running_mean.size() == running_var.size(),
+                  "batchnorm_store_running: the running mean and variance differ in length");
+    const std::size_t c = running_mean.size();
+    std::vector<T> both(2 * c);
+    device_allocator()->download(both.data(), running_.get<T>(2 * c), both.size() * sizeof(T));
+    std::copy(both.begin(), both.begin() + static_cast<std::ptrdiff_t>(c), running_mean.begin());
+    std::copy(both.begin() + static_cast<std::ptrdiff_t>(c), both.end(), running_var.begin());
+  }
+
  private:
   // Copies per-channel vectors (C values each) one after another into device memory, through
   // page-locked memory and queued: the host does not wait here for the kernels before (a copy
@@ -299,6 +402,10 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
   }
 
   mutable Scratch channels_, plane_sums_;
+  // Training alone: the running mean and variance (T, C each), the batch's statistics, the
+  // conditional second pass's sums, and the forward's count for the backward.
+  mutable Scratch running_, statistics_, centered_;
+  mutable double count_ = 0;
   mutable std::vector<double> host_;  // add_planes' download
   mutable Storage staged_;            // upload_channels' page-locked buffer
 };

@@ -307,6 +307,98 @@ void batchnorm_sums(const T* x, const double* mean, double* sums, std::int64_t p
       sums, stream);
 }
 
+template <typename T, typename S>
+void batchnorm_shifted_sums(const T* x, const S* shift, double* sums, std::int64_t planes,
+                            std::int64_t channels, std::int64_t plane, cudaStream_t stream) {
+  launch_plane_reduce<2>(
+      "batchnorm_shifted_sums", planes, plane,
+      [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[2]) {
+        const double v = double(x[p * plane + i]);
+        acc[0] += v;
+        const double d = v - double(shift[p % channels]);
+        acc[1] += d * d;
+      },
+      sums, stream);
+}
+
+template <typename T>
+void batchnorm_centered_square_sums_if(const T* x, const double* mean, const int* needed,
+                                       double* sums, std::int64_t planes, std::int64_t channels,
+                                       std::int64_t plane, cudaStream_t stream) {
+  launch_plane_reduce<1>(
+      "batchnorm_centered_square_sums_if", planes, plane,
+      [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[1]) {
+        if (*needed == 0) return;
+        const double d = double(x[p * plane + i]) - mean[p % channels];
+        acc[0] += d * d;
+      },
+      sums, stream);
+}
+
+namespace {
+
+// The sum over samples n, in order, of sums[k * (n * channels + c) + j] (the host's order).
+__device__ inline double add_samples(const double* sums, int k, int j, std::int64_t c,
+                                     std::int64_t samples, std::int64_t channels) {
+  double total = 0;
+  for (std::int64_t n = 0; n < samples; ++n)
+    total += sums[k * (n * channels + c) + j];
+  return total;
+}
+
+}  // namespace
+
+template <typename T>
+void batchnorm_moments(const double* sums, const T* running_mean, double count, double* mean,
+                       double* var, int* unconditioned, std::int64_t samples, std::int64_t channels,
+                       cudaStream_t stream) {
+  launch("batchnorm_moments", 1, stream, [=] __device__(std::int64_t) {
+    bool conditioned = true;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const double shift = double(running_mean[c]);
+      const double s1 = add_samples(sums, 2, 0, c, samples, channels) - count * shift;
+      const double s2 = add_samples(sums, 2, 1, c, samples, channels);
+      const elementwise::BatchNormMoments m = elementwise::batchnorm_moments(s1, s2, shift, count);
+      mean[c] = m.mean;
+      var[c] = m.var;
+      conditioned = conditioned && m.conditioned;
+    }
+    *unconditioned = conditioned ? 0 : 1;
+  });
+}
+
+template <typename T>
+void batchnorm_finish(const double* centered, const int* unconditioned, double count, double eps,
+                      double momentum, const double* mean, double* var, double* invstd,
+                      T* running_mean, T* running_var, std::int64_t samples, std::int64_t channels,
+                      cudaStream_t stream) {
+  launch("batchnorm_finish", 1, stream, [=] __device__(std::int64_t) {
+    const bool again = *unconditioned != 0;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      if (again) var[c] = add_samples(centered, 1, 0, c, samples, channels) / count;
+      invstd[c] = elementwise::batchnorm_invstd(var[c], eps);
+      elementwise::batchnorm_update_running(running_mean[c], running_var[c], mean[c], var[c],
+                                            momentum, count);
+    }
+  });
+}
+
+template <typename T>
+void batchnorm_gradients(const double* sums, double count, T* bias_grad, T* weight_grad,
+                         double* mean_dy, double* mean_dy_xhat, std::int64_t samples,
+                         std::int64_t channels, cudaStream_t stream) {
+  launch("batchnorm_gradients", 1, stream, [=] __device__(std::int64_t) {
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const double sum_dy = add_samples(sums, 2, 0, c, samples, channels);
+      const double sum_dy_xhat = add_samples(sums, 2, 1, c, samples, channels);
+      bias_grad[c] += static_cast<T>(sum_dy);
+      weight_grad[c] += static_cast<T>(sum_dy_xhat);
+      mean_dy[c] = sum_dy / count;
+      mean_dy_xhat[c] = sum_dy_xhat / count;
+    }
+  });
+}
+
 template <typename T>
 void batchnorm_backward_sums(const T* x, const T* dy, const double* mean, const double* invstd,
                              double* sums, std::int64_t planes, std::int64_t channels,
@@ -371,6 +463,18 @@ void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const 
                                          std::int64_t, std::int64_t, double*, cudaStream_t);       \
   template void batchnorm_sums<T>(const T*, const double*, double*, std::int64_t, std::int64_t,    \
                                   std::int64_t, cudaStream_t);                                     \
+  template void batchnorm_shifted_sums<T, T>(const T*, const T*, double*, std::int64_t,            \
+                                             std::int64_t, std::int64_t, cudaStream_t);            \
+  template void batchnorm_centered_square_sums_if<T>(const T*, const double*, const int*, double*, \
+                                                     std::int64_t, std::int64_t, std::int64_t,     \
+                                                     cudaStream_t);                                \
+  template void batchnorm_moments<T>(const double*, const T*, double, double*, double*, int*,      \
+                                     std::int64_t, std::int64_t, cudaStream_t);                    \
+  template void batchnorm_finish<T>(const double*, const int*, double, double, double,             \
+                                    const double*, double*, double*, T*, T*, std::int64_t,         \
+                                    std::int64_t, cudaStream_t);                                   \
+  template void batchnorm_gradients<T>(const double*, double, T*, T*, double*, double*,            \
+                                       std::int64_t, std::int64_t, cudaStream_t);                  \
   template void batchnorm_backward_sums<T>(const T*, const T*, const double*, const double*,       \
                                            double*, std::int64_t, std::int64_t, std::int64_t,      \
                                            cudaStream_t);                                          \
@@ -382,5 +486,9 @@ void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const 
 TESSERA_CUDA_LAYERS(float)
 TESSERA_CUDA_LAYERS(double)
 #undef TESSERA_CUDA_LAYERS
+// Shifts from the host for float data (for double, the macro's <T, T>).
+template void batchnorm_shifted_sums<float, double>(const float*, const double*, double*,
+                                                    std::int64_t, std::int64_t, std::int64_t,
+                                                    cudaStream_t);
 
 }  // namespace tessera::cuda

@@ -9,7 +9,8 @@
 #   of unet-small, 1 rank, into LOGDIR/trace_unet.txt: scripts/gpu/trace_report.py reads it, here
 #   or on the machine, where c++filt may be missing) and profile (PyTorch's kernels of the same
 #   step in channels_last, scripts/gpu/profile_pytorch.py); and
-#   ab: with -B, a second bundle (of the code before a change) timed against BUNDLE in the same
+#   bnalone (unet-small's 1-rank step with batch norm's statistics on the GPU and on the host,
+#   TESSERA_BN_ALONE=1|0, alternated); ab: with -B, a second bundle (of the code before a change) timed against BUNDLE in the same
 #   run, alternating: `tessera bench --device cuda` of unet-small and of conv-bench on 1 rank and
 #   on 2 ranks sharing the GPU (make it with a `git worktree` of the base commit and
 #   scripts/gpu/bundle.sh there; unpack it into a folder of its own, e.g. base/).
@@ -104,6 +105,12 @@ for step in "${steps[@]}"; do
       run train_cuda_2rank_first_half 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 10 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume"
       run train_cuda_2rank_resumed 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume" --resume
       run train_cpu_2rank 300 mpiexec -n 2 tessera train --device cpu --steps 20 --log-every 5 --progress line --seed 3
+      # One rank: batch norm's statistics stay on the GPU (TESSERA_BN_ALONE); the checkpoint reads
+      # its running statistics back and the resumed run loads them: the same losses at 15 and 20.
+      rm -rf "${TMPDIR:-/tmp}/tessera-verify-1rank"
+      run train_cuda_1rank 240 tessera train --device cuda --steps 20 --log-every 5 --progress line --seed 3
+      run train_cuda_1rank_first_half 240 tessera train --device cuda --steps 10 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-1rank"
+      run train_cuda_1rank_resumed 240 tessera train --device cuda --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-1rank" --resume
       ;;
     nccl)
       run gradcheck_nccl_1rank 120 tessera gradcheck --device cuda --transport nccl --dtype float64
@@ -126,6 +133,15 @@ for step in "${steps[@]}"; do
           run "ab_unet_1rank_${which}_$round" 120 "$bin/tessera" bench --device cuda --model unet-small --steps 5 --json "$logs/ab_unet1_${which}_$round.json"
           run "ab_conv_2rank_${which}_$round" 120 mpiexec -n 2 "$bin/tessera" bench --device cuda --share-devices --model conv-bench --grid 1x1x2 --steps 5 --json "$logs/ab_conv2_${which}_$round.json"
           run "ab_conv_1rank_${which}_$round" 120 "$bin/tessera" bench --device cuda --model conv-bench --steps 5 --json "$logs/ab_conv1_${which}_$round.json"
+        done
+      done
+      ;;
+    bnalone)
+      # Batch norm's statistics kept on the GPU on one rank (TESSERA_BN_ALONE=1, the default)
+      # against the host's (0), alternated in one run.
+      for round in 1 2; do
+        for v in 1 0; do
+          run "bnalone_unet_1rank_${v}_$round" 120 env TESSERA_BN_ALONE=$v tessera bench --device cuda --model unet-small --steps 5 --json "$logs/bnalone_unet1_${v}_$round.json"
         done
       done
       ;;

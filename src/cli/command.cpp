@@ -175,6 +175,7 @@ std::vector<Field> option_fields(const po::options_description& options,
   fields.push_back({"TESSERA_WINDOWLESS", runtime.windowless ? "1" : "0"});
   fields.push_back({"TESSERA_WINOGRAD", runtime.winograd ? "1" : "0"});
   fields.push_back({"TESSERA_NARROW_CONV", runtime.narrow_conv ? "1" : "0"});
+  fields.push_back({"TESSERA_BN_ALONE", runtime.batchnorm_alone ? "1" : "0"});
   return fields;
 }
 

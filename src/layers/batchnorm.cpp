@@ -1,24 +1,15 @@
 #include "tessera/layers/batchnorm.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/layers/window.hpp"
 #include "tessera/parallel.hpp"
 
 namespace tessera {
-namespace {
-
-// The largest (mean - K)^2 / var for which the one-pass statistics are kept (forward): their
-// variance then holds all but about 1e-13 of its value in relative terms (double's 2^-53 times
-// 1 + this).
-constexpr double kShiftedLimit = 1e3;
-
-}  // namespace
-
 BatchNormSpec parse_batchnorm(const LayerSpec& spec) {
   Fields f(spec);
   BatchNormSpec s;
@@ -70,6 +61,24 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
     else
       x_ = x.local;  // the device's copy
   }
+  const MemorySpace space = this->allocator().space();
+  const std::span<const T> weight = std::as_const(weight_.value).span_in(space);
+  const std::span<const T> bias = std::as_const(bias_.value).span_in(space);
+  DistTensor<T> y(x.dist, layout_, uninitialized, this->allocator());
+  // The whole batch on this rank and a kernel that keeps the statistics where it computes: no
+  // reduction, and the host does not wait for the sums (BatchNormKernel::trains_alone).
+  alone_ = mode_ == Mode::train && !activation_ && may_train_alone_ && comm_ != nullptr &&
+           comm_->size(Group::world) == 1;
+  if (alone_) {
+    kernel_->train_forward_alone(
+        x.local, layout_,
+        {.count = static_cast<double>(count_), .eps = spec_.eps, .momentum = spec_.momentum},
+        std::as_const(running_mean_.value).span(), std::as_const(running_var_.value).span(),
+        !running_in_kernel_, weight, bias, y.local);
+    running_in_kernel_ = true;
+    return y;
+  }
+  store_running();
   mean_.assign(channels, 0.0);
   invstd_.assign(channels, 0.0);
   T* running_mean = running_mean_.value.data();
@@ -79,51 +88,27 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
                   "layer '" + this->name() + "' (batchnorm2d): forward before bind");
     const double count = static_cast<double>(count_);
     const std::string what = "batch-norm statistics of layer '" + this->name() + "'";
-    // One pass over x: the sums of x - K and (x - K)^2, K the running mean (the same on every
-    // rank), reduced in one message. var = S2 / N - (S1 / N)^2 then keeps all but about
-    // (mean - K)^2 / var of double's precision; where that exceeds kShiftedLimit on any channel
-    // (the first steps of an input far from zero, a non-finite value), a second pass sums
-    // (x - mean)^2, so that a mean large next to the spread costs no precision. Every rank
-    // decides the same: from the reduced sums.
-    std::vector<double> shift(channels), sums(2 * channels);
+    // One pass over x around K, the running mean (the same on every rank), reduced in one
+    // message; a second pass where that lost precision (batch_statistics: the first steps of an
+    // input far from zero, a non-finite value). Every rank decides the same: from the reduced
+    // sums.
+    std::vector<double> shift(channels), var(channels);
     for (std::size_t c = 0; c < channels; ++c)
       shift[c] = double(running_mean[c]);
-    const std::span<double> sum(sums.data(), channels),
-        square_sum(sums.data() + channels, channels);
-    kernel_->shifted_sums(x.local, layout_, std::span<const double>(shift), sum, square_sum);
-    allreduce_sum(*comm_, std::span<double>(sums), Group::world, what);
-    bool conditioned = true;
-    std::vector<double> var(channels);
+    batch_statistics(*kernel_, x.local, layout_, std::span<const double>(shift), count,
+                     std::span<double>(mean_), std::span<double>(var),
+                     [&](std::span<double> v) { allreduce_sum(*comm_, v, Group::world, what); });
     for (std::size_t c = 0; c < channels; ++c) {
-      const double d = sum[c] / count;
-      mean_[c] = shift[c] + d;
-      var[c] = square_sum[c] / count - d * d;
-      conditioned = conditioned && d * d <= kShiftedLimit * var[c];
-    }
-    if (!conditioned) {
-      kernel_->centered_square_sum(x.local, layout_, std::span<const double>(mean_), square_sum);
-      allreduce_sum(*comm_, square_sum, Group::world, what);
-      for (std::size_t c = 0; c < channels; ++c)
-        var[c] = square_sum[c] / count;
-    }
-    const double m = spec_.momentum;
-    for (std::size_t c = 0; c < channels; ++c) {
-      const double v = var[c];  // biased: what the batch is normalised with
-      invstd_[c] = 1 / std::sqrt(v + spec_.eps);
-      running_mean[c] = static_cast<T>((1 - m) * double(running_mean[c]) + m * mean_[c]);
-      running_var[c] =
-          static_cast<T>((1 - m) * double(running_var[c]) + m * v * count / (count - 1));
+      invstd_[c] = elementwise::batchnorm_invstd(var[c], spec_.eps);  // var biased
+      elementwise::batchnorm_update_running(running_mean[c], running_var[c], mean_[c], var[c],
+                                            spec_.momentum, count);
     }
   } else {
     for (std::size_t c = 0; c < channels; ++c) {
       mean_[c] = double(running_mean[c]);
-      invstd_[c] = 1 / std::sqrt(double(running_var[c]) + spec_.eps);
+      invstd_[c] = elementwise::batchnorm_invstd(double(running_var[c]), spec_.eps);
     }
   }
-  DistTensor<T> y(x.dist, layout_, uninitialized, this->allocator());
-  const MemorySpace space = this->allocator().space();
-  const std::span<const T> weight = std::as_const(weight_.value).span_in(space);
-  const std::span<const T> bias = std::as_const(bias_.value).span_in(space);
   if (activation_)
     kernel_->forward_activated(x.local, layout_, {mean_, invstd_}, weight, bias, *activation_,
                                y.local);
@@ -141,6 +126,14 @@ template <typename T>
 DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) {
   TESSERA_CHECK(x_.shape() == dy.local.shape() && x_.layout() == dy.layout(),
                 "layer '" + this->name() + "' (batchnorm2d): backward without its forward's input");
+  if (alone_) {
+    DistTensor<T> dx(dy.dist, layout_, uninitialized, this->allocator());
+    kernel_->train_backward_alone(x_, dy.local, layout_,
+                                  std::as_const(weight_.value).span_in(this->allocator().space()),
+                                  bias_.grad, weight_.grad, dx.local);
+    x_ = Tensor<T>();
+    return dx;
+  }
   const std::size_t channels = mean_.size();
   const reference::BatchNormStats stats{mean_, invstd_};
   // [sum of dy | sum of dy * xhat] over this rank's tile, then over the grid: one message.
@@ -187,6 +180,13 @@ DistTensor<T> BatchNorm2d<T>::backward_one(const DistTensor<T>& dy, const RunSta
                            std::span<const double>(sum_dy_xhat), dx.local);
   x_ = Tensor<T>();  // one backward per forward: the copy goes back as the pass proceeds
   return dx;
+}
+
+template <typename T>
+void BatchNorm2d<T>::store_running() {
+  if (!running_in_kernel_) return;
+  kernel_->store_running(running_mean_.value.span(), running_var_.value.span());
+  running_in_kernel_ = false;
 }
 
 template class BatchNorm2d<float>;

@@ -18,7 +18,9 @@
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/batchnorm_kernel.hpp"
 #include "tessera/kernels/reference.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 
 namespace tessera {
 namespace {
@@ -668,6 +670,92 @@ TEST(CudaLayers, BatchNormMatchesTheCpu) {
     check_batch_norm<float>(s);
     check_batch_norm<double>(s);
   }
+}
+
+// Training alone (the statistics and the running statistics kept on the device, no host
+// wait): two steps, each against the same kernel's host path as BatchNorm2d drives it on a grid
+// (shifted_sums, the moments on the host, a second pass where they are not conditioned, forward;
+// backward_sums, the gradients on the host, backward_data): the same bits everywhere. `offset`
+// far from the spread makes the first step's one-pass moments unconditioned (the second pass).
+template <typename T>
+void check_batch_norm_alone(const Shape4& s, double offset) {
+  const auto C = static_cast<std::size_t>(s.c);
+  const double count = double(s.n * s.h * s.w), eps = 1e-5, momentum = 0.1;
+  const Tensor<T> weight = test::random_tensor<T>({1, 1, 1, s.c}, 15, 3),
+                  bias = test::random_tensor<T>({1, 1, 1, s.c}, 15, 4);
+  const Tensor<T> weightd = on_device(weight), biasd = on_device(bias);
+  Tensor<T> running_mean({1, 1, 1, s.c}), running_var({1, 1, 1, s.c}, T(1));
+  Tensor<T> bias_grad = test::random_tensor<T>({1, 1, 1, s.c}, 15, 5),
+            weight_grad = test::random_tensor<T>({1, 1, 1, s.c}, 15, 6);
+  Tensor<T> bias_gradd = on_device(bias_grad), weight_gradd = on_device(weight_grad);
+  auto host_path = gpu().batch_norm<T>();
+  auto alone = gpu().batch_norm<T>();
+  ASSERT_TRUE(alone->trains_alone());
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Tensor<T> x = test::random_tensor<T>(s, 15, 10 + step, offset, offset + 3),
+                    dy = test::random_tensor<T>(s, 15, 20 + step);
+    const Tensor<T> xd = on_device(x), dyd = on_device(dy);
+    // The host path.
+    std::vector<double> shift(C), mean(C), var(C), invstd(C);
+    for (std::size_t c = 0; c < C; ++c)
+      shift[c] = double(running_mean.data()[c]);
+    bool second_pass = false;
+    batch_statistics(*host_path, xd, Layout::nchw, shift, count, mean, var,
+                     [&](std::span<double> v) { second_pass = v.size() == C; });
+    if (step == 0) {
+      EXPECT_EQ(second_pass, offset != 0) << "the case meant to test that";
+    }
+    Tensor<T> want_mean = running_mean, want_var = running_var;
+    for (std::size_t c = 0; c < C; ++c) {
+      invstd[c] = elementwise::batchnorm_invstd(var[c], eps);
+      elementwise::batchnorm_update_running(want_mean.data()[c], want_var.data()[c], mean[c],
+                                            var[c], momentum, count);
+    }
+    const reference::BatchNormStats stats{mean, invstd};
+    Tensor<T> want_y = device_tensor<T>(s), want_dx = device_tensor<T>(s);
+    host_path->forward(xd, Layout::nchw, stats, device_span(weightd), device_span(biasd), want_y);
+    std::vector<double> a(C), b(C);
+    host_path->backward_sums(xd, dyd, Layout::nchw, stats, a, b);
+    Tensor<T> want_bias_grad = bias_grad, want_weight_grad = weight_grad;
+    for (std::size_t c = 0; c < C; ++c) {
+      want_bias_grad.data()[c] += static_cast<T>(a[c]);
+      want_weight_grad.data()[c] += static_cast<T>(b[c]);
+      a[c] /= count;
+      b[c] /= count;
+    }
+    host_path->backward_data(xd, dyd, Layout::nchw, stats, device_span(weightd), a, b, want_dx);
+    // Alone: the running statistics loaded at the first step only.
+    Tensor<T> y = device_tensor<T>(s), dx = device_tensor<T>(s);
+    alone->train_forward_alone(xd, Layout::nchw, {.count = count, .eps = eps, .momentum = momentum},
+                               std::as_const(running_mean).span(),
+                               std::as_const(running_var).span(), step == 0, device_span(weightd),
+                               device_span(biasd), y);
+    alone->train_backward_alone(xd, dyd, Layout::nchw, device_span(weightd), bias_gradd,
+                                weight_gradd, dx);
+    expect_same_bits(y, on_host(want_y), "forward");
+    expect_same_bits(dx, on_host(want_dx), "input gradient");
+    expect_same_bits(bias_gradd, want_bias_grad, "bias gradient");
+    expect_same_bits(weight_gradd, want_weight_grad, "weight gradient");
+    Tensor<T> got_mean({1, 1, 1, s.c}), got_var({1, 1, 1, s.c});
+    alone->store_running(got_mean.span(), got_var.span());
+    for (std::size_t c = 0; c < C; ++c) {
+      EXPECT_EQ(got_mean.data()[c], want_mean.data()[c]) << "running mean " << c;
+      EXPECT_EQ(got_var.data()[c], want_var.data()[c]) << "running variance " << c;
+    }
+    running_mean = want_mean;
+    running_var = want_var;
+    bias_grad = want_bias_grad;
+    weight_grad = want_weight_grad;
+  }
+}
+TEST(CudaLayers, BatchNormTrainsAloneAsTheHostPathComputes) {
+  for (const Shape4& s : {Shape4{3, 4, 37, 29}, Shape4{2, 3, 130, 150}})
+    for (double offset : {0.0, 1e4}) {
+      SCOPED_TRACE(s.str() + ", offset " + std::to_string(offset));
+      check_batch_norm_alone<float>(s, offset);
+      check_batch_norm_alone<double>(s, offset);
+    }
 }
 
 }  // namespace

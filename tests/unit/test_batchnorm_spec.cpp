@@ -1,15 +1,22 @@
 // batchnorm2d's fields and set-up checks: defaults as PyTorch, errors naming the layer and the
-// field, and the single-value batch refused before any work.
+// field, and the single-value batch refused before any work; training alone (the statistics kept
+// by the kernel, BatchNormKernel::trains_alone) on the emulated device, against the host's
+// statistics.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "../common/test_helpers.hpp"
+#include "tessera/batch.hpp"
 #include "tessera/engine/model.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/batchnorm.hpp"
+#include "tessera/mpi_comm.hpp"
 #include "unit_test.hpp"
 
 namespace tessera {
@@ -99,6 +106,78 @@ TEST(BatchNormSpec, ParamsAndBuffersStartAsTorchs) {
     EXPECT_EQ(bs[0].buffer->value.data()[c], 0.0f);
     EXPECT_EQ(bs[1].buffer->value.data()[c], 1.0f);
   }
+}
+
+// A 1x1x1 runtime on the emulated device (whose batch norm trains alone as the CUDA one does),
+// with batch norm's statistics kept by the kernel or not (TESSERA_BN_ALONE).
+Runtime emulated_runtime(bool alone) {
+  RuntimeOptions options;
+  options.kernels = KernelBackend::emulated;
+  options.batchnorm_alone = alone;
+  return Runtime(std::make_unique<MpiComm>(MPI_COMM_SELF, GridShape{1, 1, 1}, WaitSettings{}),
+                 options);
+}
+
+template <typename T>
+std::vector<T> values_of(const Tensor<T>& t) {
+  const Tensor<T> h = to_host(t);
+  return std::vector<T>(h.data(), h.data() + h.size());
+}
+
+// Training alone gives the host path's results bit for bit, step after step; its running
+// statistics reach buffers() (and evaluation) when asked for, and values written into buffers()
+// are the ones the next training step starts from. (No activation after the batch norm: the CPU
+// kernel the emulated one wraps would apply it, and a batch norm that applies its activation
+// does not train alone; the CUDA kernel applies none.)
+TEST(BatchNormAlone, GivesTheHostStatisticsAndKeepsTheBuffersTrue) {
+  const ModelSpec spec = parse_model(model_with(
+      R"({"name": "c1", "type": "conv2d", "out_channels": 3, "kernel": 3, "padding": 1},
+         {"name": "r", "type": "relu"},
+         {"name": "bn", "type": "batchnorm2d", "momentum": 0.3},
+         {"name": "c2", "type": "conv2d", "out_channels": 2, "kernel": 1})"));
+  const Shape4 input{2, 2, 6, 5};
+  const Runtime alone_rt = emulated_runtime(true), host_rt = emulated_runtime(false);
+  Model<double> alone(spec, alone_rt, input), host(spec, host_rt, input);
+  alone.init_params(3);
+  host.init_params(3);
+  const auto step = [&](Model<double>& m, std::uint64_t seed) {
+    DistTensor<double> x(m.input_distribution());
+    x.local = random_image_tile<double>(x.dist, seed);
+    for (double& v : x.local.span())
+      v = 50 + 3 * v;  // far from the running mean of 0 at first: the second pass
+    const Labels labels = random_label_tile(m.output_distribution(), seed);
+    return forward_backward(m, x, labels);
+  };
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    SCOPED_TRACE("step " + std::to_string(seed));
+    const StepResult<double> a = step(alone, seed), h = step(host, seed);
+    EXPECT_EQ(a.loss, h.loss);
+    EXPECT_EQ(values_of(a.output.local), values_of(h.output.local));
+    EXPECT_EQ(values_of(a.input_grad.local), values_of(h.input_grad.local));
+    const auto pa = alone.params(), ph = host.params();
+    for (std::size_t k = 0; k < pa.size(); ++k)
+      EXPECT_EQ(values_of(pa[k].param->grad), values_of(ph[k].param->grad)) << pa[k].key();
+    if (seed == 2) {  // read and written between steps, as a checkpoint's save and load do
+      auto ba = alone.buffers(), bh = host.buffers();
+      ASSERT_EQ(ba.size(), 2u);
+      for (std::size_t k = 0; k < ba.size(); ++k) {
+        EXPECT_EQ(values_of(ba[k].buffer->value), values_of(bh[k].buffer->value)) << ba[k].key();
+        for (double* b : {ba[k].buffer->value.data(), bh[k].buffer->value.data()})
+          b[1] = 0.25 * (1 + double(k));
+      }
+    }
+  }
+  auto ba = alone.buffers(), bh = host.buffers();
+  for (std::size_t k = 0; k < ba.size(); ++k)
+    EXPECT_EQ(values_of(ba[k].buffer->value), values_of(bh[k].buffer->value)) << ba[k].key();
+  // Evaluation normalises with the running statistics: the kernel's, brought back.
+  step(alone, 4);
+  step(host, 4);
+  alone.state().mode = Mode::eval;
+  host.state().mode = Mode::eval;
+  DistTensor<double> x(alone.input_distribution());
+  x.local = random_image_tile<double>(x.dist, 9);
+  EXPECT_EQ(values_of(alone.forward(x).local), values_of(host.forward(x).local));
 }
 
 }  // namespace

@@ -7,10 +7,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tessera/error.hpp"
 #include "tessera/kernels/local_kernels.hpp"
 #include "tessera/kernels/reference_batchnorm.hpp"
+#include "tessera/kernels/window_arithmetic.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera {
@@ -20,6 +22,12 @@ template <typename T>
 struct ForwardActivation {
   std::span<const T> weight, bias;
   FusedActivation f;
+};
+
+// The constants of a training batch norm (BatchNormKernel::train_forward_alone): the values per
+// channel in the batch (N * H * W), eps and the running statistics' momentum.
+struct BatchNormTraining {
+  double count = 0, eps = 0, momentum = 0;
 };
 
 template <typename T>
@@ -87,7 +95,71 @@ class BatchNormKernel {
                                        Tensor<T>& /*dx*/) const {
     throw Error("batch norm kernel '" + name() + "' applies no activation's derivative");
   }
+
+  // Training where one rank holds the whole batch (no other rank shares the statistics): a kernel
+  // that trains_alone() computes the statistics itself, keeps them and the running statistics in
+  // its own memory (a GPU's) and so never makes the host wait for its sums; BatchNorm2d then calls
+  // the three methods below in place of the ones above. The same arithmetic as BatchNorm2d's
+  // (elementwise::batchnorm_moments and the rest). Default: not supported.
+  virtual bool trains_alone() const { return false; }
+  // The training forward of the whole batch x: the statistics (one pass around the running mean, a
+  // second where batchnorm_moments is not conditioned), the running statistics updated, y
+  // normalised. The kernel's copy of the running statistics is taken from `running_mean` and
+  // `running_var` (host memory) where `load_running`: the first call, and any after the host's
+  // copy was read or written (BatchNorm2d::buffers()); the batch's statistics are kept for
+  // train_backward_alone.
+  virtual void train_forward_alone(const Tensor<T>& /*x*/, Layout /*layout*/,
+                                   const BatchNormTraining& /*training*/,
+                                   std::span<const T> /*running_mean*/,
+                                   std::span<const T> /*running_var*/, bool /*load_running*/,
+                                   std::span<const T> /*weight*/, std::span<const T> /*bias*/,
+                                   Tensor<T>& /*y*/) const {
+    throw Error("batch norm kernel '" + name() + "' does not train alone");
+  }
+  // The backward of the last train_forward_alone: bias_grad += the sum of dy, weight_grad += the
+  // sum of dy * xhat (C values each, in the kernel's memory), dx as backward_data computes it.
+  virtual void train_backward_alone(const Tensor<T>& /*x*/, const Tensor<T>& /*dy*/,
+                                    Layout /*layout*/, std::span<const T> /*weight*/,
+                                    Tensor<T>& /*bias_grad*/, Tensor<T>& /*weight_grad*/,
+                                    Tensor<T>& /*dx*/) const {
+    throw Error("batch norm kernel '" + name() + "' does not train alone");
+  }
+  // Copies the kernel's running statistics into host memory (finished on return).
+  virtual void store_running(std::span<T> /*running_mean*/, std::span<T> /*running_var*/) const {
+    throw Error("batch norm kernel '" + name() + "' does not train alone");
+  }
 };
+
+// BatchNorm2d's training statistics of the batch whose tile on this rank is x, with kernel k:
+// the sums of x - shift and (x - shift)^2 (shift: the running mean), `reduce`d over the ranks
+// that share the batch, then each channel's mean and biased variance
+// (elementwise::batchnorm_moments), with a second pass summing (x - mean)^2 (reduced too) where
+// any channel's one-pass moments are not conditioned. `count`: the values per channel in the
+// whole batch. `reduce(std::span<double>)` sums in place over those ranks (collective there) or,
+// with the batch on this rank alone, does nothing. The same on every rank that shares the batch.
+template <typename T, typename Reduce>
+void batch_statistics(const BatchNormKernel<T>& k, const Tensor<T>& x, Layout layout,
+                      std::span<const double> shift, double count, std::span<double> mean,
+                      std::span<double> var, Reduce&& reduce) {
+  const std::size_t channels = shift.size();
+  std::vector<double> sums(2 * channels);
+  const std::span<double> sum(sums.data(), channels), square_sum(sums.data() + channels, channels);
+  k.shifted_sums(x, layout, shift, sum, square_sum);
+  reduce(std::span<double>(sums));  // one message
+  bool conditioned = true;
+  for (std::size_t c = 0; c < channels; ++c) {
+    const elementwise::BatchNormMoments m =
+        elementwise::batchnorm_moments(sum[c], square_sum[c], shift[c], count);
+    mean[c] = m.mean;
+    var[c] = m.var;
+    conditioned = conditioned && m.conditioned;
+  }
+  if (conditioned) return;
+  k.centered_square_sum(x, layout, std::span<const double>(mean), square_sum);
+  reduce(square_sum);
+  for (std::size_t c = 0; c < channels; ++c)
+    var[c] = square_sum[c] / count;
+}
 
 // Tessera's CPU batch norm: the threaded loops of batchnorm_kernels.hpp (the reference's
 // arithmetic, both layouts). Every backend's choice on the CPU. Local.

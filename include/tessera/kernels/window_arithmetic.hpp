@@ -8,6 +8,7 @@
 // the same order and agree bit for bit. Plain C++ that nvcc also compiles. Local; pure.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -100,6 +101,38 @@ TESSERA_HD inline T batchnorm_grad(T dy, T x, double mean, double invstd, double
                                    double mean_dy, double mean_dy_xhat) {
   return static_cast<T>(scale *
                         (double(dy) - mean_dy - (double(x) - mean) * invstd * mean_dy_xhat));
+}
+
+// Batch norm's statistics of one channel from its sums over the whole batch of `count` values
+// (BatchNorm2d, src/layers/batchnorm.cpp): s1 = the sum of x - shift, s2 = the sum of
+// (x - shift)^2, `shift` the running mean. var = s2 / count - (s1 / count)^2 then keeps all but
+// about (mean - shift)^2 / var of double's precision: `conditioned` says whether that is at most
+// kBatchNormShiftedLimit (else the caller sums (x - mean)^2 in a second pass; NaN is not
+// conditioned). The same arithmetic on the host and, where a GPU keeps the statistics on the
+// device, in kernels/cuda/layers.cu.
+inline constexpr double kBatchNormShiftedLimit = 1e3;
+struct BatchNormMoments {
+  double mean = 0, var = 0;
+  bool conditioned = true;
+};
+TESSERA_HD inline BatchNormMoments batchnorm_moments(double s1, double s2, double shift,
+                                                     double count) {
+  const double d = s1 / count;
+  const double var = s2 / count - d * d;
+  return {shift + d, var, d * d <= kBatchNormShiftedLimit * var};
+}
+// 1 / sqrt(var + eps): what the batch is normalised with (var biased).
+TESSERA_HD inline double batchnorm_invstd(double var, double eps) {
+  using std::sqrt;
+  return 1 / sqrt(var + eps);
+}
+// running = (1 - momentum) * running + momentum * the batch's statistic, the variance unbiased.
+template <typename T>
+TESSERA_HD inline void batchnorm_update_running(T& running_mean, T& running_var, double mean,
+                                                double var, double momentum, double count) {
+  running_mean = static_cast<T>((1 - momentum) * double(running_mean) + momentum * mean);
+  running_var =
+      static_cast<T>((1 - momentum) * double(running_var) + momentum * var * count / (count - 1));
 }
 
 }  // namespace tessera::elementwise

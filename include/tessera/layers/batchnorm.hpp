@@ -23,11 +23,14 @@ BatchNormSpec parse_batchnorm(const LayerSpec& spec);
 // As torch.nn.BatchNorm2d(C, eps, momentum) with affine=True and track_running_stats=True.
 // Params weight [C] (init 1) and bias [C] (init 0); buffers running_mean [C] (init 0) and
 // running_var [C] (init 1), the same on every rank.
-// Training: normalises with the batch mean and biased variance (two passes: the mean first,
-// then the sum of squared deviations, each one allreduce), and updates
+// Training: normalises with the batch mean and biased variance (one pass summing x - K and
+// (x - K)^2 around the running mean K, one allreduce; a second pass and allreduce summing
+// (x - mean)^2 where that lost precision: elementwise::batchnorm_moments), and updates
 // running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance.
 // Its backward needs one more allreduce (the sums of dy and dy * xhat). Forward and backward are
-// then collective over the world group.
+// then collective over the world group. With a world of one rank and a kernel that trains alone
+// (the CUDA kernel: BatchNormKernel::trains_alone) the kernel computes the same statistics where
+// it computes and keeps them, and the running statistics, there until buffers() asks for them.
 // Evaluation: normalises with the running statistics; pointwise and local.
 template <typename T>
 class BatchNorm2d final : public UnaryLayer<T> {
@@ -41,8 +44,10 @@ class BatchNorm2d final : public UnaryLayer<T> {
   Distribution setup(const Distribution& in) override;
   // Takes the Comm its statistics are reduced over and the backend's batch-norm kernel. Local.
   void bind(const Runtime& runtime) override {
+    store_running();
     comm_ = &runtime.comm();
     kernel_ = runtime.backend().batch_norm<T>();
+    may_train_alone_ = runtime.options().batchnorm_alone && kernel_->trains_alone();
     activation_.reset();
     activation_grad_ = false;
     if (offered_ && kernel_->applies(*offered_)) activation_ = offered_;
@@ -64,7 +69,12 @@ class BatchNorm2d final : public UnaryLayer<T> {
   // Keeps a handed-over input for backward instead of the forward's copy. Local.
   void take_input(DistTensor<T>&& x) override;
   std::vector<Param<T>*> params() override { return {&weight_, &bias_}; }
-  std::vector<Buffer<T>*> buffers() override { return {&running_mean_, &running_var_}; }
+  // The running statistics, in host memory: copied there first where the kernel trains alone
+  // (BatchNormKernel::trains_alone); the next training forward takes them from there. Local.
+  std::vector<Buffer<T>*> buffers() override {
+    store_running();
+    return {&running_mean_, &running_var_};
+  }
   // Pointwise: takes nchw16c and gives its output (and input gradient) in its input's layout.
   bool takes_blocked() const override { return true; }
   bool passes_layout() const override { return true; }
@@ -84,6 +94,12 @@ class BatchNorm2d final : public UnaryLayer<T> {
   Layout layout_ = Layout::nchw;
   std::vector<double> mean_, invstd_;
   Mode mode_ = Mode::train;
+  // Whether the last forward trained alone (its statistics are the kernel's), and whether the
+  // kernel's running statistics are newer than running_mean_ and running_var_.
+  bool may_train_alone_ = false, alone_ = false, running_in_kernel_ = false;
+  // Brings the kernel's running statistics into running_mean_ and running_var_ where they are
+  // newer. Local.
+  void store_running();
 };
 
 }  // namespace tessera
