@@ -166,9 +166,9 @@ template <typename T>
 void batchnorm_centered_square_sums_if(const T* x, const double* mean, const int* needed,
                                        double* sums, std::int64_t planes, std::int64_t channels,
                                        std::int64_t plane, cudaStream_t stream);
-// Batch norm's training statistics kept on the device (one thread each, a few values per
-// channel): the plane sums of `samples` x `channels` planes added over the samples in order, as
-// the host adds them (kernels/cuda/cuda_layer_kernels.cpp), and elementwise::batchnorm_moments.
+// Batch norm's training statistics kept on the device (a thread per channel): the plane sums of
+// `samples` x `channels` planes added over the samples in order, as the host adds them
+// (kernels/cuda/cuda_layer_kernels.cpp), and elementwise::batchnorm_moments.
 // moments: from batchnorm_shifted_sums' sums around the running mean, mean[c] and var[c], and
 // *unconditioned = 1 where any channel's moments are not conditioned, else 0.
 template <typename T>

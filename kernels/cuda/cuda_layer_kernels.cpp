@@ -298,13 +298,19 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     batchnorm_checks::channels(who, s, weight.size(), "weight");
     batchnorm_checks::channels(who, s, bias.size(), "bias");
     batchnorm_checks::same(who, s, y.shape(), "output");
+    TESSERA_CHECK(training.count == static_cast<double>(s.n * s.h * s.w),
+                  std::string(who) + ": the batch must lie wholly in x (" + s.str() + "), not " +
+                      std::to_string(training.count) + " values per channel");
     const std::size_t c = static_cast<std::size_t>(s.c);
     T* running = running_.get<T>(2 * c);
     if (load_running) {  // rare (the first step, a checkpoint's values): the host waits here
       std::vector<T> both(running_mean.begin(), running_mean.end());
       both.insert(both.end(), running_var.begin(), running_var.end());
       device_allocator()->upload(running, both.data(), both.size() * sizeof(T));
+      loaded_ = c;
     }
+    TESSERA_CHECK(loaded_ == c, std::string(who) + ": the running statistics of " +
+                                    std::to_string(c) + " channels were never loaded");
     // mean, var, invstd, mean_dy, mean_dy_xhat (C each), then the flag.
     double* at = statistics_.get<double>(5 * c + 1);
     double *mean = at, *var = at + c, *invstd = at + 2 * c;
@@ -359,6 +365,8 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     TESSERA_CHECK(running_mean.size() == running_var.size(),
                   "batchnorm_store_running: the running mean and variance differ in length");
     const std::size_t c = running_mean.size();
+    TESSERA_CHECK(loaded_ == c, "batchnorm_store_running: no running statistics of " +
+                                    std::to_string(c) + " channels in the kernel");
     std::vector<T> both(2 * c);
     device_allocator()->download(both.data(), running_.get<T>(2 * c), both.size() * sizeof(T));
     std::copy(both.begin(), both.begin() + static_cast<std::ptrdiff_t>(c), running_mean.begin());
@@ -406,6 +414,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
   // conditional second pass's sums, and the forward's count for the backward.
   mutable Scratch running_, statistics_, centered_;
   mutable double count_ = 0;
+  mutable std::size_t loaded_ = 0;    // channels of the running statistics in running_
   mutable std::vector<double> host_;  // add_planes' download
   mutable Storage staged_;            // upload_channels' page-locked buffer
 };

@@ -352,18 +352,18 @@ template <typename T>
 void batchnorm_moments(const double* sums, const T* running_mean, double count, double* mean,
                        double* var, int* unconditioned, std::int64_t samples, std::int64_t channels,
                        cudaStream_t stream) {
-  launch("batchnorm_moments", 1, stream, [=] __device__(std::int64_t) {
-    bool conditioned = true;
-    for (std::int64_t c = 0; c < channels; ++c) {
-      const double shift = double(running_mean[c]);
-      const double s1 = add_samples(sums, 2, 0, c, samples, channels) - count * shift;
-      const double s2 = add_samples(sums, 2, 1, c, samples, channels);
-      const elementwise::BatchNormMoments m = elementwise::batchnorm_moments(s1, s2, shift, count);
-      mean[c] = m.mean;
-      var[c] = m.var;
-      conditioned = conditioned && m.conditioned;
-    }
-    *unconditioned = conditioned ? 0 : 1;
+  // One thread a channel; the flag cleared first in the stream's order, then set by any channel
+  // that needs the second pass (all write the same value).
+  if (cudaMemsetAsync(unconditioned, 0, sizeof(int), stream) != cudaSuccess)
+    check_launch("batchnorm_moments (clearing its flag)");
+  launch("batchnorm_moments", channels, stream, [=] __device__(std::int64_t c) {
+    const double shift = double(running_mean[c]);
+    const double s1 = add_samples(sums, 2, 0, c, samples, channels) - count * shift;
+    const double s2 = add_samples(sums, 2, 1, c, samples, channels);
+    const elementwise::BatchNormMoments m = elementwise::batchnorm_moments(s1, s2, shift, count);
+    mean[c] = m.mean;
+    var[c] = m.var;
+    if (!m.conditioned) *unconditioned = 1;
   });
 }
 
@@ -372,14 +372,11 @@ void batchnorm_finish(const double* centered, const int* unconditioned, double c
                       double momentum, const double* mean, double* var, double* invstd,
                       T* running_mean, T* running_var, std::int64_t samples, std::int64_t channels,
                       cudaStream_t stream) {
-  launch("batchnorm_finish", 1, stream, [=] __device__(std::int64_t) {
-    const bool again = *unconditioned != 0;
-    for (std::int64_t c = 0; c < channels; ++c) {
-      if (again) var[c] = add_samples(centered, 1, 0, c, samples, channels) / count;
-      invstd[c] = elementwise::batchnorm_invstd(var[c], eps);
-      elementwise::batchnorm_update_running(running_mean[c], running_var[c], mean[c], var[c],
-                                            momentum, count);
-    }
+  launch("batchnorm_finish", channels, stream, [=] __device__(std::int64_t c) {
+    if (*unconditioned != 0) var[c] = add_samples(centered, 1, 0, c, samples, channels) / count;
+    invstd[c] = elementwise::batchnorm_invstd(var[c], eps);
+    elementwise::batchnorm_update_running(running_mean[c], running_var[c], mean[c], var[c],
+                                          momentum, count);
   });
 }
 
@@ -387,15 +384,13 @@ template <typename T>
 void batchnorm_gradients(const double* sums, double count, T* bias_grad, T* weight_grad,
                          double* mean_dy, double* mean_dy_xhat, std::int64_t samples,
                          std::int64_t channels, cudaStream_t stream) {
-  launch("batchnorm_gradients", 1, stream, [=] __device__(std::int64_t) {
-    for (std::int64_t c = 0; c < channels; ++c) {
-      const double sum_dy = add_samples(sums, 2, 0, c, samples, channels);
-      const double sum_dy_xhat = add_samples(sums, 2, 1, c, samples, channels);
-      bias_grad[c] += static_cast<T>(sum_dy);
-      weight_grad[c] += static_cast<T>(sum_dy_xhat);
-      mean_dy[c] = sum_dy / count;
-      mean_dy_xhat[c] = sum_dy_xhat / count;
-    }
+  launch("batchnorm_gradients", channels, stream, [=] __device__(std::int64_t c) {
+    const double sum_dy = add_samples(sums, 2, 0, c, samples, channels);
+    const double sum_dy_xhat = add_samples(sums, 2, 1, c, samples, channels);
+    bias_grad[c] += static_cast<T>(sum_dy);
+    weight_grad[c] += static_cast<T>(sum_dy_xhat);
+    mean_dy[c] = sum_dy / count;
+    mean_dy_xhat[c] = sum_dy_xhat / count;
   });
 }
 

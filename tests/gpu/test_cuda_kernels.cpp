@@ -643,6 +643,20 @@ void check_batch_norm(const Shape4& s) {
   cpu->centered_square_sum(x, Layout::nchw, mean, sq);
   dev->centered_square_sum(xd, Layout::nchw, mean, sqd);
   EXPECT_LE(test::rel_error(sqd, sq), 1e-13) << "centered square sum";
+  // Both sums in one pass: the two passes' bits (the base class's default runs them), within
+  // double rounding of the CPU's.
+  {
+    std::vector<double> shift(C), one(C), one_sq(C), two(C), two_sq(C), cpu_one(C), cpu_sq(C);
+    for (std::size_t c = 0; c < C; ++c)
+      shift[c] = 1.5 + 0.25 * double(c);
+    dev->shifted_sums(xd, Layout::nchw, shift, one, one_sq);
+    dev->BatchNormKernel<T>::shifted_sums(xd, Layout::nchw, shift, two, two_sq);
+    EXPECT_EQ(one, two) << "shifted sums";
+    EXPECT_EQ(one_sq, two_sq) << "shifted square sums";
+    cpu->shifted_sums(x, Layout::nchw, shift, cpu_one, cpu_sq);
+    EXPECT_LE(test::rel_error(one, cpu_one), 1e-12) << "shifted sums against the CPU's";
+    EXPECT_LE(test::rel_error(one_sq, cpu_sq), 1e-13) << "shifted square sums against the CPU's";
+  }
   for (std::size_t c = 0; c < C; ++c)
     invstd[c] = 1 / std::sqrt(sq[c] / double(s.n * s.h * s.w) + 1e-5);
   const reference::BatchNormStats stats{mean, invstd};
@@ -673,14 +687,17 @@ TEST(CudaLayers, BatchNormMatchesTheCpu) {
 }
 
 // Training alone (the statistics and the running statistics kept on the device, no host
-// wait): two steps, each against the same kernel's host path as BatchNorm2d drives it on a grid
+// wait): three steps, each against the same kernel's host path as BatchNorm2d drives it on a grid
 // (shifted_sums, the moments on the host, a second pass where they are not conditioned, forward;
-// backward_sums, the gradients on the host, backward_data): the same bits everywhere. `offset`
-// far from the spread makes the first step's one-pass moments unconditioned (the second pass).
+// backward_sums, the gradients on the host, backward_data): the same bits everywhere. With an
+// `offset` far from the spread the first step's one-pass moments around a running mean of 0 are
+// not conditioned (the second pass), the second step's are (momentum 1: the running mean is the
+// first batch's mean), and before the third the host writes new running statistics, which the
+// kernel loads (back to 0: the second pass again).
 template <typename T>
 void check_batch_norm_alone(const Shape4& s, double offset) {
   const auto C = static_cast<std::size_t>(s.c);
-  const double count = double(s.n * s.h * s.w), eps = 1e-5, momentum = 0.1;
+  const double count = double(s.n * s.h * s.w), eps = 1e-5, momentum = offset != 0 ? 1.0 : 0.1;
   const Tensor<T> weight = test::random_tensor<T>({1, 1, 1, s.c}, 15, 3),
                   bias = test::random_tensor<T>({1, 1, 1, s.c}, 15, 4);
   const Tensor<T> weightd = on_device(weight), biasd = on_device(bias);
@@ -691,8 +708,12 @@ void check_batch_norm_alone(const Shape4& s, double offset) {
   auto host_path = gpu().batch_norm<T>();
   auto alone = gpu().batch_norm<T>();
   ASSERT_TRUE(alone->trains_alone());
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
+    if (step == 2) {
+      running_mean.fill(T(0));
+      running_var.fill(T(2));
+    }
     const Tensor<T> x = test::random_tensor<T>(s, 15, 10 + step, offset, offset + 3),
                     dy = test::random_tensor<T>(s, 15, 20 + step);
     const Tensor<T> xd = on_device(x), dyd = on_device(dy);
@@ -703,9 +724,7 @@ void check_batch_norm_alone(const Shape4& s, double offset) {
     bool second_pass = false;
     batch_statistics(*host_path, xd, Layout::nchw, shift, count, mean, var,
                      [&](std::span<double> v) { second_pass = v.size() == C; });
-    if (step == 0) {
-      EXPECT_EQ(second_pass, offset != 0) << "the case meant to test that";
-    }
+    EXPECT_EQ(second_pass, offset != 0 && step != 1) << "the case meant to test that";
     Tensor<T> want_mean = running_mean, want_var = running_var;
     for (std::size_t c = 0; c < C; ++c) {
       invstd[c] = elementwise::batchnorm_invstd(var[c], eps);
@@ -729,7 +748,7 @@ void check_batch_norm_alone(const Shape4& s, double offset) {
     Tensor<T> y = device_tensor<T>(s), dx = device_tensor<T>(s);
     alone->train_forward_alone(xd, Layout::nchw, {.count = count, .eps = eps, .momentum = momentum},
                                std::as_const(running_mean).span(),
-                               std::as_const(running_var).span(), step == 0, device_span(weightd),
+                               std::as_const(running_var).span(), step != 1, device_span(weightd),
                                device_span(biasd), y);
     alone->train_backward_alone(xd, dyd, Layout::nchw, device_span(weightd), bias_gradd,
                                 weight_gradd, dx);

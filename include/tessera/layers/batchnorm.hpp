@@ -70,7 +70,10 @@ class BatchNorm2d final : public UnaryLayer<T> {
   void take_input(DistTensor<T>&& x) override;
   std::vector<Param<T>*> params() override { return {&weight_, &bias_}; }
   // The running statistics, in host memory: copied there first where the kernel trains alone
-  // (BatchNormKernel::trains_alone); the next training forward takes them from there. Local.
+  // (BatchNormKernel::trains_alone); the next training forward takes them from there. A snapshot
+  // then: once a training forward has run, the kernel's are newer, what the pointers read is
+  // stale and what is written through them is overwritten by the next call (read or write them
+  // right away, as checkpoints do). Local.
   std::vector<Buffer<T>*> buffers() override {
     store_running();
     return {&running_mean_, &running_var_};
