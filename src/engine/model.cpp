@@ -361,6 +361,10 @@ void Model<T>::zero_grad() {
 
 template <typename T>
 void Model<T>::build_buckets() {
+  // One rank: the sum over the world is each gradient itself, so nothing is packed, copied or
+  // reduced (on a GPU with the MPI transport each bucket was copied out, waited for and copied
+  // back in every step).
+  if (runtime_.comm().size(Group::world) == 1) return;
   Bucket b;
   b.last = nodes_.size();
   std::size_t count = 0;

@@ -70,7 +70,8 @@ class Model {
   // Returns dL/dinput. Parameter gradients are summed over all ranks of the grid (spatial and
   // sample) in buckets of consecutive layers, each started (Comm::start_allreduce) as soon as the
   // backward pass has left its layers, so the reduction overlaps the rest of the backward pass;
-  // until reduce_gradients() they hold unspecified values. Collective over the world group.
+  // until reduce_gradients() they hold unspecified values (on a world of one rank nothing is
+  // summed: they are final as backward() returns). Collective over the world group.
   DistTensor<T> backward(const DistTensor<T>& dy);
 
   void zero_grad();  // local
