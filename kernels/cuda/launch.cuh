@@ -72,5 +72,50 @@ void launch_rows(const char* kernel, std::int64_t planes, std::int64_t rows, std
   check_launch(kernel);
 }
 
+// out[(p * rows + r) * cols + c] = value(p, r, c) for every plane p, row r and column c, as
+// launch_rows spreads them, with kUnroll columns of a row to each thread at a time: their values
+// are all computed before any is stored, so a thread has kUnroll loads in flight rather than one
+// (a lambda that stores as it loads may alias its next load, so nothing was loaded ahead: README
+// "GPU"). `value` only reads. Each column's value is the same arithmetic as launch_rows would run.
+constexpr int kUnroll = 4;
+template <typename T, typename F>
+__global__ void store_plane_row_col(std::int64_t planes, std::int64_t rows, std::int64_t cols,
+                                    T* out, F value) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t p = blockIdx.z; p < planes; p += gridDim.z)
+    for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+      T* row = out + (p * rows + r) * cols;
+      for (std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+           c0 < cols; c0 += kUnroll * step) {
+        T v[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j)
+          if (c0 + j * step < cols) v[j] = value(p, r, c0 + j * step);
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j)
+          if (c0 + j * step < cols) row[c0 + j * step] = v[j];
+      }
+    }
+}
+
+// Enqueues store_plane_row_col on `stream`, the grid as launch_rows makes it with a kUnroll-th
+// of the blocks across a row. A failed launch is an Error naming `kernel`.
+template <typename T, typename F>
+void store_rows(const char* kernel, T* out, std::int64_t planes, std::int64_t rows,
+                std::int64_t cols, cudaStream_t stream, F value) {
+  if (planes <= 0 || rows <= 0 || cols <= 0) return;
+  constexpr std::int64_t kWarp = 32, kBlocks = 8192;
+  const std::int64_t threads = std::min<std::int64_t>(kThreads, (cols + kWarp - 1) / kWarp * kWarp);
+  const std::int64_t x =
+      std::min<std::int64_t>((cols + threads * kUnroll - 1) / (threads * kUnroll), 1024);
+  const std::int64_t z = std::min<std::int64_t>(planes, 65535);
+  const std::int64_t y =
+      std::clamp<std::int64_t>(kBlocks / (x * z), 1, std::min<std::int64_t>(rows, 65535));
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
+  store_plane_row_col<<<grid, static_cast<unsigned>(threads), 0, stream>>>(planes, rows, cols, out,
+                                                                           value);
+  check_launch(kernel);
+}
+
 }  // namespace
 }  // namespace tessera::cuda

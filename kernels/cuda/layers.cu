@@ -160,30 +160,28 @@ void avg_pool_backward(const T* dy, T* dx, const PoolWindows& windows, cudaStrea
 template <typename T>
 void upsample_forward(const T* x, T* y, const UpsampleWindows& windows, cudaStream_t stream) {
   const UpsampleWindows g = windows;
-  const std::int64_t out_plane = g.y_h * g.y_w;
-  launch_rows("upsample_forward", g.planes, g.y_h, g.y_w, stream,
-              [=] __device__(std::int64_t p, std::int64_t r, std::int64_t q) {
-                y[p * out_plane + r * g.y_w + q] =
-                    x[(p * g.x_h + elementwise::upsample_source(r, g.scale_h, g.phase_h)) * g.x_w +
-                      elementwise::upsample_source(q, g.scale_w, g.phase_w)];
-              });
+  store_rows(
+      "upsample_forward", y, g.planes, g.y_h, g.y_w, stream,
+      [=] __device__(std::int64_t p, std::int64_t r, std::int64_t q) {
+        return x[(p * g.x_h + elementwise::upsample_source(r, g.scale_h, g.phase_h)) * g.x_w +
+                 elementwise::upsample_source(q, g.scale_w, g.phase_w)];
+      });
 }
 
 template <typename T>
 void upsample_backward(const T* dy, T* dx, const UpsampleWindows& windows, cudaStream_t stream) {
   const UpsampleWindows g = windows;
-  const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
-  launch_rows("upsample_backward", g.planes, g.x_h, g.x_w, stream,
-              [=] __device__(std::int64_t p, std::int64_t h, std::int64_t w) {
-                const std::int64_t k = p * in_plane + h * g.x_w + w;
-                const Span1 rows = elementwise::upsample_readers(h, g.scale_h, g.phase_h, g.y_h);
-                const Span1 cols = elementwise::upsample_readers(w, g.scale_w, g.phase_w, g.y_w);
-                T sum = T(0);
-                for (std::int64_t r = rows.begin; r < rows.end; ++r)
-                  for (std::int64_t q = cols.begin; q < cols.end; ++q)
-                    sum += dy[p * out_plane + r * g.y_w + q];
-                dx[k] = sum;
-              });
+  const std::int64_t out_plane = g.y_h * g.y_w;
+  store_rows("upsample_backward", dx, g.planes, g.x_h, g.x_w, stream,
+             [=] __device__(std::int64_t p, std::int64_t h, std::int64_t w) {
+               const Span1 rows = elementwise::upsample_readers(h, g.scale_h, g.phase_h, g.y_h);
+               const Span1 cols = elementwise::upsample_readers(w, g.scale_w, g.phase_w, g.y_w);
+               T sum = T(0);
+               for (std::int64_t r = rows.begin; r < rows.end; ++r)
+                 for (std::int64_t q = cols.begin; q < cols.end; ++q)
+                   sum += dy[p * out_plane + r * g.y_w + q];
+               return sum;
+             });
 }
 
 template <typename T>
@@ -413,12 +411,12 @@ template <typename T>
 void batchnorm_forward(const T* x, const double* mean, const double* invstd, const T* weight,
                        const T* bias, T* y, std::int64_t planes, std::int64_t channels,
                        std::int64_t plane, cudaStream_t stream) {
-  launch_rows("batchnorm_forward", planes, 1, plane, stream,
-              [=] __device__(std::int64_t p, std::int64_t, std::int64_t i) {
-                const std::int64_t c = p % channels, k = p * plane + i;
-                y[k] = elementwise::batchnorm_apply(x[k], mean[c], invstd[c] * double(weight[c]),
-                                                    double(bias[c]));
-              });
+  store_rows("batchnorm_forward", y, planes, 1, plane, stream,
+             [=] __device__(std::int64_t p, std::int64_t, std::int64_t i) {
+               const std::int64_t c = p % channels, k = p * plane + i;
+               return elementwise::batchnorm_apply(x[k], mean[c], invstd[c] * double(weight[c]),
+                                                   double(bias[c]));
+             });
 }
 
 template <typename T>
@@ -426,13 +424,13 @@ void batchnorm_backward_data(const T* x, const T* dy, const double* mean, const 
                              const T* weight, const double* mean_dy, const double* mean_dy_xhat,
                              T* dx, std::int64_t planes, std::int64_t channels, std::int64_t plane,
                              cudaStream_t stream) {
-  launch_rows("batchnorm_backward_data", planes, 1, plane, stream,
-              [=] __device__(std::int64_t p, std::int64_t, std::int64_t i) {
-                const std::int64_t c = p % channels, k = p * plane + i;
-                dx[k] = elementwise::batchnorm_grad(dy[k], x[k], mean[c], invstd[c],
-                                                    double(weight[c]) * invstd[c], mean_dy[c],
-                                                    mean_dy_xhat[c]);
-              });
+  store_rows("batchnorm_backward_data", dx, planes, 1, plane, stream,
+             [=] __device__(std::int64_t p, std::int64_t, std::int64_t i) {
+               const std::int64_t c = p % channels, k = p * plane + i;
+               return elementwise::batchnorm_grad(dy[k], x[k], mean[c], invstd[c],
+                                                  double(weight[c]) * invstd[c], mean_dy[c],
+                                                  mean_dy_xhat[c]);
+             });
 }
 
 #define TESSERA_CUDA_LAYERS(T)                                                                     \
