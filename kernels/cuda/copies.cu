@@ -1,8 +1,8 @@
 // Strided box copies and fills on the device: the halo exchange's moves, packs and unpacks, the
 // merges' channel blocks and the convolutions' padded copies (kernels/cuda/) are 3-D boxes of
-// elements. Boxes with rows of at least a warp: launch_rows (launch.cuh), the innermost extent
-// fastest (coalesced rows), no index division per element. Narrower boxes (a halo's columns): one
-// thread per element.
+// elements. Boxes with rows of at least a warp: store_at (copies; four elements in flight a thread)
+// and launch_rows (fills), launch.cuh, the innermost extent fastest (coalesced rows), no index
+// division per element. Narrower boxes (a halo's columns): one thread per element.
 #include <cstdint>
 
 #include "launch.cuh"
@@ -28,6 +28,16 @@ __device__ inline std::int64_t at(const std::int64_t* stride, std::int64_t a, st
   return a * stride[0] + r * stride[1] + c * stride[2];
 }
 
+// The address of (a, r, c) of a box in dst (store_at).
+template <typename T>
+struct BoxAddress {
+  T* dst;
+  Box3 b;
+  __device__ T* operator()(std::int64_t a, std::int64_t r, std::int64_t c) const {
+    return dst + at(b.dst_stride, a, r, c);
+  }
+};
+
 // Whether the box's rows are wide enough for launch_rows.
 bool by_rows(const Box3& b) {
   return b.extent[2] >= 32;
@@ -39,16 +49,17 @@ template <typename T>
 void copy_box(const T* src, T* dst, const Box3& box, bool accumulate, cudaStream_t stream) {
   const Box3 b = box;
   if (by_rows(b)) {
+    const BoxAddress<T> where{dst, b};
     if (accumulate)
-      launch_rows("copy_box", b.extent[0], b.extent[1], b.extent[2], stream,
-                  [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
-                    dst[at(b.dst_stride, a, r, c)] += src[at(b.src_stride, a, r, c)];
-                  });
+      store_at("copy_box", b.extent[0], b.extent[1], b.extent[2], stream, where,
+               [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
+                 return dst[at(b.dst_stride, a, r, c)] + src[at(b.src_stride, a, r, c)];
+               });
     else
-      launch_rows("copy_box", b.extent[0], b.extent[1], b.extent[2], stream,
-                  [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
-                    dst[at(b.dst_stride, a, r, c)] = src[at(b.src_stride, a, r, c)];
-                  });
+      store_at("copy_box", b.extent[0], b.extent[1], b.extent[2], stream, where,
+               [=] __device__(std::int64_t a, std::int64_t r, std::int64_t c) {
+                 return src[at(b.src_stride, a, r, c)];
+               });
     return;
   }
   launch("copy_box", elements(b), stream, [=] __device__(std::int64_t k) {

@@ -72,19 +72,20 @@ void launch_rows(const char* kernel, std::int64_t planes, std::int64_t rows, std
   check_launch(kernel);
 }
 
-// out[(p * rows + r) * cols + c] = value(p, r, c) for every plane p, row r and column c, as
-// launch_rows spreads them, with kUnroll columns of a row to each thread at a time: their values
-// are all computed before any is stored, so a thread has kUnroll loads in flight rather than one
-// (a lambda that stores as it loads may alias its next load, so nothing was loaded ahead: README
-// "GPU"). `value` only reads. Each column's value is the same arithmetic as launch_rows would run.
+// *where(p, r, c) = value(p, r, c) for every plane p, row r and column c, as launch_rows
+// spreads them, with kUnroll columns of a row to each thread at a time: their values are all
+// computed before any is stored, so a thread has kUnroll loads in flight rather than one (a
+// lambda that stores as it loads may alias its next load, so nothing was loaded ahead: README
+// "GPU"). `value` reads (it may read the element it replaces: an accumulation); `where` gives the
+// output's address. Each value is the same arithmetic as launch_rows would run.
 constexpr int kUnroll = 4;
-template <typename T, typename F>
+template <typename Where, typename F>
 __global__ void store_plane_row_col(std::int64_t planes, std::int64_t rows, std::int64_t cols,
-                                    T* out, F value) {
+                                    Where where, F value) {
+  using T = decltype(value(std::int64_t{}, std::int64_t{}, std::int64_t{}));
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t p = blockIdx.z; p < planes; p += gridDim.z)
-    for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-      T* row = out + (p * rows + r) * cols;
+    for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
       for (std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
            c0 < cols; c0 += kUnroll * step) {
         T v[kUnroll];
@@ -93,16 +94,25 @@ __global__ void store_plane_row_col(std::int64_t planes, std::int64_t rows, std:
           if (c0 + j * step < cols) v[j] = value(p, r, c0 + j * step);
 #pragma unroll
         for (int j = 0; j < kUnroll; ++j)
-          if (c0 + j * step < cols) row[c0 + j * step] = v[j];
+          if (c0 + j * step < cols) *where(p, r, c0 + j * step) = v[j];
       }
-    }
 }
+
+// The address of (p, r, c) in a row-major planes x rows x cols array.
+template <typename T>
+struct RowMajor {
+  T* out;
+  std::int64_t rows, cols;
+  __device__ T* operator()(std::int64_t p, std::int64_t r, std::int64_t c) const {
+    return out + (p * rows + r) * cols + c;
+  }
+};
 
 // Enqueues store_plane_row_col on `stream`, the grid as launch_rows makes it with a kUnroll-th
 // of the blocks across a row. A failed launch is an Error naming `kernel`.
-template <typename T, typename F>
-void store_rows(const char* kernel, T* out, std::int64_t planes, std::int64_t rows,
-                std::int64_t cols, cudaStream_t stream, F value) {
+template <typename Where, typename F>
+void store_at(const char* kernel, std::int64_t planes, std::int64_t rows, std::int64_t cols,
+              cudaStream_t stream, Where where, F value) {
   if (planes <= 0 || rows <= 0 || cols <= 0) return;
   constexpr std::int64_t kWarp = 32, kBlocks = 8192;
   const std::int64_t threads = std::min<std::int64_t>(kThreads, (cols + kWarp - 1) / kWarp * kWarp);
@@ -112,9 +122,15 @@ void store_rows(const char* kernel, T* out, std::int64_t planes, std::int64_t ro
   const std::int64_t y =
       std::clamp<std::int64_t>(kBlocks / (x * z), 1, std::min<std::int64_t>(rows, 65535));
   const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
-  store_plane_row_col<<<grid, static_cast<unsigned>(threads), 0, stream>>>(planes, rows, cols, out,
-                                                                           value);
+  store_plane_row_col<<<grid, static_cast<unsigned>(threads), 0, stream>>>(planes, rows, cols,
+                                                                           where, value);
   check_launch(kernel);
+}
+// store_at into the row-major array `out`: out[(p * rows + r) * cols + c] = value(p, r, c).
+template <typename T, typename F>
+void store_rows(const char* kernel, T* out, std::int64_t planes, std::int64_t rows,
+                std::int64_t cols, cudaStream_t stream, F value) {
+  store_at(kernel, planes, rows, cols, stream, RowMajor<T>{out, rows, cols}, value);
 }
 
 }  // namespace

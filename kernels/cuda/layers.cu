@@ -110,20 +110,20 @@ template <typename T>
 void max_pool_backward(const T* dy, const std::int64_t* argmax, T* dx, const PoolWindows& windows,
                        cudaStream_t stream) {
   const PoolWindows g = windows;
-  const std::int64_t in_plane = g.x_h * g.x_w, out_plane = g.y_h * g.y_w;
-  launch_rows("max_pool_backward", g.planes, g.x_h, g.x_w, stream,
-              [=] __device__(std::int64_t p, std::int64_t h, std::int64_t w) {
-                const std::int64_t at = h * g.x_w + w, k = p * in_plane + at;
-                const Span1 rows = covering(h, g.stride_h, g.pad_top, g.kernel_h, g.y_h);
-                const Span1 cols = covering(w, g.stride_w, g.pad_left, g.kernel_w, g.y_w);
-                T sum = T(0);
-                for (std::int64_t oh = rows.begin; oh < rows.end; ++oh)
-                  for (std::int64_t ow = cols.begin; ow < cols.end; ++ow) {
-                    const std::int64_t o = p * out_plane + oh * g.y_w + ow;
-                    if (argmax[o] == at) sum += dy[o];
-                  }
-                dx[k] = sum;
-              });
+  const std::int64_t out_plane = g.y_h * g.y_w;
+  store_rows("max_pool_backward", dx, g.planes, g.x_h, g.x_w, stream,
+             [=] __device__(std::int64_t p, std::int64_t h, std::int64_t w) {
+               const std::int64_t at = h * g.x_w + w;
+               const Span1 rows = covering(h, g.stride_h, g.pad_top, g.kernel_h, g.y_h);
+               const Span1 cols = covering(w, g.stride_w, g.pad_left, g.kernel_w, g.y_w);
+               T sum = T(0);
+               for (std::int64_t oh = rows.begin; oh < rows.end; ++oh)
+                 for (std::int64_t ow = cols.begin; ow < cols.end; ++ow) {
+                   const std::int64_t o = p * out_plane + oh * g.y_w + ow;
+                   if (argmax[o] == at) sum += dy[o];
+                 }
+               return sum;
+             });
 }
 
 template <typename T>
