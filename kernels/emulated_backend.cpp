@@ -134,19 +134,13 @@ class EmulatedBatchNorm final : public BatchNormKernel<T> {
     }
     TESSERA_CHECK(running_.size() == 2 * channels,
                   "emulated batch norm: its running statistics were never loaded");
-    std::vector<double> shift(channels), var(channels);
-    for (std::size_t c = 0; c < channels; ++c)
-      shift[c] = double(running_[c]);
     mean_.assign(channels, 0.0);
     invstd_.assign(channels, 0.0);
     in_kernel([&] {
-      batch_statistics(*k_, x, layout, std::span<const double>(shift), training.count,
-                       std::span<double>(mean_), std::span<double>(var), [](std::span<double>) {});
-      for (std::size_t c = 0; c < channels; ++c) {
-        invstd_[c] = elementwise::batchnorm_invstd(var[c], training.eps);
-        elementwise::batchnorm_update_running(running_[c], running_[channels + c], mean_[c], var[c],
-                                              training.momentum, training.count);
-      }
+      const std::span<T> running(running_);
+      batch_statistics(*k_, x, layout, training, running.first(channels), running.last(channels),
+                       std::span<double>(mean_), std::span<double>(invstd_),
+                       [](std::span<double>) {});
       k_->forward(x, layout, {mean_, invstd_}, weight, bias, y);
     });
     count_ = training.count;

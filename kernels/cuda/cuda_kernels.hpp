@@ -160,8 +160,8 @@ void batchnorm_backward_sums(const T* x, const T* dy, const double* mean, const 
 template <typename T, typename S>
 void batchnorm_shifted_sums(const T* x, const S* shift, double* sums, std::int64_t planes,
                             std::int64_t channels, std::int64_t plane, cudaStream_t stream);
-// batchnorm_sums with `mean` where *needed != 0; else x is not read and the sums are zeros (the
-// caller then ignores them).
+// batchnorm_sums with `mean`, where `needed` is null or *needed != 0; else x is not read and the
+// sums are zeros (the caller then ignores them).
 template <typename T>
 void batchnorm_centered_square_sums_if(const T* x, const double* mean, const int* needed,
                                        double* sums, std::int64_t planes, std::int64_t channels,

@@ -196,8 +196,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     const Shape4& s = x.shape();
     check_nchw("batchnorm_sum", layout);
     batchnorm_checks::channels("batchnorm_sum", s, sum.size(), "sum");
-    double* planes =
-        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 1)));
+    double* planes = plane_sums(s.n * s.c, s.h * s.w, 1);
     batchnorm_sums(device(x), static_cast<const double*>(nullptr), planes, s.n * s.c, s.c,
                    s.h * s.w, stream());
     add_planes(s, planes, 1, {sum});
@@ -211,8 +210,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     batchnorm_checks::channels(who, s, mean.size(), "mean");
     batchnorm_checks::channels(who, s, sum.size(), "sum");
     const double* m = upload_channels({mean});
-    double* planes =
-        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 1)));
+    double* planes = plane_sums(s.n * s.c, s.h * s.w, 1);
     batchnorm_sums(device(x), m, planes, s.n * s.c, s.c, s.h * s.w, stream());
     add_planes(s, planes, 1, {sum});
   }
@@ -228,8 +226,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     batchnorm_checks::channels(who, s, sum.size(), "sum");
     batchnorm_checks::channels(who, s, square_sum.size(), "square_sum");
     const double* k = upload_channels({shift});
-    double* planes =
-        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 2)));
+    double* planes = plane_sums(s.n * s.c, s.h * s.w, 2);
     batchnorm_shifted_sums(device(x), k, planes, s.n * s.c, s.c, s.h * s.w, stream());
     add_planes(s, planes, 2, {sum, square_sum});
     const double count = static_cast<double>(s.n * s.h * s.w);
@@ -262,8 +259,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     batchnorm_checks::channels(who, s, sum_dy.size(), "sum_dy");
     batchnorm_checks::channels(who, s, sum_dy_xhat.size(), "sum_dy_xhat");
     const double* c = upload_channels({stats.mean, stats.invstd});
-    double* planes =
-        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(s.n * s.c, s.h * s.w, 2)));
+    double* planes = plane_sums(s.n * s.c, s.h * s.w, 2);
     batchnorm_backward_sums(device(x), device(dy), c, c + s.c, planes, s.n * s.c, s.c, s.h * s.w,
                             stream());
     add_planes(s, planes, 2, {sum_dy, sum_dy_xhat});
@@ -283,7 +279,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
   }
 
   // Training alone: every statistic stays on the device, each step's kernels queued without the
-  // host waiting (the statistics' kernels run on one thread: a few values per channel).
+  // host waiting (the statistics' kernels run a thread per channel).
   bool trains_alone() const override { return true; }
 
   void train_forward_alone(const Tensor<T>& x, Layout layout, const BatchNormTraining& training,
@@ -316,16 +312,14 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     double *mean = at, *var = at + c, *invstd = at + 2 * c;
     int* unconditioned = reinterpret_cast<int*>(at + 5 * c);
     const std::int64_t planes = s.n * s.c, plane = s.h * s.w;
-    double* sums =
-        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, 2)));
-    double* centered =
-        centered_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, 1)));
+    double* sums = plane_sums(planes, plane, 2);
     batchnorm_shifted_sums(device(x), static_cast<const T*>(running), sums, planes, s.c, plane,
                            stream());
     batchnorm_moments(sums, running, training.count, mean, var, unconditioned, s.n, s.c, stream());
-    batchnorm_centered_square_sums_if(device(x), mean, unconditioned, centered, planes, s.c, plane,
+    // The second pass's sums in the same buffer: batchnorm_moments has read the first's by then.
+    batchnorm_centered_square_sums_if(device(x), mean, unconditioned, sums, planes, s.c, plane,
                                       stream());
-    batchnorm_finish(centered, unconditioned, training.count, training.eps, training.momentum, mean,
+    batchnorm_finish(sums, unconditioned, training.count, training.eps, training.momentum, mean,
                      var, invstd, running, running + c, s.n, s.c, stream());
     batchnorm_forward(device(x), mean, invstd, weight.data(), bias.data(), device(y), planes, s.c,
                       plane, stream());
@@ -351,8 +345,7 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     const double *mean = at, *invstd = at + 2 * c;
     double *mean_dy = at + 3 * c, *mean_dy_xhat = at + 4 * c;
     const std::int64_t planes = s.n * s.c, plane = s.h * s.w;
-    double* sums =
-        plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, 2)));
+    double* sums = plane_sums(planes, plane, 2);
     batchnorm_backward_sums(device(x), device(dy), mean, invstd, sums, planes, s.c, plane,
                             stream());
     batchnorm_gradients(sums, count_, device(bias_grad), device(weight_grad), mean_dy, mean_dy_xhat,
@@ -409,10 +402,15 @@ class CudaBatchNorm final : public BatchNormKernel<T> {
     }
   }
 
+  // The K sums per plane of x's planes (plane_sums_size), in plane_sums_.
+  double* plane_sums(std::int64_t planes, std::int64_t plane, int k) const {
+    return plane_sums_.get<double>(static_cast<std::size_t>(plane_sums_size(planes, plane, k)));
+  }
+
   mutable Scratch channels_, plane_sums_;
-  // Training alone: the running mean and variance (T, C each), the batch's statistics, the
-  // conditional second pass's sums, and the forward's count for the backward.
-  mutable Scratch running_, statistics_, centered_;
+  // Training alone: the running mean and variance (T, C each), the batch's statistics, and the
+  // forward's count for the backward.
+  mutable Scratch running_, statistics_;
   mutable double count_ = 0;
   mutable std::size_t loaded_ = 0;    // channels of the running statistics in running_
   mutable std::vector<double> host_;  // add_planes' download

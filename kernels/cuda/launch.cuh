@@ -49,6 +49,29 @@ __global__ void for_each_plane_row_col(std::int64_t planes, std::int64_t rows, s
         f(p, r, c);
 }
 
+// The grid and block of a planes x rows x cols launch whose threads take `per_thread` columns of
+// a row each (for_each_plane_row_col: 1; store_plane_row_col: kUnroll): x over a row's columns, y
+// over rows, z over planes, about kBlocks blocks in all, each thread going over several rows where
+// there are more. (A block per row segment measured the same on an H200 — an upsampling of 16
+// planes to 2048x2048, 383 and 382 us — so block starts are not what holds these kernels back:
+// README "GPU".)
+struct RowsLaunch {
+  dim3 grid;
+  unsigned threads;
+};
+inline RowsLaunch rows_launch(std::int64_t planes, std::int64_t rows, std::int64_t cols,
+                              std::int64_t per_thread) {
+  constexpr std::int64_t kWarp = 32, kBlocks = 8192;
+  const std::int64_t threads = std::min<std::int64_t>(kThreads, (cols + kWarp - 1) / kWarp * kWarp);
+  const std::int64_t span = threads * per_thread;
+  const std::int64_t x = std::min<std::int64_t>((cols + span - 1) / span, 1024);
+  const std::int64_t z = std::min<std::int64_t>(planes, 65535);
+  const std::int64_t y =
+      std::clamp<std::int64_t>(kBlocks / (x * z), 1, std::min<std::int64_t>(rows, 65535));
+  return {dim3(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)),
+          static_cast<unsigned>(threads)};
+}
+
 // Enqueues f over planes x rows x cols on `stream` (for_each_plane_row_col); rows of fewer columns
 // than a warp leave most of each block idle: use `launch` for those. A failed launch is an Error
 // naming `kernel`.
@@ -56,19 +79,8 @@ template <typename F>
 void launch_rows(const char* kernel, std::int64_t planes, std::int64_t rows, std::int64_t cols,
                  cudaStream_t stream, F f) {
   if (planes <= 0 || rows <= 0 || cols <= 0) return;
-  constexpr std::int64_t kWarp = 32;
-  const std::int64_t threads = std::min<std::int64_t>(kThreads, (cols + kWarp - 1) / kWarp * kWarp);
-  // About kBlocks blocks in all, each thread going over several rows where there are more. (A
-  // block per row segment measured the same on an H200 — an upsampling of 16 planes to 2048x2048,
-  // 383 and 382 us — so block starts are not what holds these kernels back: README "GPU".)
-  constexpr std::int64_t kBlocks = 8192;
-  const std::int64_t x = std::min<std::int64_t>((cols + threads - 1) / threads, 1024);
-  const std::int64_t z = std::min<std::int64_t>(planes, 65535);
-  const std::int64_t y =
-      std::clamp<std::int64_t>(kBlocks / (x * z), 1, std::min<std::int64_t>(rows, 65535));
-  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
-  for_each_plane_row_col<<<grid, static_cast<unsigned>(threads), 0, stream>>>(planes, rows, cols,
-                                                                              f);
+  const RowsLaunch l = rows_launch(planes, rows, cols, 1);
+  for_each_plane_row_col<<<l.grid, l.threads, 0, stream>>>(planes, rows, cols, f);
   check_launch(kernel);
 }
 
@@ -108,22 +120,14 @@ struct RowMajor {
   }
 };
 
-// Enqueues store_plane_row_col on `stream`, the grid as launch_rows makes it with a kUnroll-th
-// of the blocks across a row. A failed launch is an Error naming `kernel`.
+// Enqueues store_plane_row_col on `stream` (rows_launch with kUnroll columns a thread). A failed
+// launch is an Error naming `kernel`.
 template <typename Where, typename F>
 void store_at(const char* kernel, std::int64_t planes, std::int64_t rows, std::int64_t cols,
               cudaStream_t stream, Where where, F value) {
   if (planes <= 0 || rows <= 0 || cols <= 0) return;
-  constexpr std::int64_t kWarp = 32, kBlocks = 8192;
-  const std::int64_t threads = std::min<std::int64_t>(kThreads, (cols + kWarp - 1) / kWarp * kWarp);
-  const std::int64_t x =
-      std::min<std::int64_t>((cols + threads * kUnroll - 1) / (threads * kUnroll), 1024);
-  const std::int64_t z = std::min<std::int64_t>(planes, 65535);
-  const std::int64_t y =
-      std::clamp<std::int64_t>(kBlocks / (x * z), 1, std::min<std::int64_t>(rows, 65535));
-  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
-  store_plane_row_col<<<grid, static_cast<unsigned>(threads), 0, stream>>>(planes, rows, cols,
-                                                                           where, value);
+  const RowsLaunch l = rows_launch(planes, rows, cols, kUnroll);
+  store_plane_row_col<<<l.grid, l.threads, 0, stream>>>(planes, rows, cols, where, value);
   check_launch(kernel);
 }
 // store_at into the row-major array `out`: out[(p * rows + r) * cols + c] = value(p, r, c).

@@ -296,13 +296,7 @@ void batchnorm_sums(const T* x, const double* mean, double* sums, std::int64_t p
         sums, stream);
     return;
   }
-  launch_plane_reduce<1>(
-      "batchnorm_centered_square_sum", planes, plane,
-      [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[1]) {
-        const double d = double(x[p * plane + i]) - mean[p % channels];
-        acc[0] += d * d;
-      },
-      sums, stream);
+  batchnorm_centered_square_sums_if(x, mean, nullptr, sums, planes, channels, plane, stream);
 }
 
 template <typename T, typename S>
@@ -324,9 +318,9 @@ void batchnorm_centered_square_sums_if(const T* x, const double* mean, const int
                                        double* sums, std::int64_t planes, std::int64_t channels,
                                        std::int64_t plane, cudaStream_t stream) {
   launch_plane_reduce<1>(
-      "batchnorm_centered_square_sums_if", planes, plane,
+      "batchnorm_centered_square_sum", planes, plane,
       [=] __device__(std::int64_t p, std::int64_t i, double(&acc)[1]) {
-        if (*needed == 0) return;
+        if (needed != nullptr && *needed == 0) return;
         const double d = double(x[p * plane + i]) - mean[p % channels];
         acc[0] += d * d;
       },

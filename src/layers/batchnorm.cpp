@@ -71,10 +71,8 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
            comm_->size(Group::world) == 1;
   if (alone_) {
     kernel_->train_forward_alone(
-        x.local, layout_,
-        {.count = static_cast<double>(count_), .eps = spec_.eps, .momentum = spec_.momentum},
-        std::as_const(running_mean_.value).span(), std::as_const(running_var_.value).span(),
-        !running_in_kernel_, weight, bias, y.local);
+        x.local, layout_, training(), std::as_const(running_mean_.value).span(),
+        std::as_const(running_var_.value).span(), !running_in_kernel_, weight, bias, y.local);
     running_in_kernel_ = true;
     return y;
   }
@@ -86,23 +84,14 @@ DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& st
   if (mode_ == Mode::train) {
     TESSERA_CHECK(comm_ != nullptr,
                   "layer '" + this->name() + "' (batchnorm2d): forward before bind");
-    const double count = static_cast<double>(count_);
     const std::string what = "batch-norm statistics of layer '" + this->name() + "'";
-    // One pass over x around K, the running mean (the same on every rank), reduced in one
-    // message; a second pass where that lost precision (batch_statistics: the first steps of an
-    // input far from zero, a non-finite value). Every rank decides the same: from the reduced
-    // sums.
-    std::vector<double> shift(channels), var(channels);
-    for (std::size_t c = 0; c < channels; ++c)
-      shift[c] = double(running_mean[c]);
-    batch_statistics(*kernel_, x.local, layout_, std::span<const double>(shift), count,
-                     std::span<double>(mean_), std::span<double>(var),
+    // One pass over x around the running mean (the same on every rank), reduced in one message;
+    // a second pass where that lost precision (batch_statistics: the first steps of an input far
+    // from zero, a non-finite value). Every rank decides the same: from the reduced sums.
+    batch_statistics(*kernel_, x.local, layout_, training(), running_mean_.value.span(),
+                     running_var_.value.span(), std::span<double>(mean_),
+                     std::span<double>(invstd_),
                      [&](std::span<double> v) { allreduce_sum(*comm_, v, Group::world, what); });
-    for (std::size_t c = 0; c < channels; ++c) {
-      invstd_[c] = elementwise::batchnorm_invstd(var[c], spec_.eps);  // var biased
-      elementwise::batchnorm_update_running(running_mean[c], running_var[c], mean_[c], var[c],
-                                            spec_.momentum, count);
-    }
   } else {
     for (std::size_t c = 0; c < channels; ++c) {
       mean_[c] = double(running_mean[c]);

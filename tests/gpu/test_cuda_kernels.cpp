@@ -697,7 +697,9 @@ TEST(CudaLayers, BatchNormMatchesTheCpu) {
 template <typename T>
 void check_batch_norm_alone(const Shape4& s, double offset) {
   const auto C = static_cast<std::size_t>(s.c);
-  const double count = double(s.n * s.h * s.w), eps = 1e-5, momentum = offset != 0 ? 1.0 : 0.1;
+  const double count = double(s.n * s.h * s.w);
+  const BatchNormTraining training{
+      .count = count, .eps = 1e-5, .momentum = offset != 0 ? 1.0 : 0.1};
   const Tensor<T> weight = test::random_tensor<T>({1, 1, 1, s.c}, 15, 3),
                   bias = test::random_tensor<T>({1, 1, 1, s.c}, 15, 4);
   const Tensor<T> weightd = on_device(weight), biasd = on_device(bias);
@@ -718,19 +720,12 @@ void check_batch_norm_alone(const Shape4& s, double offset) {
                     dy = test::random_tensor<T>(s, 15, 20 + step);
     const Tensor<T> xd = on_device(x), dyd = on_device(dy);
     // The host path.
-    std::vector<double> shift(C), mean(C), var(C), invstd(C);
-    for (std::size_t c = 0; c < C; ++c)
-      shift[c] = double(running_mean.data()[c]);
-    bool second_pass = false;
-    batch_statistics(*host_path, xd, Layout::nchw, shift, count, mean, var,
-                     [&](std::span<double> v) { second_pass = v.size() == C; });
-    EXPECT_EQ(second_pass, offset != 0 && step != 1) << "the case meant to test that";
+    std::vector<double> mean(C), invstd(C);
     Tensor<T> want_mean = running_mean, want_var = running_var;
-    for (std::size_t c = 0; c < C; ++c) {
-      invstd[c] = elementwise::batchnorm_invstd(var[c], eps);
-      elementwise::batchnorm_update_running(want_mean.data()[c], want_var.data()[c], mean[c],
-                                            var[c], momentum, count);
-    }
+    bool second_pass = false;
+    batch_statistics(*host_path, xd, Layout::nchw, training, want_mean.span(), want_var.span(),
+                     mean, invstd, [&](std::span<double> v) { second_pass = v.size() == C; });
+    EXPECT_EQ(second_pass, offset != 0 && step != 1) << "the case meant to test that";
     const reference::BatchNormStats stats{mean, invstd};
     Tensor<T> want_y = device_tensor<T>(s), want_dx = device_tensor<T>(s);
     host_path->forward(xd, Layout::nchw, stats, device_span(weightd), device_span(biasd), want_y);
@@ -746,8 +741,7 @@ void check_batch_norm_alone(const Shape4& s, double offset) {
     host_path->backward_data(xd, dyd, Layout::nchw, stats, device_span(weightd), a, b, want_dx);
     // Alone: the running statistics loaded at the first step only.
     Tensor<T> y = device_tensor<T>(s), dx = device_tensor<T>(s);
-    alone->train_forward_alone(xd, Layout::nchw, {.count = count, .eps = eps, .momentum = momentum},
-                               std::as_const(running_mean).span(),
+    alone->train_forward_alone(xd, Layout::nchw, training, std::as_const(running_mean).span(),
                                std::as_const(running_var).span(), step != 1, device_span(weightd),
                                device_span(biasd), y);
     alone->train_backward_alone(xd, dyd, Layout::nchw, device_span(weightd), bias_gradd,

@@ -130,19 +130,24 @@ class BatchNormKernel {
   }
 };
 
-// BatchNorm2d's training statistics of the batch whose tile on this rank is x, with kernel k:
-// the sums of x - shift and (x - shift)^2 (shift: the running mean), `reduce`d over the ranks
-// that share the batch, then each channel's mean and biased variance
-// (elementwise::batchnorm_moments), with a second pass summing (x - mean)^2 (reduced too) where
-// any channel's one-pass moments are not conditioned. `count`: the values per channel in the
-// whole batch. `reduce(std::span<double>)` sums in place over those ranks (collective there) or,
-// with the batch on this rank alone, does nothing. The same on every rank that shares the batch.
+// BatchNorm2d's training statistics of the batch whose tile on this rank is x, with kernel k: the
+// sums of x - K and (x - K)^2 around K, the running mean, `reduce`d over the ranks that share the
+// batch, then each channel's mean and biased variance (elementwise::batchnorm_moments), with a
+// second pass summing (x - mean)^2 (reduced too) where any channel's one-pass moments are not
+// conditioned; then invstd (elementwise::batchnorm_invstd) and the running statistics updated
+// (elementwise::batchnorm_update_running). training.count: the values per channel in the whole
+// batch. `reduce(std::span<double>)` sums in place over those ranks (collective there) or, with
+// the batch on this rank alone, does nothing. The same on every rank that shares the batch.
 template <typename T, typename Reduce>
 void batch_statistics(const BatchNormKernel<T>& k, const Tensor<T>& x, Layout layout,
-                      std::span<const double> shift, double count, std::span<double> mean,
-                      std::span<double> var, Reduce&& reduce) {
-  const std::size_t channels = shift.size();
-  std::vector<double> sums(2 * channels);
+                      const BatchNormTraining& training, std::span<T> running_mean,
+                      std::span<T> running_var, std::span<double> mean, std::span<double> invstd,
+                      Reduce&& reduce) {
+  const std::size_t channels = running_mean.size();
+  const double count = training.count;
+  std::vector<double> shift(channels), var(channels), sums(2 * channels);
+  for (std::size_t c = 0; c < channels; ++c)
+    shift[c] = double(running_mean[c]);
   const std::span<double> sum(sums.data(), channels), square_sum(sums.data() + channels, channels);
   k.shifted_sums(x, layout, shift, sum, square_sum);
   reduce(std::span<double>(sums));  // one message
@@ -154,11 +159,17 @@ void batch_statistics(const BatchNormKernel<T>& k, const Tensor<T>& x, Layout la
     var[c] = m.var;
     conditioned = conditioned && m.conditioned;
   }
-  if (conditioned) return;
-  k.centered_square_sum(x, layout, std::span<const double>(mean), square_sum);
-  reduce(square_sum);
-  for (std::size_t c = 0; c < channels; ++c)
-    var[c] = square_sum[c] / count;
+  if (!conditioned) {
+    k.centered_square_sum(x, layout, std::span<const double>(mean), square_sum);
+    reduce(square_sum);
+    for (std::size_t c = 0; c < channels; ++c)
+      var[c] = square_sum[c] / count;
+  }
+  for (std::size_t c = 0; c < channels; ++c) {
+    invstd[c] = elementwise::batchnorm_invstd(var[c], training.eps);
+    elementwise::batchnorm_update_running(running_mean[c], running_var[c], mean[c], var[c],
+                                          training.momentum, count);
+  }
 }
 
 // Tessera's CPU batch norm: the threaded loops of batchnorm_kernels.hpp (the reference's

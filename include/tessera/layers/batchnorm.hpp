@@ -103,6 +103,9 @@ class BatchNorm2d final : public UnaryLayer<T> {
   // Brings the kernel's running statistics into running_mean_ and running_var_ where they are
   // newer. Local.
   void store_running();
+  BatchNormTraining training() const {
+    return {.count = static_cast<double>(count_), .eps = spec_.eps, .momentum = spec_.momentum};
+  }
 };
 
 }  // namespace tessera
