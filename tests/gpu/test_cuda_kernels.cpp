@@ -455,6 +455,9 @@ TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
   check_halo_copies({2, 3, 9, 70}, {{10, 19}, {4, 74}}, {{12, 16}, {5, 60}});
   // More rows than launch_rows gives blocks: its threads go over several rows.
   check_halo_copies({1, 1, 20000, 40}, {{10, 20010}, {4, 44}}, {{12, 20000}, {5, 40}});
+  // Rows wider than a block of threads (store_at's second to fourth columns of a thread), with
+  // a width no multiple of four.
+  check_halo_copies({2, 3, 9, 320}, {{10, 19}, {4, 324}}, {{12, 16}, {5, 310}});
   check_halo_copies_on_slices();
 }
 
@@ -500,6 +503,12 @@ void check_pooling() {
         .stride_w = 3,
         .pad_top = 1,
         .image = {{0, 9}, {0, 11}}}},
+      // Rows wider than a block of threads (store_rows' second to fourth columns of a thread).
+      {"2x2 stride 2, 1030 columns",
+       {1, 2, 4, 1030},
+       2,
+       515,
+       {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2, .image = {{0, 4}, {0, 1030}}}},
       {"window with a halo outside the image",
        {1, 3, 10, 9},
        4,
@@ -548,8 +557,7 @@ TEST(CudaLayers, PoolingMatchesTheReferenceBitForBit) {
 }
 
 template <typename T>
-void check_upsample() {
-  const Shape4 xs{2, 3, 5, 6};
+void check_upsample(const Shape4& xs) {
   for (const reference::UpsampleGeometry g :
        {reference::UpsampleGeometry{.scale_h = 2, .scale_w = 2},
         reference::UpsampleGeometry{.scale_h = 3, .scale_w = 2, .phase_h = 2, .phase_w = 1}}) {
@@ -568,8 +576,11 @@ void check_upsample() {
   }
 }
 TEST(CudaLayers, UpsamplingMatchesTheReferenceBitForBit) {
-  check_upsample<float>();
-  check_upsample<double>();
+  // 301 columns: rows wider than a block of threads (store_rows' second to fourth columns).
+  for (const Shape4 xs : {Shape4{2, 3, 5, 6}, Shape4{1, 2, 3, 301}}) {
+    check_upsample<float>(xs);
+    check_upsample<double>(xs);
+  }
 }
 
 template <typename T>

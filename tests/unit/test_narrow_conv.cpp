@@ -3,7 +3,8 @@
 // (the masked edges of all three passes), channel counts that fill no block of 8, non-square
 // kernels and unequal dilations, box kernels, zero padding in the kernel (before and after,
 // "same" and asymmetric, at row widths around the blocks and the filter's pieces); that the
-// filter gradients are the same on every run and add into dw; the cases they decline (padding
+// filter gradients are the same on every run and add into dw; streaming stores give the same
+// bits; the cases they decline (padding
 // past the kernel's span among them); and that the oneDNN backend plans NCHW for them.
 // Skipped where the CPU has no AVX-512. Single process.
 #include <gtest/gtest.h>
@@ -245,6 +246,40 @@ TEST(NarrowConv, MatchesTheReferenceWithPaddingAtEveryRowWidth) {
     const auto [c, o] = channels[w % 5];
     const auto [kernel, dilation] = geometry[w % 4];
     expect_both_match(same_case(1, c, o, kernel, dilation, 2, w, w % 3 == 0));
+  }
+}
+
+// With streaming stores for every output (a threshold of 0), where one pass over the input
+// channels writes the output (at most 8 of them: the forward from up to 8, backward-data from up to
+// 8 output channels) and its rows start on 64-byte lines (widths that are multiples of 16) or not,
+// the forward and backward-data give the same bits as with plain stores, and match the reference.
+TEST(NarrowConv, StreamsItsOutputWithTheSameBits) {
+  REQUIRE_NARROW_KERNELS();
+  struct Restore {
+    std::int64_t bytes = streaming_store_bytes();
+    ~Restore() { set_streaming_store_bytes(bytes); }
+  } restore;
+  const std::int64_t channels[][2] = {{3, 8}, {8, 8}, {8, 16}, {5, 3}, {24, 8}, {8, 12}};
+  for (const std::int64_t w : {16, 17, 32, 48, 64, 96, 100, 128, 160, 512}) {
+    for (const auto& [c, o] : channels) {
+      const Case k = same_case(2, c, o, 3, 1, 5, w, true);
+      const Tensor<float> x = random_tensor(k.x(), 1), wt = random_tensor(k.w(), 2);
+      const Tensor<float> dy = random_tensor(k.y(), 3), b = random_tensor({k.o, 1, 1, 1}, 4);
+      Tensor<float> y[2] = {Tensor<float>(k.y()), Tensor<float>(k.y())};
+      Tensor<float> dx[2] = {Tensor<float>(k.x()), Tensor<float>(k.x())};
+      for (int streaming = 0; streaming < 2; ++streaming) {
+        set_streaming_store_bytes(streaming ? 0 : std::int64_t{1} << 40);
+        std::unique_ptr<ConvKernel<float>> kernel = make(k);
+        ASSERT_NE(kernel, nullptr) << k.str();
+        kernel->forward(x, wt, b.span(), y[streaming]);
+        kernel->backward_data(dy, wt, dx[streaming]);
+        if (streaming) expect_both_match(k);
+      }
+      EXPECT_EQ(std::memcmp(y[0].data(), y[1].data(), y[0].numel() * sizeof(float)), 0)
+          << "forward, " << k.str();
+      EXPECT_EQ(std::memcmp(dx[0].data(), dx[1].data(), dx[0].numel() * sizeof(float)), 0)
+          << "backward-data, " << k.str();
+    }
   }
 }
 
