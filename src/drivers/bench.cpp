@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -28,6 +29,16 @@
 
 namespace tessera {
 namespace {
+
+// Whether `path` can be written, leaving it as it was: an existing file is opened for appending
+// (not truncated: a run that fails later keeps it), a new one is created and removed again.
+bool writable(const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  const bool ok = std::ofstream(path, std::ios::app).good();
+  if (ok && !existed) std::filesystem::remove(path, ec);
+  return ok;
+}
 
 using clock_type = std::chrono::steady_clock;
 
@@ -362,8 +373,8 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
                       " ranks but the job has " + std::to_string(size) + " (use mpiexec -n " +
                       std::to_string(o.grid.size()) + ")");
     spec = load_model(o.model);
-    if (root && !o.json.empty())
-      TESSERA_CHECK(std::ofstream(o.json).good(), "cannot write '" + o.json + "'");
+    check_outputs_apart({{"--json", o.json}}, {{"--model", o.model}});
+    if (root && !o.json.empty()) TESSERA_CHECK(writable(o.json), "cannot write '" + o.json + "'");
   });
   const Runtime runtime = make_runtime(world, o.grid, ro);
   std::optional<Model<T>> model;
@@ -489,9 +500,15 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["sgemm_gflops_per_rank"] = sgemm_min;
   j["peak_mib"] = peak_mib;
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
+    // Through a temporary file: a failed write leaves what was there.
+    const std::string temp = o.json + ".tmp";
+    std::ofstream f(temp, std::ios::trunc);
     f << j.dump(2) << "\n";
-    TESSERA_CHECK(f.good(), "cannot write '" + o.json + "'");
+    f.close();
+    TESSERA_CHECK(f.good(), "cannot write '" + o.json + "' (through '" + temp + "')");
+    std::error_code ec;
+    std::filesystem::rename(temp, o.json, ec);
+    TESSERA_CHECK(!ec, "cannot write '" + o.json + "': " + ec.message());
     out << "  wrote " << o.json << "\n";
   }
   return 0;

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <regex>
 #include <span>
 #include <sstream>
 #include <string>
@@ -49,6 +51,39 @@ extern "C" void on_stop_signal(int signal) {
 }
 
 }  // namespace
+
+void check_outputs_apart(const std::vector<NamedPath>& outputs,
+                         const std::vector<NamedPath>& inputs) {
+  namespace fs = std::filesystem;
+  const auto resolved = [](const std::string& path) {
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(path, ec);
+    return ec ? fs::absolute(path).lexically_normal() : p;
+  };
+  static const std::regex checkpoint(R"(checkpoint-\d+\.h5)");
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    const NamedPath& out = outputs[k];
+    if (out.path.empty()) continue;
+    const fs::path target = resolved(out.path);
+    // An input that is no file (a built-in model's name) cannot be overwritten; two outputs can
+    // be the same path before either exists.
+    const auto check = [&](const NamedPath& in, const char* what, bool output) {
+      std::error_code ec;
+      if (in.path.empty() || (!output && !fs::exists(in.path, ec))) return;
+      const fs::path source = resolved(in.path);
+      TESSERA_CHECK(target != source, out.option + " '" + out.path + "' is the " + in.option +
+                                          " file" + what + ": give it another path");
+      TESSERA_CHECK(!(fs::is_directory(source, ec) && target.parent_path() == source &&
+                      std::regex_match(target.filename().string(), checkpoint)),
+                    out.option + " '" + out.path + "' is a checkpoint in the " + in.option +
+                        " directory '" + in.path + "': give it another path");
+    };
+    for (const NamedPath& in : inputs)
+      check(in, " (the run reads it)", false);
+    for (std::size_t j = 0; j < k; ++j)
+      check(outputs[j], " (the run writes both)", true);
+  }
+}
 
 void install_stop_signals() {
   struct sigaction action {};

@@ -221,6 +221,8 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
     TESSERA_CHECK(o.mode == "train" || o.mode == "eval",
                   "bad mode '" + o.mode + "': expected train or eval");
     // Say so now rather than after the work: the dump's directory must exist.
+    check_outputs_apart({{"--dump", o.dump}},
+                        {{"--input", o.input}, {"--init", o.init}, {"--model", o.model}});
     if (!o.dump.empty()) {
       const auto dir = std::filesystem::path(o.dump).parent_path();
       TESSERA_CHECK(

@@ -194,9 +194,10 @@ void Predictor<T>::check_options() {
                                                "' does not exist");
       TESSERA_CHECK(!fs::is_directory(target),
                     "cannot write --output '" + o_.output + "': it is a directory");
-      TESSERA_CHECK(fs::weakly_canonical(target) != fs::weakly_canonical(o_.input),
-                    "--output '" + o_.output + "' is the --input file");
     }
+    check_outputs_apart(
+        {{"--output", o_.output}, {"--json", o_.json}},
+        {{"--input", o_.input}, {"--checkpoint", o_.checkpoint}, {"--model", o_.model}});
   });
   std::ostringstream c;
   c << o_.model << "|" << o_.checkpoint << "|" << o_.input << "|" << o_.output << "|";

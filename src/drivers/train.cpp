@@ -279,8 +279,9 @@ class Trainer {
   clock_type::time_point began_, window_began_;
   ActivityTimes window_activity_;  // activity_totals() when the log window began (pauses too)
   std::int64_t timed_steps_ = 0;
-  bool line_open_ = false;  // the updating progress line awaits its newline
-  std::string last_good_;   // the checkpoint this run last wrote or resumed from
+  bool line_open_ = false;   // the updating progress line awaits its newline
+  std::string last_good_;    // the checkpoint this run last wrote or resumed from
+  bool later_told_ = false;  // checkpoints of later steps than this run's were warned of
 };
 
 template <typename T>
@@ -397,7 +398,7 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
   state.window_counts.assign(window.counts().begin(), window.counts().end());
   // One rank writes; the others wait at the agreement, so a failed write stops every rank.
   const std::string path = checkpoint_path(o_.checkpoint_dir, step);
-  std::vector<std::string> prune_failures;
+  std::vector<std::string> prune_failures;  // and warnings, a line each
   agree(
       world_,
       [&] {
@@ -411,7 +412,16 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
         } catch (const Error& e) {
           throw Error(std::string(e.what()) + "; " + last_good_text());
         }
-        prune_failures = prune_checkpoints(o_.checkpoint_dir, o_.keep_checkpoints);
+        prune_failures = prune_checkpoints(o_.checkpoint_dir, o_.keep_checkpoints, step);
+        // Once: checkpoints of later steps are left alone, and a --resume would take them.
+        if (!later_told_) {
+          later_told_ = true;
+          for (const std::string& later : checkpoints_after(o_.checkpoint_dir, step))
+            prune_failures.push_back("'" + later + "' is of a later step than this run's " +
+                                     std::to_string(step) +
+                                     ": left as it is, not counted among the "
+                                     "--keep-checkpoints (a --resume tries the latest step first)");
+        }
       },
       "checkpoint agreement");
   last_good_ = path;
@@ -482,6 +492,11 @@ void Trainer<T>::check_options() {
     TESSERA_CHECK(o_.checkpoint_every == 0 || !o_.checkpoint_dir.empty(),
                   "--checkpoint-every needs --checkpoint-dir");
     TESSERA_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, "--val-fraction must be in [0, 1)");
+    check_outputs_apart({{"--metrics", o_.metrics}}, {{"--data", o_.data},
+                                                      {"--val-data", o_.val_data},
+                                                      {"--init", o_.init},
+                                                      {"--model", o_.model},
+                                                      {"--checkpoint-dir", o_.checkpoint_dir}});
   });
   // Every rank read its own model file and --config: a file that differs between nodes would
   // otherwise make the ranks run different programs.

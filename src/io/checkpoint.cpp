@@ -87,7 +87,10 @@ std::string checkpoint_path(const std::string& dir, std::int64_t step) {
   return (std::filesystem::path(dir) / ("checkpoint-" + std::to_string(step) + ".h5")).string();
 }
 
-std::vector<std::string> checkpoints_newest_first(const std::string& dir) {
+namespace {
+
+// The checkpoints of `dir` with their steps, the highest step first.
+std::vector<std::pair<std::int64_t, std::string>> checkpoints_by_step(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<std::pair<std::int64_t, std::string>> found;
   std::error_code ec;
@@ -105,19 +108,37 @@ std::vector<std::string> checkpoints_newest_first(const std::string& dir) {
     found.emplace_back(step, entry.path().string());
   }
   std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoints_newest_first(const std::string& dir) {
   std::vector<std::string> paths;
-  for (auto& [step, path] : found)
+  for (auto& [step, path] : checkpoints_by_step(dir))
     paths.push_back(std::move(path));
   return paths;
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep) {
+std::vector<std::string> checkpoints_after(const std::string& dir, std::int64_t step) {
+  std::vector<std::string> later;
+  for (auto& [s, path] : checkpoints_by_step(dir))
+    if (s > step) later.push_back(std::move(path));
+  return later;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep,
+                                           std::int64_t written) {
   namespace fs = std::filesystem;
   std::vector<std::string> remove;
-  const std::vector<std::string> all = checkpoints_newest_first(dir);
+  // Those of later steps are not this run's (another run's, or damaged files a resume skipped):
+  // counting them among the newest would remove what this run just wrote.
+  std::vector<std::string> ours;
+  for (auto& [step, path] : checkpoints_by_step(dir))
+    if (step <= written) ours.push_back(std::move(path));
   if (keep > 0)
-    for (std::size_t k = static_cast<std::size_t>(keep); k < all.size(); ++k)
-      remove.push_back(all[k]);
+    for (std::size_t k = static_cast<std::size_t>(keep); k < ours.size(); ++k)
+      remove.push_back(ours[k]);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (std::regex_match(entry.path().filename().string(), temporary_name()))

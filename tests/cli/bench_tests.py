@@ -82,6 +82,13 @@ def bench_errors(env):
     expect_error(env.tessera(2, "bench", "--image", "3x32x1"), "cannot be split")
     expect_error(env.tessera(2, "bench", "--json", env.path("no/such/dir/b.json"), "--image",
                              "3x16x16"), "cannot write")
+    # A run refused after its options were checked leaves an existing --json file as it was.
+    kept = env.path("kept.json")
+    kept.write_text("precious\n")
+    expect_error(env.tessera(2, "bench", "--json", kept, "--image", "3x60000x60000", "--steps",
+                             "1", "--sgemm", "0", "--membw", "0"), "per rank")
+    if kept.read_text() != "precious\n":
+        fail(f"a refused bench run changed its --json file: {kept.read_text()[:80]!r}")
     # How the CUDA backend picks cuDNN's algorithms: read at start-up on every machine, with or
     # without a GPU.
     os.environ["TESSERA_CUDNN_SEARCH"] = "fastest"

@@ -247,6 +247,23 @@ def predict_errors(env):
     r = env.tessera(2, "evaluate", "--checkpoint", ck, "--input", test, "--json",
                     env.path("nodir/e.json"))
     expect_error(r, "cannot write --json", "does not exist")
+    # An output that names a file the run reads (through a link too), or another output: refused
+    # before anything is written, the files as they were.
+    link = env.path("link.h5")
+    link.symlink_to(newest)
+    before = {p: p.read_bytes() for p in (newest, test)}
+    for command, args, words in [
+            ("predict", ["--checkpoint", newest, "--input", test, "--output", link],
+             ["--output", "is the --checkpoint file"]),
+            ("predict", ["--checkpoint", ck, "--input", test, "--output", newest],
+             ["is a checkpoint in the --checkpoint directory"]),
+            ("evaluate", ["--checkpoint", ck, "--input", test, "--json", test],
+             ["--json", "is the --input file"]),
+            ("evaluate", ["--checkpoint", ck, "--input", test, "--json", env.path("x.json"),
+                          "--output", env.path("x.json")], ["is the --output file"])]:
+        expect_error(env.tessera(2, command, *args), *words)
+    if any(p.read_bytes() != data for p, data in before.items()):
+        fail("a refused run changed a file it reads")
     # Evaluation needs labels.
     with h5py.File(test, "r") as f, h5py.File(env.path("nolabels.h5"), "w") as g:
         g["images"] = f["images"][()]

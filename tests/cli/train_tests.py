@@ -240,7 +240,8 @@ def flip_sign_bits(path, count=200):
 @scenario
 def train_checkpoints_trustworthy(env):
     """Checkpoints carry checksums; --resume takes the newest that verifies and says which it
-    skipped and why; --keep-checkpoints prunes old ones and stale temporary files; a diverged
+    skipped and why; --keep-checkpoints prunes old ones and stale temporary files, never this
+    run's newest or one of a later step; a diverged
     run never writes non-finite numbers; a full disk keeps the last checkpoint and ends cleanly."""
     common = [*SMALL[:8], "--batch", "4", "--val-samples", "0", "--log-every", "1",
               "--progress", "plain"]
@@ -278,6 +279,40 @@ def train_checkpoints_trustworthy(env):
     a, b = losses(env.path("straight.csv")), losses(env.path("resumed.csv"))
     if any(a[s] != b[s] for s in range(5, 13)):
         fail(f"expected the losses of the straight run after the resume: {a} vs {b}")
+    # Checkpoints of later steps than the run's (damaged files the resume skipped, another run's)
+    # are neither counted among the --keep-checkpoints nor removed, and are warned of once: the
+    # pruning keeps what this run resumed from and wrote.
+    later = env.path("later")
+    later.mkdir()
+    shutil.copy(straight / "checkpoint-4.h5", later)
+    for step in (100, 101, 102):
+        (later / f"checkpoint-{step}.h5").write_bytes(b"junk")
+    r = env.tessera(2, "train", *common, *every2, "--steps", "6", "--checkpoint-dir", later,
+                    "--resume", "--keep-checkpoints", "2")
+    expect_ok(r, "checkpoint-4.h5 (step 4)", "step 6/6",
+              "warning: '" + str(later / "checkpoint-102.h5") + "' is of a later step")
+    kept = sorted(p.name for p in later.iterdir())
+    if kept != sorted(f"checkpoint-{s}.h5" for s in (4, 6, 100, 101, 102)):
+        fail(f"expected this run's checkpoints 4 and 6 kept beside the later ones, found {kept}", r)
+    if r.output.count("is of a later step") != 3:
+        fail("expected each later checkpoint warned of once", r)
+    fresh = env.path("fresh")
+    fresh.mkdir()
+    shutil.copy(straight / "checkpoint-12.h5", fresh)
+    r = env.tessera(2, "train", *common, "--steps", "1", "--checkpoint-dir", fresh,
+                    "--keep-checkpoints", "1")
+    expect_ok(r, "step 1/1")
+    kept = sorted(p.name for p in fresh.iterdir())
+    if kept != ["checkpoint-1.h5", "checkpoint-12.h5"]:
+        fail(f"a fresh run's checkpoint is kept beside a later one, found {kept}", r)
+    # --metrics naming a file the run reads (here its --init checkpoint) is refused, the file as
+    # it was.
+    init = straight / "checkpoint-12.h5"
+    before = init.read_bytes()
+    r = env.tessera(2, "train", *common, "--steps", "1", "--init", init, "--metrics", init)
+    expect_error(r, "--metrics", "is the --init file")
+    if init.read_bytes() != before:
+        fail("a refused run changed its --init checkpoint", r)
     # Nothing verifies: an error, not a silent fresh start over the user's checkpoints.
     bad = env.path("bad")
     bad.mkdir()

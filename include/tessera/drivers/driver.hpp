@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/comm.hpp"
 #include "tessera/runtime.hpp"
@@ -30,6 +31,17 @@ decltype(auto) with_dtype(const std::string& dtype, F&& f) {
 // Every rank holds the same global loss: all throw an agreed Error together when it is not
 // finite, naming the step and `advice` ("try a smaller --lr"). Collective over the world group.
 void check_finite_loss(const Comm& comm, double loss, std::int64_t step, const std::string& advice);
+
+// A file a command reads or writes, named by its option ("--output").
+struct NamedPath {
+  std::string option, path;
+};
+// Throws unless each of `outputs` names a file apart from every one of `inputs` and from the other
+// outputs (compared after '.', '..' and symbolic links; empty paths are not compared), nor a
+// checkpoint (checkpoint-<step>.h5) in an input that is a directory (a checkpoint directory): a
+// run would otherwise destroy what it reads. Local.
+void check_outputs_apart(const std::vector<NamedPath>& outputs,
+                         const std::vector<NamedPath>& inputs);
 
 // Stop requests. SIGUSR1 (what a batch script forwards when Slurm warns of the time limit,
 // `#SBATCH --signal=B:USR1@120`) and SIGTERM (scancel, preemption) only set a flag here; a

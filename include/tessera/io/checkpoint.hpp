@@ -49,10 +49,16 @@ std::vector<std::string> checkpoints_newest_first(const std::string& dir);
 // checksum; otherwise an Error saying what is wrong (truncated, not HDF5, damaged dataset...).
 void verify_checkpoint(const std::string& path);
 
-// Removes all but the `keep` newest checkpoints of `dir` (keep 0: removes none) and the temporary
-// files writers left behind (.checkpoint-<step>.h5.tmp.<pid>). Returns a line per file it could not
-// remove (the reason), empty when all went well.
-std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep);
+// The checkpoints of `dir` of steps later than `step`, the latest first. Local.
+std::vector<std::string> checkpoints_after(const std::string& dir, std::int64_t step);
+
+// Removes all but the `keep` newest checkpoints of `dir` up to step `written` (the one just
+// written: it is always kept; keep 0 removes none), and the temporary files writers left behind
+// (.checkpoint-<step>.h5.tmp.<pid>). Checkpoints of later steps are neither counted nor removed:
+// another run's, or damaged files that a resume skipped. Returns a line per file it could not
+// remove (the reason), empty when all went well. Local.
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep,
+                                           std::int64_t written);
 
 // Writes `path` all or nothing. A parameter, buffer or optimizer state holding NaN or infinity
 // is an Error naming it, and nothing is written: a checkpoint always holds finite numbers.
