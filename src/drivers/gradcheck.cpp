@@ -220,6 +220,9 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
     check_dtype(o.dtype, ro);
     TESSERA_CHECK(o.mode == "train" || o.mode == "eval",
                   "bad mode '" + o.mode + "': expected train or eval");
+    TESSERA_CHECK(o.rtol >= 0 && std::isfinite(o.rtol),
+                  "--rtol must be a finite number >= 0 (0: the default of the dtype), got " +
+                      std::to_string(o.rtol));
     // Say so now rather than after the work: the dump's directory must exist.
     check_outputs_apart({{"--dump", o.dump}},
                         {{"--input", o.input}, {"--init", o.init}, {"--model", o.model}});

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -604,7 +605,15 @@ void Trainer<T>::build() {
   }
   sampler_.emplace(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
   steps_per_epoch_ = sampler_->batches_per_epoch();
-  total_steps_ = o_.steps > 0 ? o_.steps : std::max<std::int64_t>(o_.epochs, 1) * steps_per_epoch_;
+  const std::int64_t epochs = std::max<std::int64_t>(o_.epochs, 1);
+  agree(world_, [&] {
+    TESSERA_CHECK(o_.steps > 0 || steps_per_epoch_ <= 0 ||
+                      epochs <= std::numeric_limits<std::int64_t>::max() / steps_per_epoch_,
+                  "--epochs " + std::to_string(o_.epochs) + " of " +
+                      std::to_string(steps_per_epoch_) +
+                      " steps each is more steps than a run can count: give fewer");
+  });
+  total_steps_ = o_.steps > 0 ? o_.steps : epochs * steps_per_epoch_;
   schedule_ = o_.schedule;
   schedule_.total_steps = total_steps_;
 

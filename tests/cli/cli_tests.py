@@ -244,6 +244,12 @@ def grid_mismatch(env):
 
 
 @scenario
+def bad_rtol(env):
+    for rtol in ["-1", "nan", "inf"]:
+        expect_error(env.tessera(2, "gradcheck", "--rtol", rtol), "--rtol must be a finite number")
+
+
+@scenario
 def bad_grid_string(env):
     for grid in ["2x2", "1x0x2", "1x2x2x", "axbxc"]:
         r = env.tessera(2, "gradcheck", "--grid", grid)

@@ -476,6 +476,8 @@ def train_errors(env):
                              "--checkpoint-every", "-1"), "--checkpoint-every", "negative")
     expect_error(env.tessera(2, "train", *SMALL, "--val-fraction", "-0.5"), "--val-fraction",
                  "[0, 1)")
+    expect_error(env.tessera(2, "train", *SMALL, "--epochs", "4611686018427387904"), "--epochs",
+                 "more steps than a run can count")
     # Bad optimizer and schedule values are refused before the first step, not mid-run.
     expect_error(env.tessera(2, "train", *SMALL, "--lr", "-1"), "--lr", ">= 0")
     expect_error(env.tessera(2, "train", *SMALL, "--lr-schedule", "step", "--lr-step-size", "0"),
