@@ -500,15 +500,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["sgemm_gflops_per_rank"] = sgemm_min;
   j["peak_mib"] = peak_mib;
   if (!o.json.empty()) {
-    // Through a temporary file: a failed write leaves what was there.
-    const std::string temp = o.json + ".tmp";
-    std::ofstream f(temp, std::ios::trunc);
-    f << j.dump(2) << "\n";
-    f.close();
-    TESSERA_CHECK(f.good(), "cannot write '" + o.json + "' (through '" + temp + "')");
-    std::error_code ec;
-    std::filesystem::rename(temp, o.json, ec);
-    TESSERA_CHECK(!ec, "cannot write '" + o.json + "': " + ec.message());
+    write_text_file(o.json, j.dump(2) + "\n", "--json");
     out << "  wrote " << o.json << "\n";
   }
   return 0;

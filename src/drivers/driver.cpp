@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
-#include <regex>
 #include <span>
 #include <sstream>
 #include <string>
@@ -18,6 +17,7 @@
 
 #include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
+#include "tessera/io/checkpoint.hpp"
 
 namespace tessera {
 
@@ -60,7 +60,6 @@ void check_outputs_apart(const std::vector<NamedPath>& outputs,
     const fs::path p = fs::weakly_canonical(path, ec);
     return ec ? fs::absolute(path).lexically_normal() : p;
   };
-  static const std::regex checkpoint(R"(checkpoint-\d+\.h5)");
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     const NamedPath& out = outputs[k];
     if (out.path.empty()) continue;
@@ -73,16 +72,28 @@ void check_outputs_apart(const std::vector<NamedPath>& outputs,
       const fs::path source = resolved(in.path);
       TESSERA_CHECK(target != source, out.option + " '" + out.path + "' is the " + in.option +
                                           " file" + what + ": give it another path");
-      TESSERA_CHECK(!(fs::is_directory(source, ec) && target.parent_path() == source &&
-                      std::regex_match(target.filename().string(), checkpoint)),
-                    out.option + " '" + out.path + "' is a checkpoint in the " + in.option +
-                        " directory '" + in.path + "': give it another path");
+      if (!fs::is_directory(source, ec)) return;
+      for (const std::string& c : checkpoints_newest_first(source.string()))
+        TESSERA_CHECK(resolved(c) != target,
+                      out.option + " '" + out.path + "' is a checkpoint in the " + in.option +
+                          " directory '" + in.path + "': give it another path");
     };
     for (const NamedPath& in : inputs)
       check(in, " (the run reads it)", false);
     for (std::size_t j = 0; j < k; ++j)
       check(outputs[j], " (the run writes both)", true);
   }
+}
+
+void write_text_file(const std::string& path, const std::string& text, const std::string& what) {
+  const std::string temp = path + ".tmp";
+  std::ofstream f(temp, std::ios::trunc);
+  f << text;
+  f.close();
+  TESSERA_CHECK(f.good(), "cannot write " + what + " '" + path + "' (through '" + temp + "')");
+  std::error_code ec;
+  std::filesystem::rename(temp, path, ec);
+  TESSERA_CHECK(!ec, "cannot write " + what + " '" + path + "': " + ec.message());
 }
 
 void install_stop_signals() {

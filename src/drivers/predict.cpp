@@ -575,14 +575,7 @@ void Predictor<T>::report() {
   }
   agree(world_, [&] {
     if (!root() || o_.json.empty()) return;
-    const std::string temp = o_.json + ".tmp";
-    std::ofstream f(temp, std::ios::trunc);
-    f << json_text;
-    f.close();
-    TESSERA_CHECK(f.good(), "cannot write --json '" + o_.json + "'");
-    std::error_code ec;
-    fs::rename(temp, o_.json, ec);
-    TESSERA_CHECK(!ec, "cannot write --json '" + o_.json + "': " + ec.message());
+    write_text_file(o_.json, json_text, "--json");
   });
   if (!root()) return;
   out_ << "evaluation: " << images_ << " images of '" << o_.input << "'";

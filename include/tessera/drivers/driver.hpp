@@ -37,11 +37,16 @@ struct NamedPath {
   std::string option, path;
 };
 // Throws unless each of `outputs` names a file apart from every one of `inputs` and from the other
-// outputs (compared after '.', '..' and symbolic links; empty paths are not compared), nor a
-// checkpoint (checkpoint-<step>.h5) in an input that is a directory (a checkpoint directory): a
-// run would otherwise destroy what it reads. Local.
+// outputs (compared after '.', '..' and symbolic links; empty paths are not compared), nor one of
+// the checkpoints in an input that is a directory (a checkpoint directory): a run would otherwise
+// destroy what it reads. Inputs that do not exist (a built-in model's name) are not compared.
+// Local.
 void check_outputs_apart(const std::vector<NamedPath>& outputs,
                          const std::vector<NamedPath>& inputs);
+
+// Writes `text` to `path` through `path`.tmp and a rename: a failed write leaves what was there.
+// An Error says "cannot write <what> '<path>'" and why. Local.
+void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 
 // Stop requests. SIGUSR1 (what a batch script forwards when Slurm warns of the time limit,
 // `#SBATCH --signal=B:USR1@120`) and SIGTERM (scancel, preemption) only set a flag here; a
