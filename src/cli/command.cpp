@@ -242,7 +242,10 @@ bool parse(const std::string& command, const std::string& summary,
       if (vm.count("config")) {
         const std::string path = vm["config"].as<std::string>();
         TESSERA_CHECK(std::filesystem::exists(path), "config file '" + path + "' does not exist");
+        TESSERA_CHECK(!std::filesystem::is_directory(path),
+                      "config file '" + path + "' is a directory");
         std::ifstream in(path);
+        TESSERA_CHECK(in.good(), "cannot read the config file '" + path + "'");
         // The common options too: `timeout = 1200` and `wait = sleep` belong in a job's file.
         po::store(po::parse_config_file(in, all), vm);
       }

@@ -16,6 +16,7 @@
 
 #include "command.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/drivers/driver.hpp"
 #include "tessera/error.hpp"
 #include "tessera/io/hdf5.hpp"
 #include "tessera/synthetic.hpp"
@@ -165,6 +166,11 @@ void write_dataset(SyntheticDataset& data, const Request& r, h5::File& file, std
       }
       done += box.size() * (c * (r.uint8 ? 1 : 4) + (per_pixel ? 4 : 0));
       progress.update(s + (box.h.end == h ? 1 : 0), n, done);
+      // SIGTERM (scancel, kill) or SIGUSR1: the temporary file goes (h5::write_atomically), the
+      // target stays as it was. Rank 0 alone writes, so its own signal decides.
+      if (const int signal = stop_signal())
+        throw Error("stopped by " + signal_name(signal) + " after " + std::to_string(s) + " of " +
+                    std::to_string(n) + " samples: nothing written to '" + r.output + "'");
     }
   }
   if (!per_pixel) file.write<std::int32_t>("/labels", image_labels, {n});

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   // forwarded by its batch script) ended the rank with the signal's default action.
   const std::string first = argc > 1 ? argv[1] : "";
   std::string early_error;
-  if (first == "train" || first == "predict" || first == "evaluate") {
+  if (first == "train" || first == "predict" || first == "evaluate" || first == "datagen") {
     try {
       tessera::install_stop_signals();
     } catch (const tessera::Error& e) {

@@ -24,7 +24,7 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
                                                  "validation set (HDF5, same layout)")(
       "val-fraction", po::value(&o.val_fraction)->default_value(0),
       "or validate on this last fraction of --data")("grid", po::value(&grid), kGridHelp)(
-      "epochs", po::value(&o.epochs)->default_value(0, "1"), "epochs to train")(
+      "epochs", po::value(&o.epochs)->default_value(o.epochs), "epochs to train")(
       "steps", po::value(&o.steps)->default_value(0),
       "steps to train; overrides --epochs (0: --epochs decides)")(
       "batch", po::value(&o.batch)->default_value(o.batch),

@@ -30,16 +30,6 @@
 namespace tessera {
 namespace {
 
-// Whether `path` can be written, leaving it as it was: an existing file is opened for appending
-// (not truncated: a run that fails later keeps it), a new one is created and removed again.
-bool writable(const std::string& path) {
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
-  const bool ok = std::ofstream(path, std::ios::app).good();
-  if (ok && !existed) std::filesystem::remove(path, ec);
-  return ok;
-}
-
 using clock_type = std::chrono::steady_clock;
 
 // The numbers one rank measured, flattened so that one reduction gives their maximum over ranks:
@@ -374,7 +364,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
                       std::to_string(o.grid.size()) + ")");
     spec = load_model(o.model);
     check_outputs_apart({{"--json", o.json}}, {{"--model", o.model}});
-    if (root && !o.json.empty()) TESSERA_CHECK(writable(o.json), "cannot write '" + o.json + "'");
+    if (root && !o.json.empty()) check_writable(o.json, "--json");
   });
   const Runtime runtime = make_runtime(world, o.grid, ro);
   std::optional<Model<T>> model;
@@ -385,6 +375,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
     // Before anything the size of the image is allocated or computed.
     check_run_memory(spec, {.grid = o.grid, .input = input, .dtype = o.dtype}, memory);
     model.emplace(spec, runtime, input);
+    model->check_trainable();
   });
   model->init_params(o.seed);
   model->set_input_grad(false);  // as in training

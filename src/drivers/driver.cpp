@@ -1,6 +1,7 @@
 #include "tessera/drivers/driver.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 
@@ -85,15 +86,53 @@ void check_outputs_apart(const std::vector<NamedPath>& outputs,
   }
 }
 
+namespace {
+
+// A name beside `path` that no other process writes: `path`.tmp.<pid>.
+std::string temporary_beside(const std::string& path) {
+  return path + ".tmp." + std::to_string(::getpid());
+}
+
+}  // namespace
+
 void write_text_file(const std::string& path, const std::string& text, const std::string& what) {
-  const std::string temp = path + ".tmp";
+  const std::string temp = temporary_beside(path);
   std::ofstream f(temp, std::ios::trunc);
   f << text;
   f.close();
   TESSERA_CHECK(f.good(), "cannot write " + what + " '" + path + "' (through '" + temp + "')");
   std::error_code ec;
   std::filesystem::rename(temp, path, ec);
+  if (ec) std::filesystem::remove(temp, ec);
   TESSERA_CHECK(!ec, "cannot write " + what + " '" + path + "': " + ec.message());
+}
+
+void check_writable(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  TESSERA_CHECK(!fs::is_directory(path, ec),
+                "cannot write " + what + " '" + path + "': it is a directory");
+  const bool existed = fs::exists(path, ec);
+  const bool ok = std::ofstream(path, std::ios::app).good();
+  if (ok && !existed) fs::remove(path, ec);
+  const fs::path parent = fs::path(path).parent_path();
+  TESSERA_CHECK(ok, "cannot write " + what + " '" + path + "'" +
+                        (parent.empty() || fs::is_directory(parent, ec)
+                             ? std::string(" (is its directory writable?)")
+                             : ": the directory '" + parent.string() + "' does not exist"));
+}
+
+void check_writable_directory(const std::string& dir, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  TESSERA_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec),
+                "cannot use " + what + " '" + dir + "': it is a file, not a directory");
+  fs::create_directories(dir, ec);
+  TESSERA_CHECK(!ec, "cannot create " + what + " '" + dir + "': " + ec.message());
+  const std::string probe = temporary_beside((fs::path(dir) / ".tessera-write-test").string());
+  const bool ok = std::ofstream(probe).good();
+  fs::remove(probe, ec);
+  TESSERA_CHECK(ok, "cannot write in " + what + " '" + dir + "' (is it writable?)");
 }
 
 void install_stop_signals() {

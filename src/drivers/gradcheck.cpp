@@ -226,15 +226,12 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
     // Say so now rather than after the work: the dump's directory must exist.
     check_outputs_apart({{"--dump", o.dump}},
                         {{"--input", o.input}, {"--init", o.init}, {"--model", o.model}});
-    if (!o.dump.empty()) {
-      const auto dir = std::filesystem::path(o.dump).parent_path();
-      TESSERA_CHECK(
-          dir.empty() || std::filesystem::is_directory(dir),
-          "cannot write '" + o.dump + "': the directory '" + dir.string() + "' does not exist");
-    }
+    if (!o.dump.empty() && world.rank() == 0) check_writable(o.dump, "--dump");
     if (o.input.empty()) {
       TESSERA_CHECK(o.batch > 0 && o.height > 0 && o.width > 0,
                     "--batch, --height and --width must be positive");
+      TESSERA_CHECK(o.channels >= 0,
+                    "--channels must not be negative (0: the model's input channels)");
       return;
     }
     input.emplace(h5::File::open_read(o.input));
@@ -257,6 +254,7 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
         {.grid = o.grid, .input = shape, .dtype = o.dtype, .single_reference = grid.rank() == 0},
         memory);
     model.emplace(spec, runtime, shape);
+    model->check_trainable();
     const Shape4& g = model->output_distribution().global;
     if (input)
       TESSERA_CHECK(file_info.labels == (std::array<std::int64_t, 3>{g.n, g.h, g.w}),

@@ -174,12 +174,6 @@ void Predictor<T>::check_options() {
                       "': expected float16, float32 or float64");
     TESSERA_CHECK(!o_.output.empty() || o_.json.empty() || o_.evaluate,
                   "--json goes with evaluation");
-    if (!o_.json.empty()) {
-      const fs::path json(o_.json);
-      TESSERA_CHECK(!json.has_parent_path() || fs::is_directory(json.parent_path()),
-                    "cannot write --json '" + o_.json + "': the directory '" +
-                        json.parent_path().string() + "' does not exist");
-    }
     if (!o_.output.empty()) {
       TESSERA_CHECK(!o_.write.empty(), "--write names nothing to write");
       for (const std::string& w : o_.write)
@@ -198,6 +192,7 @@ void Predictor<T>::check_options() {
     check_outputs_apart(
         {{"--output", o_.output}, {"--json", o_.json}},
         {{"--input", o_.input}, {"--checkpoint", o_.checkpoint}, {"--model", o_.model}});
+    if (!o_.json.empty() && root()) check_writable(o_.json, "--json");
   });
   std::ostringstream c;
   c << o_.model << "|" << o_.checkpoint << "|" << o_.input << "|" << o_.output << "|";

@@ -98,14 +98,7 @@ class MetricsFile {
         const std::int64_t step = metrics_line_step(line, json_);
         if (step >= 0 && step <= resume_step) kept += line + "\n";
       }
-      const std::string temp = path + ".tmp";
-      std::ofstream t(temp, std::ios::trunc);
-      t << kept;
-      t.close();
-      TESSERA_CHECK(t, "cannot write the metrics file '" + path + "' (through '" + temp + "')");
-      std::error_code ec;
-      std::filesystem::rename(temp, path, ec);
-      TESSERA_CHECK(!ec, "cannot write the metrics file '" + path + "': " + ec.message());
+      write_text_file(path, kept, "the metrics file");
       out_.open(path, std::ios::app);
     } else {
       out_.open(path, std::ios::trunc);
@@ -187,8 +180,15 @@ class Trainer {
   // and the message; returns kExitStoppedResumable, or 1 without --checkpoint-dir. Collective.
   int stop(std::int64_t done, int signal);
   void open_data();
+  // The samples of `global_batch` that are this rank's. Collective over the world group: a bad
+  // sample (a non-finite pixel, a label outside the model's classes, an unreadable chunk) is one
+  // agreed Error, after rescue() has saved what was trained.
   void read_batch(const Split& split, std::span<const std::int64_t> global_batch, DistTensor<T>& x,
                   Labels& labels);
+  // After an agreed error that left the model as step done_ left it (a bad sample, found before
+  // the step or the validation read it): a checkpoint of step done_ unless one exists, so that
+  // nothing trained is lost. Returns what to tell the user. Collective over the world group.
+  std::string rescue();
   Record validate(std::int64_t step, std::int64_t epoch);
   void save(std::int64_t step, std::int64_t epoch);
   void print_summary();
@@ -274,7 +274,9 @@ class Trainer {
   std::optional<MetricsFile> metrics_;
   DistTensor<T> x_;  // the batch of a step: this rank's tile
   Labels labels_;
-  std::int64_t start_ = 0;  // the first step of this run
+  std::int64_t start_ = 0;   // the first step of this run
+  std::int64_t done_ = 0;    // the steps done: this run's and those it resumed from
+  std::int64_t saved_ = -1;  // the step of the last checkpoint written or resumed from
   // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
   // images per second count training only); steps since window_began_.
   clock_type::time_point began_, window_began_;
@@ -350,14 +352,39 @@ void Trainer<T>::read_batch(const Split& split, std::span<const std::int64_t> gl
     samples.push_back(
         split.index[static_cast<std::size_t>(global_batch[static_cast<std::size_t>(k)])]);
   const Distribution& out = model_->output_distribution();
-  agree(world_, [&] {
-    split.data->read(samples, x.dist.tile(), out.tile(), x.local, labels);
-    for (std::int32_t l : labels)
-      TESSERA_CHECK(l >= 0 && l < classes_, "a label is " + std::to_string(l) + ", outside [0, " +
-                                                std::to_string(classes_) +
-                                                "): the model predicts " +
-                                                std::to_string(classes_) + " classes");
-  });
+  try {
+    agree(world_, [&] {
+      split.data->read(samples, x.dist.tile(), out.tile(), x.local, labels);
+      for (std::int32_t l : labels)
+        TESSERA_CHECK(l >= 0 && l < classes_, "a label is " + std::to_string(l) + ", outside [0, " +
+                                                  std::to_string(classes_) +
+                                                  "): the model predicts " +
+                                                  std::to_string(classes_) + " classes");
+    });
+  } catch (const Error& e) {
+    if (!e.agreed()) throw;  // a timeout: no collective may follow
+    throw Error(std::string(e.what()) + "; " + rescue(), e.where(), /*agreed=*/true);
+  }
+}
+
+template <typename T>
+std::string Trainer<T>::rescue() {
+  const std::string verify = "(--verify-data checks every sample before training)";
+  if (done_ == start_ && saved_ != done_) return "nothing was trained " + verify;
+  if (o_.checkpoint_dir.empty())
+    return "no --checkpoint-dir was given, so the " + std::to_string(done_ - start_) +
+           " steps of this run are lost " + verify;
+  if (saved_ == done_)
+    return "mend the data and --resume from " + last_good_ + " (step " + std::to_string(done_) +
+           ") " + verify;
+  try {
+    save(done_, done_ / steps_per_epoch_);
+  } catch (const Error& e) {
+    if (!e.agreed()) throw;
+    return "the checkpoint of step " + std::to_string(done_) + " failed too: " + e.what();
+  }
+  return "checkpoint " + last_good_ + " of step " + std::to_string(done_) +
+         " written: mend the data and --resume from it " + verify;
 }
 
 template <typename T>
@@ -426,6 +453,7 @@ void Trainer<T>::save(std::int64_t step, std::int64_t epoch) {
       },
       "checkpoint agreement");
   last_good_ = path;
+  saved_ = step;
   for (const std::string& failure : prune_failures) {
     if (line_open_) out_ << "\n";
     line_open_ = false;
@@ -486,6 +514,8 @@ void Trainer<T>::check_options() {
     TESSERA_CHECK(o_.log_every > 0, "--log-every must be positive");
     TESSERA_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
     TESSERA_CHECK(o_.epochs >= 0 && o_.steps >= 0, "--epochs and --steps must not be negative");
+    TESSERA_CHECK(o_.epochs > 0 || o_.steps > 0,
+                  "--epochs 0 trains nothing: give --epochs or --steps");
     TESSERA_CHECK(o_.checkpoint_every >= 0, "--checkpoint-every must not be negative");
     TESSERA_CHECK(o_.keep_checkpoints >= 0,
                   "--keep-checkpoints must not be negative (0: keep all)");
@@ -498,6 +528,10 @@ void Trainer<T>::check_options() {
                                                       {"--init", o_.init},
                                                       {"--model", o_.model},
                                                       {"--checkpoint-dir", o_.checkpoint_dir}});
+    // Rank 0 writes them: found now, not after the first --checkpoint-every steps.
+    if (root() && !o_.checkpoint_dir.empty())
+      check_writable_directory(o_.checkpoint_dir, "--checkpoint-dir");
+    if (root() && !o_.metrics.empty()) check_writable(o_.metrics, "--metrics");
   });
   // Every rank read its own model file and --config: a file that differs between nodes would
   // otherwise make the ranks run different programs.
@@ -546,6 +580,7 @@ void Trainer<T>::build() {
                       .sample_order_bytes = saturating_mul(order, sizeof(std::int64_t))},
                      memory_);
     model_.emplace(spec_, *runtime_, image);
+    model_->check_trainable();
     const Shape4 out = model_->output_distribution().global;
     classes_ = out.c;
     if (!train_data_) {
@@ -605,7 +640,7 @@ void Trainer<T>::build() {
   }
   sampler_.emplace(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
   steps_per_epoch_ = sampler_->batches_per_epoch();
-  const std::int64_t epochs = std::max<std::int64_t>(o_.epochs, 1);
+  const std::int64_t epochs = o_.epochs;
   agree(world_, [&] {
     TESSERA_CHECK(o_.steps > 0 || steps_per_epoch_ <= 0 ||
                       epochs <= std::numeric_limits<std::int64_t>::max() / steps_per_epoch_,
@@ -693,6 +728,7 @@ std::int64_t Trainer<T>::resume() {
                 window_confusion_->counts().begin());
   });
   last_good_ = path;
+  if (!path.empty()) saved_ = start;
   if (root()) {
     out_ << "  resume: ";
     if (path.empty())
@@ -853,7 +889,7 @@ void Trainer<T>::finish() {
 template <typename T>
 int Trainer<T>::stop(std::int64_t done, int signal) {
   const bool keep = !o_.checkpoint_dir.empty();
-  if (keep && !checkpoint_due(done)) save(done, done / steps_per_epoch_);  // else after_step did
+  if (keep && saved_ != done) save(done, done / steps_per_epoch_);  // else after_step did
   if (root()) {
     if (line_open_) out_ << "\n";
     line_open_ = false;
@@ -881,9 +917,11 @@ int Trainer<T>::run() {
   print_summary();
   began_ = window_began_ = clock_type::now();
   window_activity_ = activity_totals();
+  done_ = start_;
   for (std::int64_t done = start_; !should_stop(done);) {
     const double lr = step(done);
-    after_step(++done, lr);
+    done_ = ++done;
+    after_step(done, lr);
     // Every rank stops after the same step when any of them was signalled (agreed per step).
     if (should_stop(done)) break;
     if (const int signal = agreed_stop_signal(world_)) return stop(done, signal);

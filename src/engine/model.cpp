@@ -524,6 +524,12 @@ std::int64_t Model<T>::parameter_count() {
 }
 
 template <typename T>
+void Model<T>::check_trainable() const {
+  for (const Node& node : nodes_)
+    node.layer->check_trainable();
+}
+
+template <typename T>
 void Model<T>::init_params(std::uint64_t seed) {
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     auto ps = nodes_[k].layer->params();

@@ -218,6 +218,7 @@ File File::create_parallel(const std::string& path, const Comm& comm) {
 #endif
   File file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), path);
   file.parallel_ = true;
+  file.shared_ = comm.size(Group::world) > 1;
   agree(comm, [&] {
     if (file.id_ < 0) H5Eclear2(H5E_DEFAULT);
     TESSERA_CHECK(file.id_ >= 0, "cannot create '" + path + "' (is the directory writable?)");
@@ -251,7 +252,10 @@ std::vector<unsigned char> File::image() {
 }
 
 File::File(File&& other) noexcept
-    : id_(other.id_), path_(std::move(other.path_)), parallel_(other.parallel_) {
+    : id_(other.id_),
+      path_(std::move(other.path_)),
+      parallel_(other.parallel_),
+      shared_(other.shared_) {
   other.id_ = -1;
 }
 
@@ -259,6 +263,7 @@ File& File::operator=(File&& other) noexcept {
   std::swap(id_, other.id_);
   std::swap(path_, other.path_);
   std::swap(parallel_, other.parallel_);
+  std::swap(shared_, other.shared_);
   return *this;
 }
 
@@ -657,7 +662,12 @@ void File::write_box(const std::string& dataset, std::span<const T> data,
   if (H5Dwrite(d, native<T>(), mem_space, file_space, transfer,
                elements == 0 ? &nothing : data.data()) < 0) {
     H5Eclear2(H5E_DEFAULT);
-    throw Error("cannot write '" + dataset + "' to '" + path_ + "' (is the disk full?)");
+    const std::string m = "cannot write '" + dataset + "' to '" + path_ + "' (is the disk full?)";
+    // The other ranks may be waiting inside HDF5's collective write (see hdf5.hpp).
+    if (shared_)
+      throw Error(m + "; the other ranks may be inside the collective write still, so the job ends",
+                  fatal);
+    throw Error(m);
   }
 }
 

@@ -29,10 +29,7 @@ Distribution BatchNorm2d<T>::setup(const Distribution& in) {
   require_spatial(who, in);
   const Shape4& s = in.global;
   count_ = s.n * s.h * s.w;
-  // Known from the global shape, so every rank refuses it here, before any collective work.
-  TESSERA_CHECK(count_ > 1,
-                who + ": expected more than 1 value per channel when training, but its input " +
-                    s.str() + " has N * H * W = 1 (a batch variance needs two values)");
+  shape_ = s;
   const Shape4 c{s.c, 1, 1, 1};
   weight_ = this->make_param("weight", c, T(1));
   bias_ = this->make_param("bias", c);
@@ -42,9 +39,20 @@ Distribution BatchNorm2d<T>::setup(const Distribution& in) {
 }
 
 template <typename T>
+void BatchNorm2d<T>::check_trainable() const {
+  // Known from the global shape: every rank refuses it alike, before any collective work.
+  TESSERA_CHECK(count_ > 1, "layer '" + this->name() +
+                                "' (batchnorm2d): expected more than 1 value per channel when "
+                                "training, but its input " +
+                                shape_.str() +
+                                " has N * H * W = 1 (a batch variance needs two values)");
+}
+
+template <typename T>
 DistTensor<T> BatchNorm2d<T>::forward(const DistTensor<T>& x, const RunState& state) {
   TESSERA_CHECK(kernel_ != nullptr,
                 "layer '" + this->name() + "' (batchnorm2d): forward before bind");
+  if (state.mode == Mode::train) check_trainable();
   const std::size_t channels = static_cast<std::size_t>(x.dist.global.c);
   mode_ = state.mode;
   layout_ = x.layout();

@@ -247,6 +247,10 @@ def grid_mismatch(env):
 def bad_rtol(env):
     for rtol in ["-1", "nan", "inf"]:
         expect_error(env.tessera(2, "gradcheck", "--rtol", rtol), "--rtol must be a finite number")
+    # Other gradcheck values it used to ignore or find late.
+    expect_error(env.tessera(2, "gradcheck", "--channels", "-1"), "--channels must not be negative")
+    expect_error(env.tessera(2, "gradcheck", "--dump", env.tmp), "cannot write --dump",
+                 "it is a directory")
 
 
 @scenario

@@ -247,6 +247,12 @@ def predict_errors(env):
     r = env.tessera(2, "evaluate", "--checkpoint", ck, "--input", test, "--json",
                     env.path("nodir/e.json"))
     expect_error(r, "cannot write --json", "does not exist")
+    # Found before the images are evaluated, not when the report is written.
+    r = env.tessera(2, "evaluate", "--checkpoint", ck, "--input", test, "--json", junk,
+                    "--progress", "plain")
+    expect_error(r, "cannot write --json", "it is a directory")
+    if "image " in r.output:
+        fail("expected --json refused before evaluating", r)
     # An output that names a file the run reads (through a link too), or another output: refused
     # before anything is written, the files as they were.
     link = env.path("link.h5")
@@ -285,7 +291,8 @@ def predict_errors(env):
 def predict_disk_full(env):
     """A filesystem too small for the output: refused up front when the size is known; with
     --compress the write fails mid-run and the job ends (MPI_Abort: HDF5 cannot close a parallel
-    file after a failed write) without a hang, a crash or a file left behind, on 1 and 2 ranks."""
+    file after a failed write) without a hang, a crash or a file left behind, on 1 and 2 ranks,
+    also where it fills up in a later write on one rank alone."""
     ck, test = trained(env)
     small = env.path("small")
     small.mkdir()
@@ -293,31 +300,52 @@ def predict_disk_full(env):
                                          small]).rc != 0:
         print("SKIP: mounting a small tmpfs needs root")
         sys.exit(base.SKIP)
-    try:
-        out = small / "o.h5"
-        args = ["predict", "--checkpoint", ck, "--input", test, "--output", out, "--write",
-                "labels,probabilities,logits", "--dtype", "float64"]
-        expect_error(env.tessera(2, *args), "needs about", "free", "--compress")
-        for ranks in (1, 2):
-            r = env.tessera(ranks, *args, "--compress", "1", "--grid", f"1x1x{ranks}")
-            if r.rc == 0 or "is the disk full?" not in r.output or "was not written" not in r.output:
-                fail("expected the full disk to end the run with its message", r)
-            for marker in ("Segmentation fault", "core dumped", "HDF5-DIAG", "Traceback",
-                           "APPLICATION TIMED OUT"):
-                if marker in r.output:
-                    fail(f"expected no {marker!r} after a full disk", r)
-            left = sorted(p.name for p in small.iterdir())
-            if left:
-                fail(f"expected nothing left on the full filesystem, found {left}", r)
-    finally:
+
+    def unmount():
         # Aborted ranks may hold the filesystem a moment longer: retry, then detach it lazily.
         import time
         for _ in range(20):
             if env.run_cmd(["umount", small]).rc == 0:
-                break
+                return
             time.sleep(0.5)
-        else:
-            env.run_cmd(["umount", "-l", small])
+        env.run_cmd(["umount", "-l", small])
+
+    def fills_up(r):
+        if r.rc == 0 or "is the disk full?" not in r.output or "was not written" not in r.output:
+            fail("expected the full disk to end the run with its message", r)
+        # "timeout:": a rank whose write failed waited for ranks still inside HDF5's collective
+        # write of compressed chunks (before, until --timeout; 600 s by default).
+        for marker in ("Segmentation fault", "core dumped", "HDF5-DIAG", "Traceback",
+                       "APPLICATION TIMED OUT", "timeout:"):
+            if marker in r.output:
+                fail(f"expected no {marker!r} after a full disk", r)
+        left = sorted(p.name for p in small.iterdir())
+        if left:
+            fail(f"expected nothing left on the full filesystem, found {left}", r)
+
+    args = ["predict", "--checkpoint", ck, "--input", test, "--write",
+            "labels,probabilities,logits", "--dtype", "float64", "--timeout", "30"]
+    try:
+        out = small / "o.h5"
+        expect_error(env.tessera(2, *args, "--output", out), "needs about", "free", "--compress")
+        for ranks in (1, 2):
+            fills_up(env.tessera(ranks, *args, "--output", out, "--compress", "1", "--grid",
+                                 f"1x1x{ranks}"))
+    finally:
+        unmount()
+    # Room for part of the compressed output: the disk fills up in a later write, where one
+    # rank's write can fail while the other's goes on into the collective's next steps.
+    whole = env.path("whole.h5")
+    expect_ok(env.tessera(2, *args, "--output", whole, "--compress", "1"))
+    size = whole.stat().st_size
+    for part in (2, 3):
+        room = size * part // 4 // 4096 * 4
+        if env.run_cmd(["mount", "-t", "tmpfs", "-o", f"size={room}k", "tmpfs", small]).rc != 0:
+            fail(f"could mount a tmpfs of 64k but not of {room}k")
+        try:
+            fills_up(env.tessera(2, *args, "--output", small / "o.h5", "--compress", "1"))
+        finally:
+            unmount()
 
 
 @scenario

@@ -372,7 +372,8 @@ def train_checkpoints_trustworthy(env):
 def train_data_integrity(env):
     """Bad data never trains: unwritten samples, damaged chunks, a file that changes under the job
     and different files behind one path on different ranks are errors naming the file; --verify-data
-    checks every sample (finite, labels in range, the checksums tessera datagen writes)."""
+    checks every sample (finite, labels in range, the checksums tessera datagen writes); a bad
+    sample found mid-run saves what was trained first."""
     import h5py
     import numpy as np
     import zlib
@@ -433,6 +434,31 @@ def train_data_integrity(env):
             f["images"], f["labels"] = im, lb
         expect_error(env.tessera(2, "train", *common, "--data", env.path(name), "--verify-data"),
                      phrase)
+    # A bad sample found mid-run (here in --val-data, read after the first epoch): what was
+    # trained is saved first, and --resume with mended data goes on from it.
+    epochs = ["--model", "unet-small", "--batch", "4", "--progress", "plain", "--epochs", "2",
+              "--data", good]
+    ck, val = env.path("ck-bad-val"), env.path("val.h5")
+    shutil.copy(env.path("labels.h5"), val)
+    expect_error(env.tessera(2, "train", *epochs, "--val-data", val, "--checkpoint-dir", ck),
+                 "a label is 5, outside [0, 2)", "checkpoint-2.h5 of step 2 written",
+                 "--resume", "--verify-data")
+    shutil.copy(good, val)
+    expect_ok(env.tessera(2, "train", *epochs, "--val-data", val, "--checkpoint-dir", ck,
+                          "--resume"), "checkpoint-2.h5 (step 2)", "step 4/4")
+    expect_error(env.tessera(2, "train", *epochs, "--val-data", env.path("nan.h5")),
+                 "holds nan in sample 2",
+                 "no --checkpoint-dir was given, so the 2 steps of this run are lost")
+    # Found in the first batch: nothing to save (no checkpoint of the untrained model).
+    im = images.copy()
+    im[:, 0, 0, 0] = np.nan
+    with h5py.File(env.path("all-nan.h5"), "w") as f:
+        f["images"], f["labels"] = im, labels
+    ck0 = env.path("ck-first-batch")
+    expect_error(env.tessera(2, "train", *common, "--data", env.path("all-nan.h5"),
+                             "--checkpoint-dir", ck0), "holds nan", "nothing was trained")
+    if any(ck0.iterdir()):
+        fail(f"expected no checkpoint after a bad first batch, found {list(ck0.iterdir())}")
     # Different files behind one path: rank 0 and rank 1 run in different directories.
     for d, seed in (("a", "1"), ("b", "2")):
         env.path(d).mkdir()
@@ -469,7 +495,16 @@ def train_errors(env):
     expect_error(env.tessera(2, "train", "--grid", "1x2x2"), "has 4 ranks")
     # An unwritable metrics file or a bad option value: one message, not an abort on rank 0.
     expect_error(env.tessera(2, "train", *SMALL, "--steps", "1", "--metrics",
-                             env.path("no-such-dir") / "m.csv"), "cannot write the metrics file")
+                             env.path("no-such-dir") / "m.csv"), "cannot write --metrics",
+                 "no-such-dir' does not exist")
+    # An unusable --checkpoint-dir is found before the first step, not at the first checkpoint.
+    env.path("a-file").write_text("not a directory\n")
+    for where, phrase in ((env.path("a-file"), "it is a file, not a directory"),
+                          (env.path("a-file") / "ck", "cannot create --checkpoint-dir")):
+        r = env.tessera(2, "train", *SMALL, "--steps", "1", "--checkpoint-dir", where)
+        expect_error(r, phrase)
+        if "step 1/" in r.output:
+            fail("expected the bad --checkpoint-dir refused before training", r)
     expect_error(env.tessera(2, "train", *SMALL, "--checkpoint-every", "2"),
                  "--checkpoint-every needs --checkpoint-dir")
     expect_error(env.tessera(2, "train", *SMALL, "--checkpoint-dir", env.path("c"),
@@ -478,6 +513,9 @@ def train_errors(env):
                  "[0, 1)")
     expect_error(env.tessera(2, "train", *SMALL, "--epochs", "4611686018427387904"), "--epochs",
                  "more steps than a run can count")
+    # --epochs 0 trained one epoch; a directory as --config was read as an empty file.
+    expect_error(env.tessera(2, "train", *SMALL, "--epochs", "0"), "--epochs 0 trains nothing")
+    expect_error(env.tessera(2, "train", *SMALL, "--config", env.tmp), "is a directory")
     # Bad optimizer and schedule values are refused before the first step, not mid-run.
     expect_error(env.tessera(2, "train", *SMALL, "--lr", "-1"), "--lr", ">= 0")
     expect_error(env.tessera(2, "train", *SMALL, "--lr-schedule", "step", "--lr-step-size", "0"),
@@ -804,6 +842,27 @@ def train_signal_before_training(env):
     if not expect_ok_rc or not (ckpt / "checkpoint-1.h5").exists():
         fail("expected the pending SIGUSR1 to stop the run after step 1 with checkpoint-1.h5 "
              f"(exit 75; got {r.rc})", r)
+
+
+@scenario
+def datagen_signal(env):
+    """SIGTERM to the rank that writes (scancel, kill) ends tessera datagen with a message and a
+    non-zero exit, its temporary file removed (before, the signal killed it and left a
+    .<name>.tmp.<pid> of hundreds of MB)."""
+    job = Job(env, 2, "datagen", "--output", env.path("big.h5"), "--samples", "2000", "--height",
+              "256", "--width", "256")
+    try:
+        job.wait_for("/2000 samples", 120)
+        os.kill(job.rank_pid(0), signal.SIGTERM)
+        rc, _ = job.finish(120)
+    finally:
+        job.kill()
+    if rc == 0 or re.search(r"stopped by SIGTERM after \d+ of 2000 samples: nothing written",
+                            job.output()) is None:
+        fail(f"expected the stop message and a non-zero exit (exit {rc})", job.result())
+    left = sorted(p.name for p in env.tmp.iterdir())
+    if left:
+        fail(f"expected no file left behind, found {left}", job.result())
 
 
 @scenario

@@ -4,7 +4,9 @@
 // statistics.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -73,18 +75,33 @@ TEST(BatchNormSpec, ErrorsNameTheLayerAndTheField) {
   }
 }
 
-TEST(BatchNormSpec, OneValuePerChannelIsRefusedAtSetUp) {
+TEST(BatchNormSpec, OneValuePerChannelEvaluatesButDoesNotTrain) {
   const ModelSpec spec = parse_model(model_with(R"({"name": "bn1", "type": "batchnorm2d"})"));
   const Runtime& single = test::single_runtime();
-  try {
-    Model<double> m(spec, single, {1, 2, 1, 1});
-    ADD_FAILURE() << "accepted a batch of one value per channel";
-  } catch (const Error& e) {
-    expect_mentions(e.what(), {"'bn1'", "batchnorm2d", "more than 1 value per channel"});
-  }
+  Model<double> m(spec, single, {1, 2, 1, 1});
+  m.init_params(1);
+  const auto refused = [](const std::function<void()>& f) {
+    try {
+      f();
+      ADD_FAILURE() << "trained on a batch of one value per channel";
+    } catch (const Error& e) {
+      expect_mentions(e.what(), {"'bn1'", "batchnorm2d", "more than 1 value per channel"});
+    }
+  };
+  refused([&] { m.check_trainable(); });
+  DistTensor<double> x(m.input_distribution());
+  x.local.data()[0] = 3;
+  x.local.data()[1] = -2;
+  m.state().mode = Mode::train;
+  refused([&] { m.forward(x); });
+  // Evaluation normalises with the running statistics (mean 0, variance 1 at the start).
+  m.state().mode = Mode::eval;
+  const DistTensor<double> y = m.forward(x);
+  EXPECT_NEAR(y.local.data()[0], 3 / std::sqrt(1 + 1e-5), 1e-12);
+  EXPECT_NEAR(y.local.data()[1], -2 / std::sqrt(1 + 1e-5), 1e-12);
   // Two values, in samples or in pixels, are enough.
-  EXPECT_NO_THROW(Model<double>(spec, single, {2, 2, 1, 1}));
-  EXPECT_NO_THROW(Model<double>(spec, single, {1, 2, 1, 2}));
+  EXPECT_NO_THROW(Model<double>(spec, single, {2, 2, 1, 1}).check_trainable());
+  EXPECT_NO_THROW(Model<double>(spec, single, {1, 2, 1, 2}).check_trainable());
 }
 
 TEST(BatchNormSpec, ParamsAndBuffersStartAsTorchs) {

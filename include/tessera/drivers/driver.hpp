@@ -44,9 +44,17 @@ struct NamedPath {
 void check_outputs_apart(const std::vector<NamedPath>& outputs,
                          const std::vector<NamedPath>& inputs);
 
-// Writes `text` to `path` through `path`.tmp and a rename: a failed write leaves what was there.
-// An Error says "cannot write <what> '<path>'" and why. Local.
+// Writes `text` to `path` through a temporary beside it (`path`.tmp.<pid>) and a rename: a failed
+// write leaves what was there. An Error says "cannot write <what> '<path>'" and why. Local.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
+// Throws unless the file `path` could be written, leaving it as it was (an existing file is
+// opened for appending, not truncated; a new one is created and removed again): a run checks its
+// outputs before the work whose results they hold. The Error names `what` ("--json"). Local.
+void check_writable(const std::string& path, const std::string& what);
+// Creates the directory `dir` (and its parents) unless it exists, and throws unless a file can
+// be created in it (one is, and removed again). The Error names `what` ("--checkpoint-dir").
+// Local.
+void check_writable_directory(const std::string& dir, const std::string& what);
 
 // Stop requests. SIGUSR1 (what a batch script forwards when Slurm warns of the time limit,
 // `#SBATCH --signal=B:USR1@120`) and SIGTERM (scancel, preemption) only set a flag here; a

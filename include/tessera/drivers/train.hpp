@@ -17,7 +17,7 @@ struct TrainOptions {
   std::string val_data;     // HDF5 validation set
   double val_fraction = 0;  // or: the last fraction of --data's samples
   GridShape grid;
-  std::int64_t epochs = 0;  // steps = epochs * batches per epoch, unless --steps
+  std::int64_t epochs = 1;  // steps = epochs * batches per epoch, unless --steps
   std::int64_t steps = 0;
   std::int64_t batch = 8;  // global: split over the data-parallel groups
   OptimizerOptions optimizer;

@@ -94,6 +94,10 @@ class Layer {
   virtual std::optional<WindowMap> window() const { return std::nullopt; }
   // Valid after setup(). Local.
   virtual LayerFlops flops() const { return {}; }
+  // Throws an Error naming the layer where its training forward cannot compute from the global
+  // shape it was set up for (batch norm: one value per channel); evaluation may still. Valid
+  // after setup(). Local.
+  virtual void check_trainable() const {}
   // What computes the layer on this rank where it has a choice (a conv's kernel, and whether it
   // runs windowless), for bench listings; empty otherwise. Valid after bind(). Local.
   virtual std::string kernel_summary() const { return {}; }

@@ -116,6 +116,9 @@ class Model {
   std::vector<NamedBuffer<T>> buffers();
   std::vector<NamedBuffer<T>> masks();  // dropout masks of the last forward, this rank's tile
   std::int64_t parameter_count();
+  // Throws the Error of the first layer that cannot train on this input (Layer::check_trainable):
+  // drivers that train call it as they build the model, inside their agreement. Local.
+  void check_trainable() const;
 
   // Seeded uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases as PyTorch's default
   // for conv and linear layers, (1, 0) for batch norm's weight and bias, the same on every rank

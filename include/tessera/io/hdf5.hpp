@@ -120,7 +120,10 @@ class File {
   // Writes `data` (row-major, count[0] x count[1] x ...) into the box [offset, offset + count)
   // of an existing dataset of T. A box that covers whole chunks is written without reading back.
   // On a file made by create_parallel, one collective write: every rank of its group calls it
-  // for the same dataset, each with its own box (a box with a zero extent writes nothing).
+  // for the same dataset, each with its own box (a box with a zero extent writes nothing). A
+  // write that fails there on one rank of several (a disk filling up) throws a fatal Error: the
+  // other ranks may be inside HDF5's collective write still (of compressed chunks: several MPI
+  // collectives in turn), where no agreement reaches them, so the caller ends the job.
   template <typename T>
   void write_box(const std::string& dataset, std::span<const T> data,
                  std::span<const std::int64_t> offset, std::span<const std::int64_t> count);
@@ -148,6 +151,7 @@ class File {
   hid_t id_ = -1;
   std::string path_;
   bool parallel_ = false;  // made by create_parallel
+  bool shared_ = false;    // made by create_parallel over several ranks
 };
 
 // The CRC-32 (zlib's, as Python's zlib.crc32) of `bytes`: what verify_checksums compares. With

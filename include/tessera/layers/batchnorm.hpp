@@ -38,10 +38,12 @@ class BatchNorm2d final : public UnaryLayer<T> {
   BatchNorm2d(std::string name, const BatchNormSpec& spec)
       : UnaryLayer<T>(std::move(name)), spec_(spec) {}
 
-  // Also refuses a batch with one value per channel (N * H * W = 1), which has no variance to
-  // train with (PyTorch: "Expected more than 1 value per channel when training").
   using UnaryLayer<T>::setup;
   Distribution setup(const Distribution& in) override;
+  // Refuses a batch with one value per channel (N * H * W = 1), which has no variance to train
+  // with (PyTorch: "Expected more than 1 value per channel when training"); a training forward
+  // asks too.
+  void check_trainable() const override;
   // Takes the Comm its statistics are reduced over and the backend's batch-norm kernel. Local.
   void bind(const Runtime& runtime) override {
     store_running();
@@ -89,6 +91,7 @@ class BatchNorm2d final : public UnaryLayer<T> {
   std::optional<FusedActivation> offered_, activation_;  // offered; taken at bind
   bool activation_grad_ = false;                         // backward applies activation_'s f'
   std::int64_t count_ = 0;  // values per channel in the global batch: N * H * W
+  Shape4 shape_;            // the global input
   Param<T> weight_, bias_;
   Buffer<T> running_mean_, running_var_;
   // What the forward normalised with, for backward: its input, the statistics, and whether they
