@@ -167,10 +167,13 @@ void write_dataset(SyntheticDataset& data, const Request& r, h5::File& file, std
       done += box.size() * (c * (r.uint8 ? 1 : 4) + (per_pixel ? 4 : 0));
       progress.update(s + (box.h.end == h ? 1 : 0), n, done);
       // SIGTERM (scancel, kill) or SIGUSR1: the temporary file goes (h5::write_atomically), the
-      // target stays as it was. Rank 0 alone writes, so its own signal decides.
+      // target stays as it was. Rank 0 alone writes, and its own signal decides: the others wait
+      // for it inside an agreement, so one signalled alone is noted there and not acted on
+      // (scancel and mpiexec signal every rank).
       if (const int signal = stop_signal())
-        throw Error("stopped by " + signal_name(signal) + " after " + std::to_string(s) + " of " +
-                    std::to_string(n) + " samples: nothing written to '" + r.output + "'");
+        throw Error("stopped by " + signal_name(signal) + " after " +
+                    std::to_string(s + (box.h.end == h ? 1 : 0)) + " of " + std::to_string(n) +
+                    " samples: nothing written to '" + r.output + "'");
     }
   }
   if (!per_pixel) file.write<std::int32_t>("/labels", image_labels, {n});

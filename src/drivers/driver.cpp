@@ -103,7 +103,10 @@ void write_text_file(const std::string& path, const std::string& text, const std
   TESSERA_CHECK(f.good(), "cannot write " + what + " '" + path + "' (through '" + temp + "')");
   std::error_code ec;
   std::filesystem::rename(temp, path, ec);
-  if (ec) std::filesystem::remove(temp, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+  }
   TESSERA_CHECK(!ec, "cannot write " + what + " '" + path + "': " + ec.message());
 }
 
@@ -112,10 +115,17 @@ void check_writable(const std::string& path, const std::string& what) {
   std::error_code ec;
   TESSERA_CHECK(!fs::is_directory(path, ec),
                 "cannot write " + what + " '" + path + "': it is a directory");
-  const bool existed = fs::exists(path, ec);
-  const bool ok = std::ofstream(path, std::ios::app).good();
-  if (ok && !existed) fs::remove(path, ec);
-  const fs::path parent = fs::path(path).parent_path();
+  // Through symbolic links, the file they name: a dangling link stays a link.
+  fs::path file = path;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(file, ec)); ++hops) {
+    const fs::path to = fs::read_symlink(file, ec);
+    if (ec) break;
+    file = to.is_absolute() ? to : file.parent_path() / to;
+  }
+  const bool existed = fs::exists(file, ec);
+  const bool ok = std::ofstream(file, std::ios::app).good();
+  if (ok && !existed) fs::remove(file, ec);
+  const fs::path parent = file.parent_path();
   TESSERA_CHECK(ok, "cannot write " + what + " '" + path + "'" +
                         (parent.empty() || fs::is_directory(parent, ec)
                              ? std::string(" (is its directory writable?)")

@@ -223,7 +223,7 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
     TESSERA_CHECK(o.rtol >= 0 && std::isfinite(o.rtol),
                   "--rtol must be a finite number >= 0 (0: the default of the dtype), got " +
                       std::to_string(o.rtol));
-    // Say so now rather than after the work: the dump's directory must exist.
+    // Say so now rather than after the work: the dump must be writable.
     check_outputs_apart({{"--dump", o.dump}},
                         {{"--input", o.input}, {"--init", o.init}, {"--model", o.model}});
     if (!o.dump.empty() && world.rank() == 0) check_writable(o.dump, "--dump");
@@ -254,7 +254,7 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
         {.grid = o.grid, .input = shape, .dtype = o.dtype, .single_reference = grid.rank() == 0},
         memory);
     model.emplace(spec, runtime, shape);
-    model->check_trainable();
+    if (o.mode == "train") model->check_trainable();
     const Shape4& g = model->output_distribution().global;
     if (input)
       TESSERA_CHECK(file_info.labels == (std::array<std::int64_t, 3>{g.n, g.h, g.w}),

@@ -59,9 +59,14 @@ Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
 }
 
 // Builds and sets up every layer as Model does, without binding any to a grid: shapes only, the
-// parameters counted, not allocated.
+// parameters counted, not allocated. A training step is planned: a layer that cannot train on
+// this input (Layer::check_trainable) is refused, as tessera train refuses it.
 std::vector<Node> set_up(const ModelSpec& spec, const PlanOptions& o) {
-  return set_up_layers<double>(spec, input_distribution(spec, o), Parameters::count);
+  std::vector<Node> nodes =
+      set_up_layers<double>(spec, input_distribution(spec, o), Parameters::count);
+  for (const Node& node : nodes)
+    node.layer->check_trainable();
+  return nodes;
 }
 
 // One spatial rank's part in a halo layer's exchange.

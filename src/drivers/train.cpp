@@ -186,9 +186,10 @@ class Trainer {
   void read_batch(const Split& split, std::span<const std::int64_t> global_batch, DistTensor<T>& x,
                   Labels& labels);
   // After an agreed error that left the model as step done_ left it (a bad sample, found before
-  // the step or the validation read it): a checkpoint of step done_ unless one exists, so that
-  // nothing trained is lost. Returns what to tell the user. Collective over the world group.
-  std::string rescue();
+  // the step or, with `validating`, the validation read it): a checkpoint of step done_ unless one
+  // exists, so that nothing trained is lost. Returns what to tell the user. Collective over the
+  // world group.
+  std::string rescue(bool validating);
   Record validate(std::int64_t step, std::int64_t epoch);
   void save(std::int64_t step, std::int64_t epoch);
   void print_summary();
@@ -363,28 +364,38 @@ void Trainer<T>::read_batch(const Split& split, std::span<const std::int64_t> gl
     });
   } catch (const Error& e) {
     if (!e.agreed()) throw;  // a timeout: no collective may follow
-    throw Error(std::string(e.what()) + "; " + rescue(), e.where(), /*agreed=*/true);
+    throw Error(std::string(e.what()) + "; " + rescue(&split == &val_), e.where(),
+                /*agreed=*/true);
   }
 }
 
 template <typename T>
-std::string Trainer<T>::rescue() {
-  const std::string verify = "(--verify-data checks every sample before training)";
+std::string Trainer<T>::rescue(bool validating) {
+  std::string verify = "(--verify-data checks every sample before training)";
   if (done_ == start_ && saved_ != done_) return "nothing was trained " + verify;
   if (o_.checkpoint_dir.empty())
     return "no --checkpoint-dir was given, so the " + std::to_string(done_ - start_) +
            " steps of this run are lost " + verify;
-  if (saved_ == done_)
-    return "mend the data and --resume from " + last_good_ + " (step " + std::to_string(done_) +
-           ") " + verify;
-  try {
-    save(done_, done_ / steps_per_epoch_);
-  } catch (const Error& e) {
-    if (!e.agreed()) throw;
-    return "the checkpoint of step " + std::to_string(done_) + " failed too: " + e.what();
+  const bool written = saved_ != done_;
+  if (written) {
+    try {
+      save(done_, done_ / steps_per_epoch_);
+    } catch (const Error& e) {
+      if (!e.agreed()) throw;
+      return "the checkpoint of step " + std::to_string(done_) + " failed too: " + e.what();
+    }
   }
-  return "checkpoint " + last_good_ + " of step " + std::to_string(done_) +
-         " written: mend the data and --resume from it " + verify;
+  // A resume goes on after the checkpoint's step, past the validation at its end.
+  if (validating)
+    verify += "; a --resume does not repeat this validation" +
+              (o_.val_data.empty() ? std::string()
+                                   : ": tessera evaluate --checkpoint " + last_good_ + " --input " +
+                                         o_.val_data + " runs it");
+  return (written ? "checkpoint " + last_good_ + " of step " + std::to_string(done_) +
+                        " written: mend the data and --resume from it "
+                  : "mend the data and --resume from " + last_good_ + " (step " +
+                        std::to_string(done_) + ") ") +
+         verify;
 }
 
 template <typename T>

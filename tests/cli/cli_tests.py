@@ -254,6 +254,23 @@ def bad_rtol(env):
 
 
 @scenario
+def gradcheck_batchnorm_one_value(env):
+    """Batch norm on one value per channel (a 1x1 map of one sample) cannot train (no variance):
+    refused in --mode train before any work; --mode eval checks it (it was refused too)."""
+    write_json(env.path("m.json"), {"input_channels": 3, "layers": [
+        {"name": "c", "type": "conv2d", "out_channels": 4, "kernel": 1},
+        {"name": "bn", "type": "batchnorm2d"},
+        {"name": "h", "type": "conv2d", "out_channels": 2, "kernel": 1}]})
+    args = ["gradcheck", "--model", env.path("m.json"), "--batch", "1", "--height", "1",
+            "--width", "1", "--dtype", "float64", "--grid", "1x1x1"]
+    expect_error(env.tessera(1, *args), "'bn' (batchnorm2d)", "more than 1 value per channel")
+    expect_ok(env.tessera(1, *args, "--mode", "eval"), "PASS")
+    # tessera plan plans a training step: refused alike.
+    expect_error(env.tessera(1, "plan", "--model", env.path("m.json"), "--image", "3x1x1",
+                             "--batch", "1", "--grid", "1x1x1"), "more than 1 value per channel")
+
+
+@scenario
 def bad_grid_string(env):
     for grid in ["2x2", "1x0x2", "1x2x2x", "axbxc"]:
         r = env.tessera(2, "gradcheck", "--grid", grid)

@@ -442,7 +442,8 @@ def train_data_integrity(env):
     shutil.copy(env.path("labels.h5"), val)
     expect_error(env.tessera(2, "train", *epochs, "--val-data", val, "--checkpoint-dir", ck),
                  "a label is 5, outside [0, 2)", "checkpoint-2.h5 of step 2 written",
-                 "--resume", "--verify-data")
+                 "--resume", "--verify-data", "a --resume does not repeat this validation",
+                 "tessera evaluate --checkpoint")
     shutil.copy(good, val)
     expect_ok(env.tessera(2, "train", *epochs, "--val-data", val, "--checkpoint-dir", ck,
                           "--resume"), "checkpoint-2.h5 (step 2)", "step 4/4")
@@ -497,6 +498,15 @@ def train_errors(env):
     expect_error(env.tessera(2, "train", *SMALL, "--steps", "1", "--metrics",
                              env.path("no-such-dir") / "m.csv"), "cannot write --metrics",
                  "no-such-dir' does not exist")
+    # A --metrics that is a symbolic link, dangling until the run writes: written through, the
+    # link kept, also by a refused run (the check of it removed the link and left an empty file).
+    env.path("real").mkdir()
+    env.path("link.csv").symlink_to("real/m.csv")
+    expect_error(env.tessera(2, "train", *SMALL, "--metrics", env.path("link.csv"), "--lr", "-1"),
+                 "--lr")
+    expect_ok(env.tessera(2, "train", *SMALL, "--steps", "1", "--metrics", env.path("link.csv")))
+    if not env.path("link.csv").is_symlink() or "step" not in env.path("real/m.csv").read_text():
+        fail("expected the metrics written through the link, the link kept")
     # An unusable --checkpoint-dir is found before the first step, not at the first checkpoint.
     env.path("a-file").write_text("not a directory\n")
     for where, phrase in ((env.path("a-file"), "it is a file, not a directory"),
