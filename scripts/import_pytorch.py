@@ -9,7 +9,7 @@ nn.Module's whose keys are <layer>.weight, <layer>.bias, <layer>.running_mean,
 "state_dict", or a whole nn.Module. MODEL.json is the Tessera model (or a Tessera checkpoint,
 whose model is taken). Every key and shape is checked against the model as
 tessera_torch.build(MODEL.json) makes it, as load_state_dict(strict=True) would, and the values
-must be finite, as `tessera --init` requires.
+must be finite in --dtype and running variances >= 0, as `tessera --init` requires.
 
 OUT.h5 gets root attribute format = "tessera-params-1", /params/<layer>/<weight|bias> and
 /buffers/<layer>/<running_mean|running_var> in --dtype (default float32); it is written to a
@@ -97,14 +97,24 @@ def main():
         model = read_model(args.model)
         net = tt.build(model, torch.float64)
         tt.copy_state_dict(net, state, source=f"'{args.state_dict}'")
+        dtype = DTYPES[args.dtype]
         for key, t in net.state_dict().items():
-            if t.is_floating_point() and not torch.isfinite(t).all():
+            if not t.is_floating_point():
+                continue
+            if not torch.isfinite(t).all():
                 raise tt.Malformed(f"'{args.state_dict}': '{key}' holds NaN or infinity")
+            # Finite in --dtype too: 1e300 is a float64 but overflows to infinity in float32.
+            with np.errstate(over="ignore"):
+                if not np.isfinite(t.numpy().astype(dtype)).all():
+                    raise tt.Malformed(f"'{args.state_dict}': '{key}' overflows {args.dtype} "
+                                       "(a value beyond its largest finite number)")
+            if key.endswith("running_var") and (t < 0).any():
+                raise tt.Malformed(f"'{args.state_dict}': '{key}' holds a negative variance")
     except tt.Malformed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        write_params(net, args.out, DTYPES[args.dtype])
+        write_params(net, args.out, dtype)
     except OSError as e:
         print(f"error: cannot write '{args.out}': {e.strerror or e}", file=sys.stderr)
         return 1

@@ -260,7 +260,9 @@ bool parse(const std::string& command, const std::string& summary,
   agree_on_fields(world, option_fields(all, vm, runtime));
   if (vm.count("help")) {
     if (is_root(world))
-      std::cout << "Usage: mpiexec -n P tessera " << command << " [options]\n\n"
+      // plan (and datagen, whose rank 0 writes alone) run as one process: no mpiexec to show.
+      std::cout << "Usage: " << (command == "plan" || command == "datagen" ? "" : "mpiexec -n P ")
+                << "tessera " << command << " [options]\n\n"
                 << summary << "\n\n"
                 << all << std::endl;
     return false;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <optional>
 
@@ -60,8 +61,8 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
                   "bad --device '" + device + "': expected cpu or cuda");
     TESSERA_CHECK(!vm.count("device-memory") || (device == "cuda" && device_gib > 0),
                   "--device-memory takes a number of GiB > 0, with --device cuda");
-    TESSERA_CHECK(!vm.count("host-memory") || host_gib > 0,
-                  "--host-memory takes a number of GiB > 0");
+    TESSERA_CHECK(!vm.count("host-memory") || (host_gib > 0 && std::isfinite(host_gib)),
+                  "--host-memory takes a finite number of GiB > 0");
     if (device == "cuda") {
       o.device = true;
       if (device_gib > 0) {

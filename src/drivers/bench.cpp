@@ -358,6 +358,9 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   agree(world, [&] {
     TESSERA_CHECK(o.steps >= 1, "--steps must be at least 1, got " + std::to_string(o.steps));
     TESSERA_CHECK(o.warmup >= 0, "--warmup must be at least 0, got " + std::to_string(o.warmup));
+    // As train refuses it: found here, not by the optimizer after the first timed step.
+    TESSERA_CHECK(std::isfinite(o.lr) && o.lr >= 0,
+                  "--lr must be a finite number >= 0, not " + std::to_string(o.lr));
     TESSERA_CHECK(o.grid.size() == size,
                   "grid " + o.grid.str() + " has " + std::to_string(o.grid.size()) +
                       " ranks but the job has " + std::to_string(size) + " (use mpiexec -n " +

@@ -236,6 +236,8 @@ ModelSpec load_model(const std::string& name_or_path) {
   TESSERA_CHECK(
       std::filesystem::exists(name_or_path),
       "model '" + name_or_path + "' is neither a file nor a built-in model (" + names + ")");
+  TESSERA_CHECK(!std::filesystem::is_directory(name_or_path),
+                "model file '" + name_or_path + "' is a directory");
   std::ifstream in(name_or_path);
   TESSERA_CHECK(in.good(), "cannot read model file '" + name_or_path + "'");
   std::stringstream text;

@@ -76,6 +76,11 @@ void read_buffers(const h5::File& file, Model<T>& model) {
       TESSERA_CHECK(file.has(name), "'" + path + "' has buffers of layer '" + layer +
                                         "' but not '" + name + "' (shape " + dims_str(want) + ")");
       const std::vector<T> values = read_checked<T>(file, name, "buffer", want);
+      // A negative variance normalises every value to NaN: predictions of NaN, exit 0.
+      if (b.buffer->name == "running_var")
+        TESSERA_CHECK(std::all_of(values.begin(), values.end(), [](T v) { return v >= 0; }),
+                      "'" + path + "': buffer '" + name +
+                          "' holds a negative variance (a batch norm's running variance is >= 0)");
       upload(values.data(), b.buffer->value);
     }
   }

@@ -8,12 +8,13 @@ seam_compare.py; Tessera's own forward pass (`gradcheck --mode eval --dump`) is 
 the PyTorch modules are held to.
 """
 import json
+import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cli_tests as base  # noqa: E402  (exits 77 without h5py and numpy)
-from cli_tests import fail, expect_ok, scenario  # noqa: E402
+from cli_tests import fail, expect_error, expect_ok, scenario  # noqa: E402
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
@@ -273,8 +274,27 @@ def import_pytorch_init(env):
                         "missing bn2.running_var")
     expect_script_error(script(env, "import_pytorch.py", "cls.pt", "seg.json", "w.h5"),
                         "does not fit", "unexpected fc1.weight")
+    # A value beyond float32 (infinity once cast) and a negative running variance (every
+    # normalised value NaN: predictions of NaN, exit 0) are refused by the script and by --init.
+    big = dict(state, **{"c2.weight": state["c2.weight"].clone()})
+    big["c2.weight"].view(-1)[0] = 1e300
+    torch.save(big, env.path("big.pt"))
+    expect_script_ok(script(env, "import_pytorch.py", "big.pt", "seg.json", "w64.h5", "--dtype",
+                            "float64"))
+    expect_script_error(script(env, "import_pytorch.py", "big.pt", "seg.json", "w.h5"),
+                        "'c2.weight' overflows float32")
+    negative = dict(state, **{"bn2.running_var": -state["bn2.running_var"].abs() - 1})
+    torch.save(negative, env.path("negative.pt"))
+    expect_script_error(script(env, "import_pytorch.py", "negative.pt", "seg.json", "w.h5"),
+                        "'bn2.running_var' holds a negative variance")
     if env.path("w.h5").exists():
         fail("a refused import must not leave w.h5 behind")
+    shutil.copy(env.path("seg.h5"), env.path("negative.h5"))
+    with h5py.File(env.path("negative.h5"), "r+") as f:
+        f["buffers/bn2/running_var"][0] = -1
+    expect_error(env.tessera(2, "gradcheck", "--model", "seg.json", "--init",
+                             env.path("negative.h5"), "--input", "seg_batch.h5", "--mode", "eval",
+                             "--dtype", "float64"), "running_var", "negative variance")
 
 
 @scenario

@@ -179,6 +179,11 @@ def nohang_plan_overflow(env):
     expect_refused(r, "10.2 MiB available (--host-memory)")
     if "host memory per rank: 10.2 MiB (--host-memory): does NOT fit" not in r.output:
         fail("expected the plan to say that it does not fit --host-memory", r)
+    for bad in ("inf", "nan", "0"):  # inf planned "7.81 EiB: fits"
+        expect_error(base.plan_cmd(env, *args, "--host-memory", bad),
+                     "--host-memory takes a finite number of GiB > 0")
+    expect_error(base.plan_cmd(env, "--model", env.tmp, "--grid", "1x1x1", "--image", "3x8x8"),
+                 "is a directory")  # it was nlohmann's "unexpected end of input"
     r = base.plan_cmd(env, *args, "--host-memory", "64")
     expect_ok(r, "host memory per rank: 64.0 GiB (--host-memory): fits")
     # Without --host-memory: this machine's memory (a 512x512 image fits any test machine).

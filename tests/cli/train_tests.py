@@ -717,6 +717,16 @@ class Job:
         self.reader.join(timeout=10)
         return rc, time.monotonic() - start
 
+    def signalled(self, text, rank, sig, seconds=120):
+        """Waits for `text`, sends `sig` to `rank` and waits for the job's end (killing it on a
+        failure); returns its exit code."""
+        try:
+            self.wait_for(text, seconds)
+            os.kill(self.rank_pid(rank), sig)
+            return self.finish(seconds)[0]
+        finally:
+            self.kill()
+
     def kill(self):
         if self.proc.poll() is None:
             for pid in self.descendants():
@@ -793,12 +803,7 @@ def train_signal_checkpoints_and_resumes(env):
         ckpt = env.path(f"ckpt-{name}")
         metrics = env.path(f"{name}.csv")
         job = Job(env, 2, "train", *common, "--checkpoint-dir", ckpt, "--metrics", metrics)
-        try:
-            job.wait_for("step 5/", 120)
-            os.kill(job.rank_pid(rank), sig)
-            rc, _ = job.finish(120)
-        finally:
-            job.kill()
+        rc = job.signalled("step 5/", rank, sig)
         out = job.output()
         match = re.search(rf"stopped by {name} after step (\d+) of {steps}: checkpoint (\S+) "
                           r"written; the same command with --resume continues from it "
@@ -820,12 +825,7 @@ def train_signal_checkpoints_and_resumes(env):
                 fail(f"{name}: step {step}: loss {resumed[step]!r} differs from the straight "
                      f"run's {straight[step]!r}", r)
     job = Job(env, 2, "train", *common)
-    try:
-        job.wait_for("step 5/", 120)
-        os.kill(job.rank_pid(1), signal.SIGTERM)
-        rc, _ = job.finish(120)
-    finally:
-        job.kill()
+    rc = job.signalled("step 5/", 1, signal.SIGTERM)
     if rc != 1 or "no --checkpoint-dir was given, so the" not in job.output():
         fail(f"expected exit 1 and 'nothing kept' without --checkpoint-dir (exit {rc})",
              job.result())
@@ -861,12 +861,7 @@ def datagen_signal(env):
     .<name>.tmp.<pid> of hundreds of MB)."""
     job = Job(env, 2, "datagen", "--output", env.path("big.h5"), "--samples", "2000", "--height",
               "256", "--width", "256")
-    try:
-        job.wait_for("/2000 samples", 120)
-        os.kill(job.rank_pid(0), signal.SIGTERM)
-        rc, _ = job.finish(120)
-    finally:
-        job.kill()
+    rc = job.signalled("/2000 samples", 0, signal.SIGTERM)
     if rc == 0 or re.search(r"stopped by SIGTERM after \d+ of 2000 samples: nothing written",
                             job.output()) is None:
         fail(f"expected the stop message and a non-zero exit (exit {rc})", job.result())
