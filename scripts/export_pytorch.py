@@ -99,7 +99,8 @@ def main():
     ap.add_argument("model", metavar="MODEL.json", nargs="?",
                     help="the model (required with a params file)")
     ap.add_argument("-o", "--out", metavar="OUT",
-                    help="write OUT.pt and OUT.py (default: the checkpoint's name, here)")
+                    help="write OUT.pt and OUT.py (default: the checkpoint's name, here; a "
+                         "directory: the checkpoint's name there)")
     args = ap.parse_args()
 
     try:
@@ -110,7 +111,12 @@ def main():
     path, model, dtype = info["path"], info["model"], info["dtype"]
     step = f" (step {info['step']})" if info["step"] is not None else ""
 
+    if args.out is not None and not args.out.strip():
+        print("error: -o/--out names nothing", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else Path(module_name(path.stem))
+    if out.is_dir():  # a directory: the default names, written there
+        out = out / module_name(path.stem)
     if out.suffix in (".pt", ".py"):
         out = out.with_suffix("")
     pt, py = out.with_name(out.name + ".pt"), out.with_name(out.name + ".py")

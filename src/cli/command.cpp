@@ -233,11 +233,17 @@ bool parse(const std::string& command, const std::string& summary,
     try {
       const po::parsed_options parsed = po::command_line_parser(args).options(all).run();
       // Without this, boost silently drops words that are not options ("gradcheck m.json").
-      for (const po::option& o : parsed.options)
+      for (const po::option& o : parsed.options) {
         if (o.position_key >= 0)
           throw Error("tessera " + command + ": unexpected argument '" +
                       (o.value.empty() ? o.string_key : o.value.front()) +
                       "': options take the form --name value (see tessera " + command + " --help)");
+        // `--json ""` (an unset shell variable) was taken as no --json, `--grid ""` as the
+        // default grid, `--sgemm ""` as on.
+        if (!o.value.empty() && o.value.front().empty())
+          throw Error("tessera " + command + ": --" + o.string_key +
+                      " was given an empty value (see tessera " + command + " --help)");
+      }
       po::store(parsed, vm);
       if (vm.count("config")) {
         const std::string path = vm["config"].as<std::string>();

@@ -751,6 +751,11 @@ std::int64_t Trainer<T>::resume() {
     out_ << "\n";
     for (const std::string& c : changes)
       out_ << "  resume: changed (--allow-changes): " << c << "\n";
+    // The first start of a batch script that always passes --resume takes --init; later ones
+    // go on from their checkpoint.
+    if (!path.empty() && !o_.init.empty())
+      out_ << "  resume: the parameters are the checkpoint's; --init " << o_.init
+           << " applies to a fresh start only\n";
   }
   return start;
 }

@@ -23,6 +23,22 @@ std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distributio
     node.out = node.layer->setup(node.in);
     nodes.push_back(std::move(node));
   }
+  // The loss reads the last layer's output.
+  const Distribution& out = nodes.back().out;
+  const std::string who = "model '" + spec.name + "'";
+  if (spec.loss == LossKind::pixel_cross_entropy)
+    TESSERA_CHECK(!out.replicated, who +
+                                       ": the loss pixel_cross_entropy needs per-pixel logits, "
+                                       "but the last layer '" +
+                                       spec.layers.back().name +
+                                       "' gives one vector per sample (use cross_entropy)");
+  else
+    TESSERA_CHECK(out.replicated, who +
+                                      ": the loss cross_entropy needs one vector of logits per "
+                                      "sample (after global_avgpool and linear), but the last "
+                                      "layer '" +
+                                      spec.layers.back().name +
+                                      "' gives an image (use pixel_cross_entropy)");
   return nodes;
 }
 

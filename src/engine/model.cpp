@@ -212,21 +212,6 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
         {.concat = nodes_[c].layer->name(), .consumer = consumer.layer->name()});
   }
   build_buckets();
-  const Distribution& out = nodes_.back().out;
-  const std::string who = "model '" + spec.name + "'";
-  if (spec.loss == LossKind::pixel_cross_entropy)
-    TESSERA_CHECK(!out.replicated, who +
-                                       ": the loss pixel_cross_entropy needs per-pixel logits, "
-                                       "but the last layer '" +
-                                       spec.layers.back().name +
-                                       "' gives one vector per sample (use cross_entropy)");
-  else
-    TESSERA_CHECK(out.replicated, who +
-                                      ": the loss cross_entropy needs one vector of logits per "
-                                      "sample (after global_avgpool and linear), but the last "
-                                      "layer '" +
-                                      spec.layers.back().name +
-                                      "' gives an image (use pixel_cross_entropy)");
 }
 
 template <typename T>

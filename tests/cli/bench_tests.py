@@ -75,6 +75,8 @@ def bench_runs(env):
 @scenario
 def bench_errors(env):
     expect_error(env.tessera(2, "bench", "--steps", "0"), "--steps must be at least 1")
+    for option in ("--json", "--grid", "--sgemm"):  # taken as unset, the default, on
+        expect_error(env.tessera(2, "bench", option, ""), f"{option} was given an empty value")
     for lr in ("nan", "-1"):  # found by the optimizer after the first step, with MPI_Abort
         expect_error(env.tessera(2, "bench", "--lr", lr), "--lr must be a finite number >= 0")
     expect_error(env.tessera(2, "bench", "--grid", "1x1x3"), "grid 1x1x3 has 3 ranks",

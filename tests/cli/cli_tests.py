@@ -875,6 +875,13 @@ def plan_impossible(env):
                  "--batch 2", "4 data-parallel groups")
     expect_error(plan_cmd(env, "--image", "3x64x64"), "--grid")
     expect_error(plan_cmd(env, "--grid", "1x2x2", "--image", "3x64"), "CxHxW")
+    # A model train refuses for its loss: plan planned it.
+    write_json(env.path("image_logits.json"), {"input_channels": 3, "loss": "cross_entropy",
+                                               "layers": [{"name": "c1", "type": "conv2d",
+                                                           "out_channels": 2, "kernel": 3,
+                                                           "padding": 1}]})
+    expect_error(plan_cmd(env, "--model", env.path("image_logits.json"), "--grid", "1x1x1",
+                          "--image", "3x8x8"), "the loss cross_entropy needs one vector")
 
 
 @scenario

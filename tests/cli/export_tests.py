@@ -135,6 +135,14 @@ def export_pytorch_roundtrip(env):
     for name in ("checkpoint_3.pt", "checkpoint_3.py"):
         if not env.path(name).is_file():
             fail(f"expected {name} in the current directory", r)
+    # -o a directory: the default names there (it wrote <dir>.pt beside it); -o "" refused.
+    env.path("here").mkdir()
+    expect_script_ok(script(env, "export_pytorch.py", ck, "-o", env.path("here")),
+                     "wrote", "checkpoint_3.pt")
+    if sorted(p.name for p in env.path("here").iterdir()) != ["checkpoint_3.pt",
+                                                             "checkpoint_3.py"]:
+        fail("expected checkpoint_3.pt and .py inside the directory given as -o")
+    expect_script_error(script(env, "export_pytorch.py", ck, "-o", ""), "-o/--out names nothing")
     out = env.path("out")
     out.mkdir()
     r = script(env, "export_pytorch.py", checkpoint, "-o", out / "unet")

@@ -368,6 +368,13 @@ def train_init_from_params(env):
         for layer, w in want.items():
             if not np.array_equal(f["params"][layer]["weight"][()], w):
                 fail(f"--init: {layer}/weight is not the file's")
+    # Resumed (a batch script passes --resume --init on every start): the checkpoint's, said so.
+    r = env.tessera(2, "train", "--model", "unet-small", "--init", env.path("params.h5"),
+                    "--steps", "2", "--lr", "0", "--height", "32", "--width", "32", "--samples",
+                    "8", "--batch", "4", "--val-samples", "0", "--checkpoint-dir",
+                    env.path("ck2"), "--progress", "plain", "--resume", "--allow-changes")
+    expect_ok(r, "checkpoint-1.h5 (step 1)", "the parameters are the checkpoint's; --init",
+              "applies to a fresh start only", "done: 1 steps")
     # Without --init the first step starts elsewhere (the test can fail).
     r = env.tessera(2, "train", "--model", "unet-small", "--steps", "1", "--lr", "0", "--height",
                     "32", "--width", "32", "--samples", "8", "--batch", "4", "--val-samples", "0",

@@ -21,7 +21,8 @@ struct LayerNode {
 
 // Every layer of `spec` (made as registry.hpp says, in order) set up for its inputs, the model's
 // input distributed as `input`; with Parameters::count the parameters are counted, not allocated
-// (shapes only). Local and pure; throws an Error naming the layer.
+// (shapes only). Local and pure; throws an Error naming the layer, or the model when its last
+// layer's output does not suit its loss.
 template <typename T>
 std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distribution& input,
                                         Parameters parameters = Parameters::allocate);
