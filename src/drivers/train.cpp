@@ -275,9 +275,10 @@ class Trainer {
   std::optional<MetricsFile> metrics_;
   DistTensor<T> x_;  // the batch of a step: this rank's tile
   Labels labels_;
-  std::int64_t start_ = 0;   // the first step of this run
-  std::int64_t done_ = 0;    // the steps done: this run's and those it resumed from
-  std::int64_t saved_ = -1;  // the step of the last checkpoint written or resumed from
+  std::int64_t start_ = 0;  // the first step of this run
+  std::int64_t done_ = 0;   // the steps done: this run's and those it resumed from
+  // The step of last_good_ (a resumed checkpoint's from its contents, whatever its file's name).
+  std::int64_t saved_ = -1;
   // Wall time: of the run, and of the log window (validation and checkpoints left out, so that
   // images per second count training only); steps since window_began_.
   clock_type::time_point began_, window_began_;
@@ -651,15 +652,14 @@ void Trainer<T>::build() {
   }
   sampler_.emplace(static_cast<std::int64_t>(train_.index.size()), o_.batch, o_.seed);
   steps_per_epoch_ = sampler_->batches_per_epoch();
-  const std::int64_t epochs = o_.epochs;
   agree(world_, [&] {
     TESSERA_CHECK(o_.steps > 0 || steps_per_epoch_ <= 0 ||
-                      epochs <= std::numeric_limits<std::int64_t>::max() / steps_per_epoch_,
+                      o_.epochs <= std::numeric_limits<std::int64_t>::max() / steps_per_epoch_,
                   "--epochs " + std::to_string(o_.epochs) + " of " +
                       std::to_string(steps_per_epoch_) +
                       " steps each is more steps than a run can count: give fewer");
   });
-  total_steps_ = o_.steps > 0 ? o_.steps : epochs * steps_per_epoch_;
+  total_steps_ = o_.steps > 0 ? o_.steps : o_.epochs * steps_per_epoch_;
   schedule_ = o_.schedule;
   schedule_.total_steps = total_steps_;
 
@@ -905,7 +905,7 @@ void Trainer<T>::finish() {
 template <typename T>
 int Trainer<T>::stop(std::int64_t done, int signal) {
   const bool keep = !o_.checkpoint_dir.empty();
-  if (keep && saved_ != done) save(done, done / steps_per_epoch_);  // else after_step did
+  if (keep && saved_ != done) save(done, done / steps_per_epoch_);  // else already written
   if (root()) {
     if (line_open_) out_ << "\n";
     line_open_ = false;
@@ -933,14 +933,12 @@ int Trainer<T>::run() {
   print_summary();
   began_ = window_began_ = clock_type::now();
   window_activity_ = activity_totals();
-  done_ = start_;
-  for (std::int64_t done = start_; !should_stop(done);) {
-    const double lr = step(done);
-    done_ = ++done;
-    after_step(done, lr);
+  for (done_ = start_; !should_stop(done_);) {
+    const double lr = step(done_);
+    after_step(++done_, lr);
     // Every rank stops after the same step when any of them was signalled (agreed per step).
-    if (should_stop(done)) break;
-    if (const int signal = agreed_stop_signal(world_)) return stop(done, signal);
+    if (should_stop(done_)) break;
+    if (const int signal = agreed_stop_signal(world_)) return stop(done_, signal);
   }
   finish();
   return 0;
