@@ -740,8 +740,7 @@ bool few_channels(std::int64_t in, std::int64_t out) {
 }  // namespace
 
 bool narrow_conv_available() {
-  return TESSERA_HAS_WIDE_LOOPS && g_conv_narrow && simd_level() == SimdLevel::avx512 &&
-         !conv_bf16();
+  return TESSERA_HAS_WIDE_LOOPS && g_conv_narrow && simd_level() == SimdLevel::avx512;
 }
 
 bool narrow_conv_fits(const ConvShapes& s, const reference::ConvGeometry& g) {

@@ -161,6 +161,54 @@ bool narrow_head_in_float32(const Shape4& w) {
   return w.h == 1 && w.w == 1 && w.n < kBlock;
 }
 
+// A backward-weights primitive whose scratchpad is larger than this runs over strips of output
+// rows instead, each strip's scratchpad within it (onednn_weights_scratch_limit). oneDNN 2.6's
+// bf16 backward-weights kernel (jit_bf16:avx512_core_bf16) copies its whole input and output
+// gradient into the scratchpad, transposed: 1024.5 MiB for 32 -> 32 channels 3x3 at 2048x2048.
+// In strips of 128 rows it asks 64.6 MiB and takes about the same time: 198-200 against 190-198 ms
+// a call, the conversions of x and dy included (a standalone program, AMD EPYC Zen 5, 2 threads,
+// 2026-11-28; 512-row strips 195 ms, 16-row strips 219 ms); conv-bench's peak under --precision
+// bf16, 1 rank, 4311 -> 3030 MiB (float32: 2806 MiB).
+std::size_t g_weights_scratch_limit = std::size_t{64} << 20;
+
+// The first element's offset of row `row` of a tensor described by `user` (NCHW or channel
+// blocks), in elements: its rows are `strides[2]` apart in every layout Tessera uses.
+std::int64_t row_offset(const memory::desc& user, std::int64_t row) {
+  return row * user.data.format_desc.blocking.strides[2];
+}
+
+// The first `rows` rows of the tensor described by `user`: the same strides, fewer rows (the
+// caller points at the strip's first row, row_offset).
+memory::desc first_rows(const memory::desc& user, std::int64_t rows) {
+  memory::dims dims = user.dims();
+  dims[2] = rows;
+  return user.submemory_desc(dims, {0, 0, 0, 0});
+}
+
+// A backward-weights pass in strips (g_weights_scratch_limit): a strip's primitive, planned once
+// for each distinct strip (the first and last, whose windows reach into the padding, and those
+// between), reading `x_rows` rows of x padded by `pad_top` and `pad_bottom` rows and `y_rows` rows
+// of dy, each through a Port from Tessera's float32 rows.
+struct WeightsStripShape {
+  std::int64_t y_rows = 0, x_rows = 0, pad_top = 0, pad_bottom = 0;
+  dnnl::convolution_backward_weights::primitive_desc pd;
+  dnnl::convolution_backward_weights prim;
+  Port src, diff_dst;
+};
+
+// One strip: rows [y_begin, y_begin + y_rows) of dy and rows [x_begin, x_begin + x_rows) of x,
+// computed by WeightsStrips::shapes[shape].
+struct WeightsStrip {
+  std::int64_t y_begin = 0, x_begin = 0;
+  std::size_t shape = 0;
+};
+
+// A backward-weights pass planned in strips of output rows (empty: whole).
+struct WeightsStrips {
+  std::vector<WeightsStrip> strips;
+  std::vector<WeightsStripShape> shapes;
+};
+
 }  // namespace
 
 struct OneDnnConv::Plan {
@@ -190,6 +238,10 @@ struct OneDnnConv::Plan {
   memory dy_converted;
   Storage dy_buffer;
   const float* dy_source = nullptr;
+
+  // Backward-weights in strips of output rows when the whole pass's scratchpad is too large
+  // (g_weights_scratch_limit); empty: one call over the whole tensors.
+  WeightsStrips weights_strips;
 };
 
 std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
@@ -202,6 +254,88 @@ std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
   if (shapes.x_layout == Layout::nchw8c) return nullptr;
   return plan_in(shapes, g, false);
 }
+
+namespace {
+
+// The backward-weights pass `whole` of a conv of `shapes` and `g` in strips of output rows, each
+// strip's scratchpad within g_weights_scratch_limit (whole's is larger), or nothing (the pass stays
+// whole) where a strip would read no row of x or oneDNN declines one. `x_low` and `y_low`: x and
+// dy as whole's primitives read them; `y_f32`: the forward's output; `x_user`, `y_user`: x and dy
+// as Tessera holds them; `bias`: the bias's descriptor (zero: none).
+WeightsStrips plan_weights_strips(const ConvShapes& shapes, const reference::ConvGeometry& g,
+                                  const dnnl::convolution_backward_weights::primitive_desc& whole,
+                                  const memory::desc& x_low, const memory::desc& y_low,
+                                  const memory::desc& y_f32, const memory::desc& bias,
+                                  const memory::desc& x_user, const memory::desc& y_user,
+                                  const dnnl::primitive_attr& attr) {
+  using namespace dnnl;
+  const Shape4 &x = shapes.x, &y = shapes.y, &w = shapes.w;
+  const std::size_t scratch = whole.scratchpad_desc().get_size();
+  // The scratchpad grows with the rows (its transposed copies of x and dy).
+  const std::int64_t rows = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(static_cast<double>(y.h) * g_weights_scratch_limit / scratch));
+  if (rows >= y.h) return {};
+  const std::optional<AxisPad> pw = axis_pad(x.w, y.w, w.w, g.stride_w, g.dilation_w, g.pad_left);
+  if (!pw) return {};
+  const auto alg =
+      is_winograd(whole) ? algorithm::convolution_winograd : algorithm::convolution_direct;
+  auto rows_desc = [](const memory::desc& d, std::int64_t n) {
+    memory::dims dims = d.dims();
+    dims[2] = n;
+    return memory::desc(dims, d.data_type(), Tag::any);
+  };
+  WeightsStrips out;
+  for (std::int64_t y0 = 0; y0 < y.h; y0 += rows) {
+    const std::int64_t y_rows = std::min(rows, y.h - y0);
+    // Rows of x the strip's outputs read, first to last, and where they lie in x.
+    const std::int64_t first = y0 * g.stride_h - g.pad_top;
+    const std::int64_t last = (y0 + y_rows - 1) * g.stride_h - g.pad_top + g.dilation_h * (w.h - 1);
+    const std::int64_t x_begin = std::max<std::int64_t>(0, first);
+    const std::int64_t x_rows = std::min(x.h, last + 1) - x_begin;
+    if (x_rows <= 0) return {};  // outputs of padding alone: oneDNN takes no empty input
+    const std::int64_t pad_top = x_begin - first;
+    const std::optional<AxisPad> ph =
+        axis_pad(x_rows, y_rows, w.h, g.stride_h, g.dilation_h, pad_top);
+    if (!ph) return {};
+    auto same = [&](const WeightsStripShape& s) {
+      return s.y_rows == y_rows && s.x_rows == x_rows && s.pad_top == pad_top &&
+             s.pad_bottom == ph->end;
+    };
+    auto found = std::find_if(out.shapes.begin(), out.shapes.end(), same);
+    if (found == out.shapes.end()) {
+      WeightsStripShape s{y_rows, x_rows, pad_top, ph->end, {}, {}, {}, {}};
+      const memory::dims strides{g.stride_h, g.stride_w};
+      const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};
+      const memory::dims pad_l{pad_top, pw->begin}, pad_r{ph->end, pw->end};
+      const memory::desc xs = rows_desc(x_low, x_rows), ys = rows_desc(y_low, y_rows);
+      const convolution_forward::primitive_desc hint(
+          convolution_forward::desc(
+              prop_kind::forward_training, alg, xs,
+              memory::desc(whole.diff_weights_desc().dims(), x_low.data_type(), Tag::any), bias,
+              rows_desc(y_f32, y_rows), strides, dilates, pad_l, pad_r),
+          attr, cpu_engine(), true);
+      if (!hint) return {};
+      s.pd = convolution_backward_weights::primitive_desc(
+          convolution_backward_weights::desc(alg, xs, whole.diff_weights_desc(), bias, ys, strides,
+                                             dilates, pad_l, pad_r),
+          attr, cpu_engine(), hint, true);
+      // Each strip writes the whole pass's gradient buffers as they lie.
+      if (!s.pd || onednn::is_reference(s.pd) ||
+          s.pd.diff_weights_desc() != whole.diff_weights_desc() ||
+          (shapes.bias && s.pd.diff_bias_desc() != whole.diff_bias_desc()))
+        return {};
+      s.prim = convolution_backward_weights(s.pd);
+      s.src = Port::input(first_rows(x_user, x_rows), s.pd.src_desc());
+      s.diff_dst = Port::input(first_rows(y_user, y_rows), s.pd.diff_dst_desc());
+      out.shapes.push_back(std::move(s));
+      found = std::prev(out.shapes.end());
+    }
+    out.strips.push_back({y0, x_begin, static_cast<std::size_t>(found - out.shapes.begin())});
+  }
+  return out;
+}
+
+}  // namespace
 
 std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
                                                 const reference::ConvGeometry& g, bool preferred) {
@@ -363,6 +497,12 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     plan->diff_w = memory(plan->weights_pd.diff_weights_desc(), cpu_engine());
     plan->diff_w_plain = memory(w_user, cpu_engine());
     if (shapes.bias) plan->diff_b = memory(plan->weights_pd.diff_bias_desc(), cpu_engine());
+    if (plan->weights_pd.scratchpad_desc().get_size() > g_weights_scratch_limit) try {
+        plan->weights_strips =
+            plan_weights_strips(shapes, g, plan->weights_pd, x_low, y_low, plan->fwd_pd.dst_desc(),
+                                plan->bias, x_user, y_user, attr);
+      } catch (const dnnl::error&) {  // a strip oneDNN rejects: the pass stays whole
+      }
   } catch (const dnnl::error&) {
     // Shapes or parameters oneDNN rejects: declined, the reference takes the case.
     return nullptr;
@@ -453,7 +593,10 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
   onednn::run("convolution backward-data", [&] {
     Storage dy_buffer, dx_buffer, scratch, unused;
     memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream, dy_buffer);
-    const bool shared = p.data_diff_dst.reorder && p.data_diff_dst.prim == p.weights_diff_dst.prim;
+    // (A backward-weights in strips converts dy strip by strip: nothing to keep.)
+    const bool shared = p.data_diff_dst.reorder &&
+                        p.data_diff_dst.prim == p.weights_diff_dst.prim &&
+                        p.weights_strips.strips.empty();
     memory weights = p.data_weights.read(w.data(), p.stream, unused, p.data_w);
     memory diff_src = p.data_diff_src.target(dx.data(), dx_buffer);
     std::unordered_map<int, memory> args{
@@ -486,31 +629,56 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
   const memory kept = std::exchange(p.dy_converted, memory());
   const float* kept_source = std::exchange(p.dy_source, nullptr);
   Storage dy_buffer = std::move(p.dy_buffer);
+  // oneDNN overwrites its gradients; the kernel contract adds into the caller's.
+  auto add_gradients = [&] {
+    p.weights_diff_weights.finish(p.diff_w, static_cast<float*>(p.diff_w_plain.get_data_handle()),
+                                  p.stream);
+    p.stream.wait();
+    const float* grad = static_cast<const float*>(
+        (p.weights_diff_weights.reorder ? p.diff_w_plain : p.diff_w).get_data_handle());
+    float* out = dw.data();
+    for (std::int64_t k = 0; k < dw.numel(); ++k)
+      out[k] += grad[k];
+    if (!dbias.empty()) {
+      const float* b = static_cast<const float*>(p.diff_b.get_data_handle());
+      for (std::size_t k = 0; k < dbias.size(); ++k)
+        dbias[k] += b[k];
+    }
+  };
+  auto arguments = [&](const memory& src, const memory& diff_dst) {
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, p.diff_w}};
+    if (p.shapes.bias) args.insert({DNNL_ARG_DIFF_BIAS, p.diff_b});
+    return args;
+  };
+  if (!p.weights_strips.strips.empty()) {
+    // Strip by strip, in order, each added into dw and dbias as it is done.
+    onednn::run("convolution backward-weights", [&] {
+      Storage x_buffer, scratch;
+      for (const WeightsStrip& strip : p.weights_strips.strips) {
+        const WeightsStripShape& s = p.weights_strips.shapes[strip.shape];
+        memory src =
+            s.src.read(x.data() + row_offset(s.src.user, strip.x_begin), p.stream, x_buffer);
+        memory diff_dst = s.diff_dst.read(dy.data() + row_offset(s.diff_dst.user, strip.y_begin),
+                                          p.stream, dy_buffer);
+        std::unordered_map<int, memory> args = arguments(src, diff_dst);
+        onednn::add_scratchpad(s.pd, args, scratch);
+        s.prim.execute(p.stream, args);
+        add_gradients();
+      }
+    });
+    return;
+  }
   onednn::run("convolution backward-weights", [&] {
     Storage x_buffer, scratch;
     memory src = p.weights_src.read(x.data(), p.stream, x_buffer);
     memory diff_dst =
         kept_source == dy.data() ? kept : p.weights_diff_dst.read(dy.data(), p.stream, dy_buffer);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, p.diff_w}};
-    if (p.shapes.bias) args.insert({DNNL_ARG_DIFF_BIAS, p.diff_b});
+    std::unordered_map<int, memory> args = arguments(src, diff_dst);
     onednn::add_scratchpad(p.weights_pd, args, scratch);
     p.weights.execute(p.stream, args);
-    // oneDNN overwrites its gradients; the kernel contract adds into the caller's.
-    p.weights_diff_weights.finish(p.diff_w, static_cast<float*>(p.diff_w_plain.get_data_handle()),
-                                  p.stream);
-    p.stream.wait();
+    add_gradients();
   });
-  const float* grad = static_cast<const float*>(
-      (p.weights_diff_weights.reorder ? p.diff_w_plain : p.diff_w).get_data_handle());
-  float* out = dw.data();
-  for (std::int64_t k = 0; k < dw.numel(); ++k)
-    out[k] += grad[k];
-  if (!dbias.empty()) {
-    const float* b = static_cast<const float*>(p.diff_b.get_data_handle());
-    for (std::size_t k = 0; k < dbias.size(); ++k)
-      dbias[k] += b[k];
-  }
 }
 
 bool OneDnnConv::applies_activation() const {
@@ -519,8 +687,22 @@ bool OneDnnConv::applies_activation() const {
 
 std::string OneDnnConv::name() const {
   if (plan_->shapes.is_box()) return std::string("onednn ") + plan_->fwd_pd.impl_info_str();
+  const std::int64_t strips = weights_strips();
   return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
-         plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str();
+         plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str() +
+         (strips > 0 ? ", backward-weights in " + std::to_string(strips) + " strips" : "");
+}
+
+std::int64_t OneDnnConv::weights_strips() const {
+  return std::ssize(plan_->weights_strips.strips);
+}
+
+std::size_t onednn_weights_scratch_limit() {
+  return g_weights_scratch_limit;
+}
+
+std::size_t set_onednn_weights_scratch_limit(std::size_t bytes) {
+  return std::exchange(g_weights_scratch_limit, bytes);
 }
 
 bool onednn_bf16_supported() {

@@ -491,8 +491,8 @@ TEST(NarrowConv, DeclinesWhatItDoesNotTake) {
   set_simd_level(SimdLevel::baseline);
   EXPECT_EQ(make(base), nullptr) << "TESSERA_SIMD=baseline";
   set_simd_level(level);
-  set_conv_bf16(true);
-  EXPECT_EQ(make(base), nullptr) << "--precision bf16";
+  set_conv_bf16(true);  // they compute in float32 then (oneDNN's bf16 kernels pad 8 channels)
+  EXPECT_NE(make(base), nullptr) << "--precision bf16";
   set_conv_bf16(false);
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -709,16 +710,21 @@ TEST(OneDnnConv, Bf16IsOfferedWhereTheCpuHasTheInstructions) {
   }
 }
 
+// --precision bf16's convolutions for a scope (set_conv_bf16); float32 after it.
+struct Bf16Switch {
+  Bf16Switch() { set_conv_bf16(true); }
+  ~Bf16Switch() { set_conv_bf16(false); }
+  Bf16Switch(const Bf16Switch&) = delete;
+  Bf16Switch& operator=(const Bf16Switch&) = delete;
+};
+
 // Under --precision bf16 a 1x1 conv to fewer than 16 channels (a segmentation head: memory-bound)
 // computes in float32, so it matches the float32 reference to float32's tolerance, on oneDNN's
 // kernels and as GEMMs on 8-channel blocks; a 3x3 conv still computes in bfloat16.
 TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
   if (!onednn_bf16_supported())
     GTEST_SKIP() << "oneDNN has no bfloat16 convolutions of its own here";
-  struct Bf16 {
-    Bf16() { set_conv_bf16(true); }
-    ~Bf16() { set_conv_bf16(false); }
-  } const bf16;
+  const Bf16Switch bf16;
   Case head = winograd_case(32, 2);
   head.kernel = 1;
   std::unique_ptr<OneDnnConv> k = OneDnnConv::create(head.shapes(), head.geometry());
@@ -737,6 +743,91 @@ TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
   std::unique_ptr<OneDnnConv> conv = OneDnnConv::create(wide.shapes(), wide.geometry());
   ASSERT_NE(conv, nullptr);
   EXPECT_NE(conv->name().find("bf16"), std::string::npos) << conv->name();
+}
+
+// onednn_weights_scratch_limit for a scope; as before after it.
+struct WeightsScratchLimit {
+  const std::size_t before;
+  explicit WeightsScratchLimit(std::size_t bytes)
+      : before(set_onednn_weights_scratch_limit(bytes)) {}
+  ~WeightsScratchLimit() { set_onednn_weights_scratch_limit(before); }
+  WeightsScratchLimit(const WeightsScratchLimit&) = delete;
+  WeightsScratchLimit& operator=(const WeightsScratchLimit&) = delete;
+};
+
+// A backward-weights pass whose scratchpad would exceed the limit runs in strips of output rows
+// (here one row each, the limit 1 byte): the first and last strips' windows reach into the
+// padding, strides and dilations skip rows, unread trailing rows stay unread, samples lie apart,
+// and the gradients, added strip by strip into what dw and dbias held, are the reference's, on
+// NCHW and nchw16c windows. Over the sweep wherever oneDNN's kernel asks a scratchpad at all.
+TEST(OneDnnConv, BackwardWeightsInStripsMatchesTheReference) {
+  const WeightsScratchLimit tiny(1);
+  int striped = 0;
+  for (Case c : sweep()) {
+    for (Layout layout : {Layout::nchw, Layout::nchw16c}) {
+      if (layout == Layout::nchw16c && (c.c % kBlock != 0 || c.groups != 1)) continue;
+      ConvShapes shapes = c.shapes();
+      shapes.x_layout = layout;
+      std::unique_ptr<OneDnnConv> k = OneDnnConv::create(shapes, c.geometry());
+      if (!k || k->weights_strips() == 0) continue;
+      EXPECT_EQ(k->weights_strips(), c.out_h) << c.str();
+      EXPECT_NE(k->name().find("in " + std::to_string(c.out_h) + " strips"), std::string::npos)
+          << k->name();
+      expect_matches_reference(*k, c, layout);
+      ++striped;
+    }
+  }
+  // Which of oneDNN's float32 kernels ask a scratchpad depends on the CPU; its AVX-512 ones
+  // reduce per-thread weight gradients in it.
+  if (cpu_has_avx512_core()) {
+    EXPECT_GT(striped, 10);
+  }
+  std::cout << "[          ] " << striped << " cases in strips\n";
+  {
+    const WeightsScratchLimit large(std::size_t{1} << 40);
+    const Case c = winograd_case(32, 32);
+    std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(k->weights_strips(), 0) << "under the limit: one call";
+  }
+}
+
+// Under --precision bf16 oneDNN's backward-weights kernel copies x and dy whole into its
+// scratchpad (1 GiB for 32 channels at 2048x2048): in strips its gradients are the whole call's
+// (the same bfloat16 products, float32 sums in another order), padded first and last strips,
+// strides and dilations included.
+TEST(OneDnnConv, Bf16BackwardWeightsInStripsMatchesTheWholeCall) {
+  if (!onednn_bf16_supported())
+    GTEST_SKIP() << "oneDNN has no bfloat16 convolutions of its own here";
+  const Bf16Switch bf16;
+  int tested = 0;
+  for (auto [stride, dilation, pad] : {std::tuple{1, 1, 1}, {2, 1, 0}, {1, 2, 2}, {3, 1, 1}}) {
+    Case c = winograd_case(32, 32);
+    c.n = 2, c.stride = stride, c.dilation = dilation, c.pad = pad, c.out_h = 13;
+    c.trailing = stride - 1;
+    std::unique_ptr<OneDnnConv> whole = OneDnnConv::create(c.shapes(), c.geometry());
+    std::unique_ptr<OneDnnConv> strips;
+    {
+      const WeightsScratchLimit tiny(1);
+      strips = OneDnnConv::create(c.shapes(), c.geometry());
+    }
+    ASSERT_TRUE(whole && strips) << c.str();
+    ASSERT_NE(strips->name().find("bf16"), std::string::npos) << strips->name();
+    if (strips->weights_strips() == 0) continue;  // no scratchpad asked for this shape
+    const Tensor<float> x = random_tensor(c.x(), 1), dy = random_tensor(c.y(), 3);
+    const Tensor<float> dw0 = random_tensor(c.w(), 5), db0 = random_tensor({c.o, 1, 1, 1}, 6);
+    Tensor<float> dw_whole = dw0, db_whole = db0, dw_strips = dw0, db_strips = db0;
+    whole->backward_filter(x, dy, dw_whole, db_whole.span());
+    strips->backward_filter(x, dy, dw_strips, db_strips.span());
+    EXPECT_LE(rel_error(dw_strips.span(), dw_whole.span()), 1e-5) << c.str();
+    EXPECT_LE(rel_error(db_strips.span(), db_whole.span()), 1e-5) << c.str();
+    // And near float32's reference: bfloat16 keeps 8 bits of each factor.
+    Tensor<double> dwd = to_double(dw0), dbd = to_double(db0);
+    reference::conv2d_backward_filter(to_double(x), to_double(dy), dwd, dbd.span(), c.geometry());
+    EXPECT_LE(rel_error(dw_strips.span(), dwd.span()), 2e-2) << c.str();
+    ++tested;
+  }
+  EXPECT_GT(tested, 0) << "oneDNN's bf16 backward-weights asked no scratchpad for any shape";
 }
 
 // A 1x1 conv of fewer than 16 channels on each side between NCHW tensors (a segmentation head)

@@ -45,8 +45,14 @@ class OneDnnConv final : public ConvKernel<float> {
                       const std::optional<FusedActivation>& f, Tensor<float>& dx, Tensor<float>& dw,
                       std::span<float> dbias) override;
   // "onednn " and the implementations oneDNN chose for forward / backward-data /
-  // backward-weights, e.g. "onednn jit:avx512_core/jit:avx512_core/jit:avx512_core".
+  // backward-weights, e.g. "onednn jit:avx512_core/jit:avx512_core/jit:avx512_core", and
+  // ", backward-weights in N strips" where weights_strips() is N.
   std::string name() const override;
+  // In how many strips of output rows backward_filter runs: 0 for one call over the whole
+  // tensors, which it is unless that call's scratchpad would be larger than
+  // onednn_weights_scratch_limit() (oneDNN's bfloat16 backward-weights kernel copies x and dy
+  // whole into its scratchpad: 1 GiB for 32 channels at 2048x2048).
+  std::int64_t weights_strips() const;
   // Planned with ConvShapes::activation: the forward applies it as oneDNN's post-op.
   bool applies_activation() const override;
 
@@ -70,6 +76,13 @@ class OneDnnConv final : public ConvKernel<float> {
 // the output to 8 channels and convert it. Returns nullptr for any other case. Local.
 std::unique_ptr<ConvKernel<float>> make_onednn_blocked_pointwise(const ConvShapes& shapes,
                                                                  const reference::ConvGeometry& g);
+
+// The largest scratchpad, in bytes, a convolution's backward-weights call may take before it runs
+// in strips of output rows instead (OneDnnConv::weights_strips); 64 MiB. Process-wide, read when a
+// convolution is planned; set_onednn_weights_scratch_limit returns the previous limit (tests set
+// small ones). Local.
+std::size_t onednn_weights_scratch_limit();
+std::size_t set_onednn_weights_scratch_limit(std::size_t bytes);
 
 // oneDNN's version, CPU threading runtime and the threads it uses, e.g. "oneDNN 2.6.3, OpenMP,
 // 2 threads per rank: 8 cores / 4 ranks on this node". Applies kernel_threads() to the runtime if
