@@ -530,6 +530,17 @@ def precision_bf16(env):
     expect_ok(env.tessera(2, "train", "--steps", "2", "--height", "32", "--width", "32",
                           "--samples", "8", "--batch", "4", "--val-samples", "0", "--precision",
                           "bf16", "--progress", "plain"), "done: 2 steps")
+    # Large enough that oneDNN's bf16 backward-weights, which copies x and dy whole into its
+    # scratchpad, runs in strips of rows (onednn_weights_scratch_limit): on one rank and on each
+    # of two, where gradcheck compares them.
+    big = ["--model", "conv-bench", "--precision", "bf16"]
+    r = env.tessera(1, "bench", *big, "--image", "3x1024x1024", "--batch", "2", "--steps", "1",
+                    "--warmup", "1", "--sgemm", "0", "--membw", "0")
+    expect_ok(r, "jit_bf16")
+    if not re.search(r"c2 onednn [^;]*, backward-weights in [2-9][0-9]* strips", r.output):
+        fail("expected c2's bf16 backward-weights in strips at 2x3x1024x1024", r)
+    expect_ok(env.tessera(2, "gradcheck", *big, "--height", "1024", "--width", "1024", "--dtype",
+                          "float32"), "PASS")
     # What it does not go with.
     expect_error(env.tessera(2, *args[:-2], "--precision", "bf16"), "--dtype float32",
                  "not float64")
