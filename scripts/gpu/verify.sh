@@ -103,14 +103,17 @@ for step in "${steps[@]}"; do
       # Interrupted at step 10 and resumed: the losses of steps 15 and 20 as above.
       rm -rf "${TMPDIR:-/tmp}/tessera-verify-resume"
       run train_cuda_2rank_first_half 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 10 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume"
-      run train_cuda_2rank_resumed 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume" --resume
+      run train_cuda_2rank_resumed 240 mpiexec -n 2 tessera train --device cuda --share-devices --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-resume" --resume --metrics "$logs/train_cuda_resumed.jsonl"
+      run train_cuda_2rank_same_losses 30 python3 scripts/gpu/same_losses.py --rtol 1e-4 "$logs/train_cuda.jsonl" "$logs/train_cuda_resumed.jsonl" 15 20
       run train_cpu_2rank 300 mpiexec -n 2 tessera train --device cpu --steps 20 --log-every 5 --progress line --seed 3
       # One rank: batch norm's statistics stay on the GPU (TESSERA_BN_ALONE); the checkpoint reads
-      # its running statistics back and the resumed run loads them: the same losses at 15 and 20.
+      # its running statistics back and the resumed run loads them: the same losses at 15 and 20,
+      # and the same validation loss at 20 (evaluation reads the running statistics).
       rm -rf "${TMPDIR:-/tmp}/tessera-verify-1rank"
-      run train_cuda_1rank 240 tessera train --device cuda --steps 20 --log-every 5 --progress line --seed 3
+      run train_cuda_1rank 240 tessera train --device cuda --steps 20 --log-every 5 --progress line --seed 3 --metrics "$logs/train_cuda_1rank.jsonl"
       run train_cuda_1rank_first_half 240 tessera train --device cuda --steps 10 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-1rank"
-      run train_cuda_1rank_resumed 240 tessera train --device cuda --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-1rank" --resume
+      run train_cuda_1rank_resumed 240 tessera train --device cuda --steps 20 --log-every 5 --progress line --seed 3 --checkpoint-dir "${TMPDIR:-/tmp}/tessera-verify-1rank" --resume --metrics "$logs/train_cuda_1rank_resumed.jsonl"
+      run train_cuda_1rank_same_losses 30 python3 scripts/gpu/same_losses.py --rtol 1e-4 "$logs/train_cuda_1rank.jsonl" "$logs/train_cuda_1rank_resumed.jsonl" 15 20
       ;;
     nccl)
       run gradcheck_nccl_1rank 120 tessera gradcheck --device cuda --transport nccl --dtype float64

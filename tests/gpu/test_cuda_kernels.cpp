@@ -455,9 +455,10 @@ TEST(CudaHaloCopy, MessagesMovesAndPaddingMatchTheCpu) {
   check_halo_copies({2, 3, 9, 70}, {{10, 19}, {4, 74}}, {{12, 16}, {5, 60}});
   // More rows than launch_rows gives blocks: its threads go over several rows.
   check_halo_copies({1, 1, 20000, 40}, {{10, 20010}, {4, 44}}, {{12, 20000}, {5, 40}});
-  // Rows wider than a block of threads (store_at's second to fourth columns of a thread), with
-  // a width no multiple of four.
+  // Rows wider than a block of threads (store_at's second to fourth columns of a thread: the
+  // fourth from column 768 of a one-block row), with a width no multiple of four.
   check_halo_copies({2, 3, 9, 320}, {{10, 19}, {4, 324}}, {{12, 16}, {5, 310}});
+  check_halo_copies({2, 3, 9, 900}, {{10, 19}, {4, 904}}, {{12, 16}, {5, 890}});
   check_halo_copies_on_slices();
 }
 
@@ -503,12 +504,18 @@ void check_pooling() {
         .stride_w = 3,
         .pad_top = 1,
         .image = {{0, 9}, {0, 11}}}},
-      // Rows wider than a block of threads (store_rows' second to fourth columns of a thread).
+      // Rows wider than a block of threads (store_rows' second and third columns of a thread;
+      // the fourth from column 1536 of a two-block row).
       {"2x2 stride 2, 1030 columns",
        {1, 2, 4, 1030},
        2,
        515,
        {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2, .image = {{0, 4}, {0, 1030}}}},
+      {"2x2 stride 2, 1902 columns",
+       {1, 2, 4, 1902},
+       2,
+       951,
+       {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2, .image = {{0, 4}, {0, 1902}}}},
       {"window with a halo outside the image",
        {1, 3, 10, 9},
        4,
@@ -576,8 +583,9 @@ void check_upsample(const Shape4& xs) {
   }
 }
 TEST(CudaLayers, UpsamplingMatchesTheReferenceBitForBit) {
-  // 301 columns: rows wider than a block of threads (store_rows' second to fourth columns).
-  for (const Shape4 xs : {Shape4{2, 3, 5, 6}, Shape4{1, 2, 3, 301}}) {
+  // 301 and 900 columns: rows wider than a block of threads (store_rows' second to fourth
+  // columns of a thread: the fourth from column 768 of a one-block row, 1536 of a two-block one).
+  for (const Shape4 xs : {Shape4{2, 3, 5, 6}, Shape4{1, 2, 3, 301}, Shape4{1, 2, 3, 900}}) {
     check_upsample<float>(xs);
     check_upsample<double>(xs);
   }
