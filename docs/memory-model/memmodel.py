@@ -331,14 +331,7 @@ def simulate(model, C, H, W, grid=(1, 1), rank=(0, 0), dtype=4, kernels="onednn"
     if not last.get("replicated") and not inference:
         alloc("labels", B(el(last["out_t"]) // last["out_t"][0], 4), "labels")
 
-    out = {}  # node -> key of its live output
-    pending = {k: len(n["consumers"]) for k, n in enumerate(nodes)}
-    # a taken concat's inputs are consumed by its reader
-    for k, n in enumerate(nodes):
-        if n["taken"]:
-            r = n["consumers"][0]
-            for i in n["ins"]:
-                pending[i] += 0  # same count: the reader replaces the concat
+    out = {}  # node -> key of its live output (a taken concat's reader counts as its inputs' reader)
     kept = {}  # node -> list of keys kept for backward
     passes = 2 if inference else 1
 
@@ -356,6 +349,15 @@ def simulate(model, C, H, W, grid=(1, 1), rank=(0, 0), dtype=4, kernels="onednn"
             name = n["name"]
             ins = n.get("parts", n["ins"])
             kk = []
+
+            def adopt():  # the layer keeps its (handed-over) input itself
+                kk.append(out_key(ins[0]))
+                n["adopted"] = [ins[0]]
+
+            def keep(suffix, b, why):  # the layer keeps a buffer of its own
+                alloc(name + suffix, b, why)
+                kk.append(name + suffix)
+
             # the last pass's kept state: buffers of the layer's own are reused (freed here, taken
             # again below); an adopted input goes as this forward starts, a conv's only after its
             # output is allocated (keep_tile / keep_concat_tiles run after the output's allocation)
@@ -382,24 +384,21 @@ def simulate(model, C, H, W, grid=(1, 1), rank=(0, 0), dtype=4, kernels="onednn"
                                 free(key)
                         kk = [key for key in kk if not key.startswith(name + ".part")]
                         n["adopted"] = []
-                        alloc(name + ".win", B(n["win_el_pad"]), name + " window (parts)")
-                        kk.append(name + ".win")
+                        keep(".win", B(n["win_el_pad"]), name + " window (parts)")
                     elif not fast:  # reference: parts gathered into one tensor per call
                         alloc(name + ".gather", B(n["in_el"]), name + " gather")
                         free(name + ".gather")
                 elif n["windowless"]:
                     # keep_tile: a copy, conservatively (the input is freed below if this is its last reader)
                     if n["handed"] and not fast:
-                        kk.append(out_key(ins[0])); n["adopted"] = [ins[0]]
+                        adopt()
                     else:
-                        alloc(name + ".keep", B(n["in_el"]), name + " kept tile")
-                        kk.append(name + ".keep")
+                        keep(".keep", B(n["in_el"]), name + " kept tile")
                 else:
                     if n["win_tile"] and n["handed"]:
-                        kk.append(out_key(ins[0])); n["adopted"] = [ins[0]]
+                        adopt()
                     else:
-                        alloc(name + ".win", B(n["win_el_pad"]), name + " window")
-                        kk.append(name + ".win")
+                        keep(".win", B(n["win_el_pad"]), name + " window")
                 alloc(name + ".y" + sfx, B(el(n["out_t"])), name + " output")
                 for key in old_kept:
                     free(key)
@@ -415,20 +414,18 @@ def simulate(model, C, H, W, grid=(1, 1), rank=(0, 0), dtype=4, kernels="onednn"
                 if n["win_tile"] and not reads_window and not fused_grad:
                     pass  # in place: nothing kept
                 elif n["win_tile"] and n["handed"]:
-                    kk.append(out_key(ins[0])); n["adopted"] = [ins[0]]
+                    adopt()
                 else:
-                    alloc(name + ".win", B(n["win_el"]), name + " window")
-                    kk.append(name + ".win")
+                    keep(".win", B(n["win_el"]), name + " window")
                 alloc(name + ".y" + sfx, B(el(n["out_t"])), name + " output")
                 if t == "maxpool":
                     if "pool.idx" + name not in live:
                         alloc("pool.idx" + name, B(el(n["out_t"]), 1 if fast else 8), name + " argmax")
             elif t == "bn":
                 if n["handed"]:
-                    kk.append(out_key(ins[0])); n["adopted"] = [ins[0]]
+                    adopt()
                 else:
-                    alloc(name + ".x", B(n["in_el"]), name + " x copy")
-                    kk.append(name + ".x")
+                    keep(".x", B(n["in_el"]), name + " x copy")
                 alloc(name + ".y" + sfx, B(el(n["out_t"])), name + " output")
             elif t == "relu":
                 if not n["by_consumer"] and ("mask" + name) not in live:

@@ -481,7 +481,6 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
 
     plan->fwd = convolution_forward(plan->fwd_pd);
     plan->data = convolution_backward_data(plan->data_pd);
-    plan->weights = convolution_backward_weights(plan->weights_pd);
     plan->fwd_src = Port::input(x_user, plan->fwd_pd.src_desc());
     plan->fwd_weights = Port::input(w_user, plan->fwd_pd.weights_desc());
     plan->fwd_dst = Port::output(plan->fwd_pd.dst_desc(), y_user);
@@ -503,6 +502,10 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
                                 plan->bias, x_user, y_user, attr);
       } catch (const dnnl::error&) {  // a strip oneDNN rejects: the pass stays whole
       }
+    // The whole pass's primitive, only where it runs (its pd still names the kernel and lays out
+    // the gradient buffers the strips write).
+    if (plan->weights_strips.strips.empty())
+      plan->weights = convolution_backward_weights(plan->weights_pd);
   } catch (const dnnl::error&) {
     // Shapes or parameters oneDNN rejects: declined, the reference takes the case.
     return nullptr;
