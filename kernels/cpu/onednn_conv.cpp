@@ -161,6 +161,18 @@ bool narrow_head_in_float32(const Shape4& w) {
   return w.h == 1 && w.w == 1 && w.n < kBlock;
 }
 
+// Whether `pd` is oneDNN 2.x's AMX backward-weights kernel (jit:avx512_core_amx_bf16), which
+// Tessera does not run. With oneDNN 2.6.3 on an Intel Xeon with AMX (Emerald Rapids, 2 vCPUs,
+// 2026-11-28; a standalone program and tessera bench, 32 -> 32 channels 3x3): creating the
+// primitive for an output wider than 736 columns did not finish in 5 minutes (736: 2 ms), and calls
+// at 512x512 corrupted the heap ("free(): invalid pointer" when the buffers were freed) or crashed
+// with a segmentation fault at an address not mapped. Its forward (brgconv) and backward-data
+// kernels match the reference (test OneDnnConv.Bf16ConvolutionsMatchTheReference) and are kept.
+bool onednn_amx_weights_unusable(const dnnl::primitive_desc& pd) {
+  return dnnl::version()->major < 3 &&
+         std::string(pd.impl_info_str()).find("amx") != std::string::npos;
+}
+
 // A backward-weights primitive whose scratchpad is larger than this runs over strips of output
 // rows instead, each strip's scratchpad within it (onednn_weights_scratch_limit). oneDNN 2.6's
 // bf16 backward-weights kernel (jit_bf16:avx512_core_bf16) copies its whole input and output
@@ -415,18 +427,21 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     // jit_wino_4x3 on the AMD EPYC Zen 5 VM, 2026-11-27). Each pass takes it where oneDNN plans
     // it with a small scratchpad (some shapes get a schedule that transforms the whole tensor at
     // once: direct then).
-    const bool winograd_shape = conv_winograd() && low == f32 && g.groups == 1 && w.h == 3 &&
-                                w.w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
-                                g.dilation_h == 1 && g.dilation_w == 1 &&
-                                std::min(x.c, y.c) >= 16 && std::max(x.c, y.c) >= 32;
-    const bool winograd = winograd_shape && !shapes.is_box() && std::min(y.h, y.w) >= 4;
+    const bool winograd_geometry = conv_winograd() && g.groups == 1 && w.h == 3 && w.w == 3 &&
+                                   g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
+                                   g.dilation_w == 1 && std::min(x.c, y.c) >= 16 &&
+                                   std::max(x.c, y.c) >= 32;
+    const bool winograd_shape = winograd_geometry && low == f32;
+    // (A float32 pass of a bf16 plan, below, takes Winograd where a float32 plan would.)
+    const bool winograd_f32 = winograd_geometry && !shapes.is_box() && std::min(y.h, y.w) >= 4;
+    const bool winograd = winograd_shape && winograd_f32;
     // Winograd computes from 16-channel blocks, and bf16 has no 8-channel kernels: an nchw8c
     // window is declined then (the conv takes its next layout, Conv2d::bind_kernel).
     if (eight_channel_window && (winograd_shape || low != f32)) return nullptr;
     // A Winograd plan oneDNN rejects, even by throwing, leaves the pass direct: never the whole
     // conv declined to the reference for it.
-    auto planned = [&](auto make) {
-      if (winograd) {
+    auto planned_as = [&](bool try_winograd, auto make) {
+      if (try_winograd) {
         try {
           auto pd = make(algorithm::convolution_winograd);
           if (pd && !onednn::is_reference(pd) &&
@@ -437,6 +452,7 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
       }
       return make(algorithm::convolution_direct);
     };
+    auto planned = [&](auto make) { return planned_as(winograd, make); };
     auto forward_pd = [&](const primitive_attr& a) {
       return planned([&](algorithm alg) {
         const convolution_forward::desc fwd(prop_kind::forward_training, alg, x_low, w_any,
@@ -475,6 +491,29 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
                                                           true);
     });
     if (!plan->weights_pd) return nullptr;
+    // Under bf16 on CPUs with AMX, oneDNN 2.x plans backward-weights with its AMX kernel, which
+    // is unusable there (onednn_amx_weights_unusable): that pass computes in float32 instead,
+    // from Tessera's float32 x and dy as they lie (Winograd where a float32 plan takes it).
+    memory::desc x_weights = x_low, y_weights = y_low;
+    if (low != f32 && onednn_amx_weights_unusable(plan->weights_pd)) {
+      x_weights = x_any;
+      y_weights = memory::desc(dims_of(y), f32, xt);
+      const bool wino = winograd_f32 && !eight_channel_window;
+      const auto hint = planned_as(wino, [&](algorithm alg) {
+        const convolution_forward::desc fwd(prop_kind::forward_training, alg, x_weights,
+                                            weight_desc(w, g.groups, Tag::any), plan->bias,
+                                            y_weights, strides, dilates, pad_l, pad_r);
+        return convolution_forward::primitive_desc(fwd, attr, cpu_engine(), true);
+      });
+      if (!hint) return nullptr;
+      plan->weights_pd = planned_as(wino, [&](algorithm alg) {
+        const convolution_backward_weights::desc weights(alg, x_weights, dw_any, plan->bias,
+                                                         y_weights, strides, dilates, pad_l, pad_r);
+        return convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(), hint,
+                                                            true);
+      });
+      if (!plan->weights_pd) return nullptr;
+    }
     if (onednn::is_reference(plan->fwd_pd) || onednn::is_reference(plan->data_pd) ||
         onednn::is_reference(plan->weights_pd))
       return nullptr;
@@ -498,8 +537,8 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     if (shapes.bias) plan->diff_b = memory(plan->weights_pd.diff_bias_desc(), cpu_engine());
     if (plan->weights_pd.scratchpad_desc().get_size() > g_weights_scratch_limit) try {
         plan->weights_strips =
-            plan_weights_strips(shapes, g, plan->weights_pd, x_low, y_low, plan->fwd_pd.dst_desc(),
-                                plan->bias, x_user, y_user, attr);
+            plan_weights_strips(shapes, g, plan->weights_pd, x_weights, y_weights,
+                                plan->fwd_pd.dst_desc(), plan->bias, x_user, y_user, attr);
       } catch (const dnnl::error&) {  // a strip oneDNN rejects: the pass stays whole
       }
     // The whole pass's primitive, only where it runs (its pd still names the kernel and lays out

@@ -108,9 +108,11 @@ inline std::vector<Case> sweep() {
 }
 
 // Runs `kernel` on the case's seeded data and compares forward, backward-data and
-// backward-weights (which must add into what dw and dbias held) with the float64 reference.
+// backward-weights (which must add into what dw and dbias held) with the float64 reference, within
+// `tolerance` of the largest reference value (float32's by default).
 inline void expect_matches_reference(ConvKernel<float>& kernel, const Case& c,
-                                     Layout x_layout = Layout::nchw) {
+                                     Layout x_layout = Layout::nchw,
+                                     double tolerance = kTolerance) {
   const ConvGeometry g = c.geometry();
   const Tensor<float> x_plain = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
   const Tensor<float> x = to_layout(x_plain, x_layout);
@@ -123,14 +125,14 @@ inline void expect_matches_reference(ConvKernel<float>& kernel, const Case& c,
   kernel.forward(x, w, b.span(), y);
   Tensor<double> yd(c.y());
   reference::conv2d_forward(xd, wd, bd.span(), yd, g);
-  EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << "forward, " << c.str();
+  EXPECT_LE(rel_error(y.span(), yd.span()), tolerance) << "forward, " << c.str();
 
   Tensor<float> dx_in(c.x(), x_layout, 7.0f);
   kernel.backward_data(dy, w, dx_in);
   Tensor<double> dxd(c.x());
   reference::conv2d_backward_data(dyd, wd, dxd, g);
   const Tensor<float> dx = to_layout(dx_in, Layout::nchw);
-  EXPECT_LE(rel_error(dx.span(), dxd.span()), kTolerance) << "backward-data, " << c.str();
+  EXPECT_LE(rel_error(dx.span(), dxd.span()), tolerance) << "backward-data, " << c.str();
 
   Tensor<float> dw = random_tensor(c.w(), 5);
   Tensor<double> dwd = to_double(dw);
@@ -138,8 +140,8 @@ inline void expect_matches_reference(ConvKernel<float>& kernel, const Case& c,
   Tensor<double> dbd = to_double(db);
   kernel.backward_filter(x, dy, dw, db.span());
   reference::conv2d_backward_filter(xd, dyd, dwd, dbd.span(), g);
-  EXPECT_LE(rel_error(dw.span(), dwd.span()), kTolerance) << "backward-weights, " << c.str();
-  EXPECT_LE(rel_error(db.span(), dbd.span()), kTolerance) << "backward-bias, " << c.str();
+  EXPECT_LE(rel_error(dw.span(), dwd.span()), tolerance) << "backward-weights, " << c.str();
+  EXPECT_LE(rel_error(db.span(), dbd.span()), tolerance) << "backward-bias, " << c.str();
 }
 
 // A box kernel reads its input from a box of a larger tensor and writes its output into a box of
