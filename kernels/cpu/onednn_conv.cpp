@@ -497,16 +497,15 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     memory::desc x_weights = x_low, y_weights = y_low;
     if (low != f32 && onednn_amx_weights_unusable(plan->weights_pd)) {
       x_weights = x_any;
-      y_weights = memory::desc(dims_of(y), f32, xt);
-      const bool wino = winograd_f32 && !eight_channel_window;
-      const auto hint = planned_as(wino, [&](algorithm alg) {
+      y_weights = y_any;
+      const auto hint = planned_as(winograd_f32, [&](algorithm alg) {
         const convolution_forward::desc fwd(prop_kind::forward_training, alg, x_weights,
                                             weight_desc(w, g.groups, Tag::any), plan->bias,
                                             y_weights, strides, dilates, pad_l, pad_r);
         return convolution_forward::primitive_desc(fwd, attr, cpu_engine(), true);
       });
       if (!hint) return nullptr;
-      plan->weights_pd = planned_as(wino, [&](algorithm alg) {
+      plan->weights_pd = planned_as(winograd_f32, [&](algorithm alg) {
         const convolution_backward_weights::desc weights(alg, x_weights, dw_any, plan->bias,
                                                          y_weights, strides, dilates, pad_l, pad_r);
         return convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(), hint,
