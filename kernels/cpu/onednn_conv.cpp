@@ -452,20 +452,31 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
       }
       return make(algorithm::convolution_direct);
     };
-    auto planned = [&](auto make) { return planned_as(winograd, make); };
-    auto forward_pd = [&](const primitive_attr& a) {
-      return planned([&](algorithm alg) {
-        const convolution_forward::desc fwd(prop_kind::forward_training, alg, x_low, w_any,
-                                            plan->bias, y_any, strides, dilates, pad_l, pad_r);
+    // The forward reading x as `xs` and weights as `ws`; backward-weights reading x as `xs` and dy
+    // as `ys`, planned after the forward `hint`.
+    auto forward_pd = [&](bool try_winograd, const primitive_attr& a, const memory::desc& xs,
+                          const memory::desc& ws) {
+      return planned_as(try_winograd, [&](algorithm alg) {
+        const convolution_forward::desc fwd(prop_kind::forward_training, alg, xs, ws, plan->bias,
+                                            y_any, strides, dilates, pad_l, pad_r);
         return convolution_forward::primitive_desc(fwd, a, cpu_engine(), true);
       });
     };
-    plan->fwd_pd = forward_pd(fwd_attr);
+    auto weights_pd = [&](bool try_winograd, const memory::desc& xs, const memory::desc& ys,
+                          const convolution_forward::primitive_desc& hint) {
+      return planned_as(try_winograd, [&](algorithm alg) {
+        const convolution_backward_weights::desc weights(alg, xs, dw_any, plan->bias, ys, strides,
+                                                         dilates, pad_l, pad_r);
+        return convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(), hint,
+                                                            true);
+      });
+    };
+    plan->fwd_pd = forward_pd(winograd, fwd_attr, x_low, w_any);
     if (!plan->fwd_pd) return nullptr;
     // Winograd takes ReLU as its post-op but not leaky ReLU: rather than lose it for the fusion,
     // decline the activation (the conv is planned again without it, README "Fused activations").
     if (winograd && shapes.activation && !is_winograd(plan->fwd_pd) &&
-        is_winograd(forward_pd(attr)))
+        is_winograd(forward_pd(winograd, attr, x_low, w_any)))
       return nullptr;
     if (shapes.is_box()) {
       // Box kernels run forward only.
@@ -477,19 +488,14 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
       if (plan->fwd_weights.reorder) plan->fwd_w = memory(plan->fwd_weights.prim, cpu_engine());
       return std::unique_ptr<OneDnnConv>(new OneDnnConv(std::move(plan)));
     }
-    plan->data_pd = planned([&](algorithm alg) {
+    plan->data_pd = planned_as(winograd, [&](algorithm alg) {
       const convolution_backward_data::desc data(alg, x_any, w_any, y_low, strides, dilates, pad_l,
                                                  pad_r);
       return convolution_backward_data::primitive_desc(data, attr, cpu_engine(), plan->fwd_pd,
                                                        true);
     });
     if (!plan->data_pd) return nullptr;
-    plan->weights_pd = planned([&](algorithm alg) {
-      const convolution_backward_weights::desc weights(alg, x_low, dw_any, plan->bias, y_low,
-                                                       strides, dilates, pad_l, pad_r);
-      return convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(), plan->fwd_pd,
-                                                          true);
-    });
+    plan->weights_pd = weights_pd(winograd, x_low, y_low, plan->fwd_pd);
     if (!plan->weights_pd) return nullptr;
     // Under bf16 on CPUs with AMX, oneDNN 2.x plans backward-weights with its AMX kernel, which
     // is unusable there (onednn_amx_weights_unusable): that pass computes in float32 instead,
@@ -498,19 +504,9 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     if (low != f32 && onednn_amx_weights_unusable(plan->weights_pd)) {
       x_weights = x_any;
       y_weights = y_any;
-      const auto hint = planned_as(winograd_f32, [&](algorithm alg) {
-        const convolution_forward::desc fwd(prop_kind::forward_training, alg, x_weights,
-                                            weight_desc(w, g.groups, Tag::any), plan->bias,
-                                            y_weights, strides, dilates, pad_l, pad_r);
-        return convolution_forward::primitive_desc(fwd, attr, cpu_engine(), true);
-      });
+      const auto hint = forward_pd(winograd_f32, attr, x_any, dw_any);
       if (!hint) return nullptr;
-      plan->weights_pd = planned_as(winograd_f32, [&](algorithm alg) {
-        const convolution_backward_weights::desc weights(alg, x_weights, dw_any, plan->bias,
-                                                         y_weights, strides, dilates, pad_l, pad_r);
-        return convolution_backward_weights::primitive_desc(weights, attr, cpu_engine(), hint,
-                                                            true);
-      });
+      plan->weights_pd = weights_pd(winograd_f32, x_any, y_any, hint);
       if (!plan->weights_pd) return nullptr;
     }
     if (onednn::is_reference(plan->fwd_pd) || onednn::is_reference(plan->data_pd) ||
