@@ -16,7 +16,7 @@
 namespace tessera::cli {
 
 int plan_command(const std::vector<std::string>& args, const Comm& world, RuntimeOptions runtime) {
-  std::string model = "convstack-small", grid, image, dtype = "float32";
+  std::string model = "convstack-small", grid, image, dtype = "float32", precision = "float32";
   std::int64_t batch = 1;
   std::string device = "cpu";
   double device_gib = 0, host_gib = 0;
@@ -28,6 +28,8 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
       "batch", po::value(&batch)->default_value(batch),
       "samples per step, split over the N groups (at least N)")(
       "dtype", po::value(&dtype)->default_value(dtype), "float32 or float64: sizes in bytes")(
+      "precision", po::value(&precision)->default_value(precision),
+      "float32, or bf16: the host memory of a run with --precision bf16 (its bfloat16 copies)")(
       "device", po::value(&device)->default_value(device),
       "cpu, or cuda: also estimate each rank's GPU memory, say whether it fits and, if not, "
       "which grid would")(
@@ -57,6 +59,13 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
                       std::to_string(o.grid.n) +
                       " data-parallel groups: every group needs at least one sample");
     o.input.n = batch;
+    o.engine = plan_engine(runtime);
+    TESSERA_CHECK(precision == "float32" || precision == "bf16",
+                  "bad --precision '" + precision + "': expected float32 or bf16");
+    TESSERA_CHECK(precision == "float32" || (dtype == "float32" && device == "cpu"),
+                  "--precision bf16 plans oneDNN's bfloat16 convolutions: with --dtype float32 "
+                  "and --device cpu");
+    o.engine.bf16 = precision == "bf16";
     TESSERA_CHECK(device == "cpu" || device == "cuda",
                   "bad --device '" + device + "': expected cpu or cuda");
     TESSERA_CHECK(!vm.count("device-memory") || (device == "cuda" && device_gib > 0),

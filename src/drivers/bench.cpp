@@ -376,7 +376,12 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   const MemoryBudget memory = run_memory_budget(world, ro.kernels);
   agree(world, [&] {
     // Before anything the size of the image is allocated or computed.
-    check_run_memory(spec, {.grid = o.grid, .input = input, .dtype = o.dtype}, memory);
+    check_run_memory(spec,
+                     {.grid = o.grid,
+                      .input = input,
+                      .dtype = o.dtype,
+                      .engine = plan_engine(runtime.options())},
+                     memory);
     model.emplace(spec, runtime, input);
     model->check_trainable();
   });

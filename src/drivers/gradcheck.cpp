@@ -249,10 +249,14 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
   agree(world, [&] {
     // Before anything the size of the image is allocated or computed; rank 0 also runs the whole
     // batch alone.
-    check_run_memory(
-        spec,
-        {.grid = o.grid, .input = shape, .dtype = o.dtype, .single_reference = grid.rank() == 0},
-        memory);
+    check_run_memory(spec,
+                     {.grid = o.grid,
+                      .input = shape,
+                      .dtype = o.dtype,
+                      .single_reference = grid.rank() == 0,
+                      .evaluates = o.mode != "train",
+                      .engine = plan_engine(runtime.options())},
+                     memory);
     model.emplace(spec, runtime, shape);
     if (o.mode == "train") model->check_trainable();
     const Shape4& g = model->output_distribution().global;

@@ -115,7 +115,8 @@ void check_memory(std::int64_t bytes, const std::string& what, const MemoryBudge
 
 void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryBudget& budget) {
   Plan plan;
-  const PlanOptions options{.grid = run.grid, .input = run.input, .dtype = run.dtype};
+  PlanOptions options{.grid = run.grid, .input = run.input, .dtype = run.dtype};
+  options.engine = run.engine;
   try {
     plan = make_plan(spec, options);
   } catch (const Error&) {
@@ -140,19 +141,19 @@ void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryB
   const std::int64_t outputs = output_bytes(plan);
   const std::int64_t extras =
       saturating_add(optimizer, saturating_add(metrics, run.sample_order_bytes));
-  std::int64_t needed =
-      saturating_add(saturating_add(run.inference ? m.inference() : m.total(), extras), outputs);
-  std::string what = "estimate: activations " + human_bytes(m.activations) + " + windows " +
-                     human_bytes(m.windows) +
-                     (run.inference ? std::string() : " + grads " + human_bytes(m.gradients)) +
-                     " + params x2 " + human_bytes(m.params);
+  std::int64_t needed = saturating_add(
+      saturating_add(run.inference ? m.inference() : m.training(run.evaluates), extras), outputs);
+  std::string what = std::string("estimate: ") +
+                     (run.inference ? "inference " + human_bytes(m.inference())
+                                    : "training " + human_bytes(m.training(run.evaluates))) +
+                     " (tessera plan; params x2 " + human_bytes(m.params) + " of it)";
   if (optimizer > 0) what += " + optimizer state " + human_bytes(optimizer);
   if (outputs > 0) what += " + outputs " + human_bytes(outputs);
   if (metrics > 0) what += " + metrics " + human_bytes(metrics);
   if (run.sample_order_bytes > 0) what += " + sample order " + human_bytes(run.sample_order_bytes);
   if (run.single_reference) {
-    needed = saturating_add(needed, plan.single.total());
-    what += " + the single-rank reference " + human_bytes(plan.single.total());
+    needed = saturating_add(needed, plan.single.training(run.evaluates));
+    what += " + the single-rank reference " + human_bytes(plan.single.training(run.evaluates));
   }
   if (needed < kSizeMax && (budget.bytes <= 0 || needed <= budget.bytes)) return;
   std::string advice =

@@ -5,9 +5,11 @@
 #include <cstdlib>
 #include <memory>
 
+#include "plan_memory.hpp"
 #include "tessera/checked.hpp"
 #include "tessera/engine/graph.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/narrow_conv.hpp"
 #include "tessera/partition.hpp"
 
 namespace tessera {
@@ -132,15 +134,18 @@ struct RankTotals {
   std::int64_t halo = 0;        // forward + backward
   std::int64_t staging = 0;     // halo boxes kept in device memory (elements)
   std::int64_t kept_bytes = 0;  // bytes the CUDA kernels keep for backward
+  std::int64_t host_halo = 0;   // bytes of the host's halo buffers
 };
 
 MemoryEstimate to_bytes(const RankTotals& t, std::int64_t samples, std::int64_t params,
                         std::int64_t bytes) {
-  return {.activations = mul(mul(t.activations, samples), bytes),
-          .windows = mul(mul(t.windows, samples), bytes),
-          .gradients = mul(mul(t.gradients, samples), bytes),
-          .params = mul(mul(2, params), bytes),
-          .device_buffers = add(mul(mul(t.staging, samples), bytes), mul(t.kept_bytes, samples))};
+  MemoryEstimate m;
+  m.params = mul(mul(2, params), bytes);
+  m.activations = mul(mul(t.activations, samples), bytes);
+  m.windows = mul(mul(t.windows, samples), bytes);
+  m.gradients = mul(mul(t.gradients, samples), bytes);
+  m.device_buffers = add(mul(mul(t.staging, samples), bytes), mul(t.kept_bytes, samples));
+  return m;
 }
 
 // Bytes per output element the CUDA kernel of layer type `type` keeps for backward
@@ -159,6 +164,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
   plan.dtype_bytes = dtype_size(o.dtype);
   const std::vector<Node> nodes = set_up(spec, o);
   const Distribution input = input_distribution(spec, o);
+  MemoryWalk walk(spec, nodes, input, plan.dtype_bytes, o.engine);
   const GridShape& g = o.grid;
   for (int n = 0; n < g.n; ++n)
     widen(plan.samples, input.samples_of(n).size(), n == 0);
@@ -176,7 +182,8 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
       ranks[i * g.w + j].activations = mul(elements(tile), input.global.c);
     }
 
-  for (const Node& node : nodes) {
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    const Node& node = nodes[k];
     LayerPlan lp;
     lp.name = node.layer->name();
     lp.type = spec.layers[plan.layers.size()].type;
@@ -208,6 +215,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
           halo_max = std::max(halo_max, moved);
           r.halo = add(r.halo, mul(2, moved));  // fill, then accumulate
           r.staging = add(r.staging, moved);    // one device buffer per box sent or received
+          r.host_halo = add(r.host_halo, walk.halo_bytes(k, h.moved, samples));
           // Only the part inside the image is exchanged: clip the window to it. A window wholly
           // in the padding clips to an empty range, its sides then sum to minus the owned tile.
           auto clip = [](Range w, std::int64_t extent) {
@@ -235,7 +243,14 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
     for (int j = 0; j < g.w; ++j) {
       const RankTotals& r = ranks[i * g.w + j];
       step_max = std::max(step_max, r.halo);
-      const MemoryEstimate m = to_bytes(r, samples, plan.params, bytes);
+      MemoryEstimate m = to_bytes(r, samples, plan.params, bytes);
+      const RankWalk& w = walk.walk(i, j, samples);
+      m.step = w.step.bytes;
+      m.step_at = w.step.at;
+      m.evaluation = w.inference.bytes;
+      m.evaluation_at = w.inference.at;
+      m.loss_gradient = w.loss_gradient;
+      m.halo = r.host_halo;
       const std::int64_t total = o.device ? m.device_total() : m.total();
       const std::int64_t best = o.device ? plan.memory.device_total() : plan.memory.total();
       if ((i == 0 && j == 0) || total > best) {
@@ -309,6 +324,14 @@ void print_table(const std::vector<std::vector<std::string>>& rows, std::ostream
 }
 
 }  // namespace
+
+PlanEngine plan_engine(const RuntimeOptions& o) {
+  return {.kernels = o.kernels,
+          .fuse = o.fuse,
+          .windowless = o.windowless,
+          .narrow_conv = o.narrow_conv && narrow_conv_available(),
+          .bf16 = o.bf16};
+}
 
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options) {
   Plan plan = analyse(spec, options);
@@ -423,9 +446,11 @@ void print_plan(const Plan& p, std::ostream& out) {
       << "                     gradient allreduce " << human(mul(p.params, p.dtype_bytes)) << "\n";
   const MemoryEstimate& m = p.memory;
   out << "  peak memory per rank (estimate): " << human(m.total()) << ", on rank (n, i, j) = ("
-      << p.busiest.n << ", " << p.busiest.i << ", " << p.busiest.j << ")\n    activations "
-      << human(m.activations) << " + windows " << human(m.windows) << " + grads "
-      << human(m.gradients) << " + params x2 " << human(m.params) << "\n";
+      << p.busiest.n << ", " << p.busiest.i << ", " << p.busiest.j << ")\n";
+  out << "    training step " << human(m.step) << " at " << m.step_at
+      << "\n    evaluation (validation, predict: two forward passes) " << human(m.evaluation)
+      << " at " << m.evaluation_at << "\n    + halo buffers " << human(m.halo) << " + fixed "
+      << human(kHostFixed) << " (the binary, MPI, oneDNN's code)\n";
   out << "  single device (estimate): " << human(p.single.total());
   if (p.single.total() < kSizeMax && m.total() < kSizeMax) {
     char ratio[32];
@@ -434,14 +459,18 @@ void print_plan(const Plan& p, std::ostream& out) {
     out << ", " << ratio << "x the per-rank peak";
   }
   out << "\n";
-  out << "  memory model: input + outputs + windows (kept for backward) + one layer's grads + "
-         "params x2\n";
-  out << "  inference (tessera predict, estimate): " << human(m.inference())
-      << " per rank: no gradients\n";
+  out << "  memory model: the step walked as the engine runs it (outputs freed after their last "
+         "reader,\n    what each layer keeps for backward, one layer's gradients at a time), "
+         "the largest live total\n";
+  out << "  inference (tessera predict, estimate): " << human(m.inference()) << " per rank\n";
   if (!o.device) return;
   out << "\n  on the GPU (--device cuda, estimate): " << human(m.device_total()) << " per rank\n"
-      << "    the above + halo buffers and what the CUDA kernels keep for backward "
-      << human(m.device_buffers) << "\n    besides: the CUDA context and cuDNN's workspace, allow "
+      << "    activations " << human(m.activations) << " + windows " << human(m.windows)
+      << " + grads " << human(m.gradients) << " + params x2 " << human(m.params)
+      << "\n    + halo buffers and what the CUDA kernels keep for backward "
+      << human(m.device_buffers)
+      << "\n    (every output and window kept: not walked)\n    besides: the CUDA context and "
+         "cuDNN's workspace, allow "
       << human(kDeviceReserve) << "\n";
   if (o.device_memory <= 0) {
     out << "  give --device-memory GIB (or run where a GPU is usable) to check that it fits\n";

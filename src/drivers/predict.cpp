@@ -257,7 +257,8 @@ void Predictor<T>::build() {
          // The label (and its read labels), and per class the probabilities and the
          // host copy of the logits.
          .output_bytes_per_pixel = o_.evaluate ? 6 : 2,
-         .output_bytes_per_channel = probability_bytes + static_cast<std::int64_t>(sizeof(T))},
+         .output_bytes_per_channel = probability_bytes + static_cast<std::int64_t>(sizeof(T)),
+         .engine = plan_engine(runtime_->options())},
         memory);
     model_.emplace(spec_, *runtime_, image);
     classes_ = model_->output_distribution().global.c;

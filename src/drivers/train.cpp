@@ -589,7 +589,9 @@ void Trainer<T>::build() {
                                           : o_.optimizer.momentum != 0             ? 1
                                                                                    : 0,
                       .confusion_matrices = 2,
-                      .sample_order_bytes = saturating_mul(order, sizeof(std::int64_t))},
+                      .sample_order_bytes = saturating_mul(order, sizeof(std::int64_t)),
+                      .evaluates = files ? !val_.index.empty() : o_.val_samples > 0,
+                      .engine = plan_engine(runtime_->options())},
                      memory_);
     model_.emplace(spec_, *runtime_, image);
     model_->check_trainable();

@@ -14,6 +14,7 @@ appears exactly once in the output of all ranks together, and that nothing crash
 
 import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -844,6 +845,53 @@ def gradcheck_detects_mismatch(env):
 def plan_cmd(env, *args):
     """`tessera plan` as one plain process: it needs no mpiexec."""
     return env.run_cmd([env.exe, "plan", *args])
+
+
+def mebibytes(text):
+    """'3.20 GiB', '137 MiB', '512 B' as MiB."""
+    value, unit = text.split()
+    return float(value) * {"B": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024,
+                           "TiB": 2**20}[unit]
+
+
+@scenario
+def plan_bounds_measured_peak(env):
+    """tessera plan's host estimate of a training step (its walk of the step + halo buffers +
+    the fixed part) against the peak resident memory per rank tessera bench measures for the same
+    run: never below it, and at most 1.35x it or 64 MiB above it (the fixed part dominates small
+    runs). float32 with the default kernels and float64 with the reference ones, on 1, 2 and 4
+    ranks, the built-in models at 3x512x512."""
+    size = r"([0-9.]+ (?:B|KiB|MiB|GiB|TiB))"
+    cases = [("conv-bench", "1x1x1", "float32"), ("unet-small", "1x1x2", "float32"),
+             ("convnet-small", "1x2x2", "float32"), ("convstack-small", "1x2x2", "float32"),
+             ("unet-small", "1x1x1", "float64"), ("conv-bench", "1x1x2", "float64")]
+    for model, grid, dtype in cases:
+        ranks = math.prod(int(v) for v in grid.split("x"))
+        kernels = "reference" if dtype == "float64" else "onednn"
+        args = ["--model", model, "--grid", grid, "--image", "3x512x512", "--dtype", dtype]
+        bench = env.run_cmd([env.mpiexec, "-n", str(ranks), "-genv", "TESSERA_KERNELS", kernels,
+                             env.exe, "bench", *args, "--steps", "1", "--membw", "0", "--sgemm",
+                             "0"])
+        expect_ok(bench, "peak memory per rank")
+        measured = mebibytes(re.search(r"peak memory per rank " + size, bench.output).group(1))
+        plan = env.run_cmd(["env", f"TESSERA_KERNELS={kernels}", env.exe, "plan", *args])
+        expect_ok(plan, "training step", "halo buffers", "fixed")
+        step = mebibytes(re.search(r"training step " + size, plan.output).group(1))
+        halo, fixed = (mebibytes(t) for t in re.search(
+            r"\+ halo buffers " + size + r" \+ fixed " + size, plan.output).groups())
+        total = mebibytes(re.search(r"peak memory per rank \(estimate\): " + size,
+                                    plan.output).group(1))
+        estimate = step + halo + fixed
+        what = f"{model} on {grid}, {dtype}: estimate {estimate:.1f} MiB, measured {measured:.1f} MiB"
+        # Printed to three digits: allow their rounding.
+        if estimate * 1.005 < measured:
+            fail(f"expected the estimate at or above the measured peak ({what})", plan)
+        if estimate > max(1.35 * measured, measured + 64):
+            fail(f"expected the estimate within 1.35x or 64 MiB of the measured peak ({what})",
+                 plan)
+        if total * 1.005 < estimate:
+            fail(f"expected the reported peak ({total:.1f} MiB) to hold the step ({what})", plan)
+        print(what)
 
 
 @scenario

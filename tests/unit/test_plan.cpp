@@ -6,12 +6,16 @@
 #include <regex>
 #include <sstream>
 
+#include "tessera/allocator.hpp"
+#include "tessera/batch.hpp"
 #include "tessera/drivers/plan.hpp"
+#include "tessera/engine/model.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/layers/window.hpp"
 #include "tessera/tensor.hpp"
+#include "unit_test.hpp"
 
 namespace tessera {
 namespace {
@@ -178,16 +182,85 @@ TEST(Plan, BytesAndHalosOfOtherHaloLayers) {
     check_against_window_plans(m, g, {3, 1, 18, 16});
 }
 
-// The stated model on a case small enough to count by hand: one 3x3 conv (padding 1), 1 -> 1
+// The GPU's sum on a case small enough to count by hand: one 3x3 conv (padding 1), 1 -> 1
 // channel, a 1x1x4x4 input on one rank, float64.
-TEST(Plan, MemoryEstimateFollowsItsModel) {
+TEST(Plan, DeviceSumFollowsItsModel) {
   const ModelSpec m = one_conv(R"("out_channels": 1, "kernel": 3, "padding": 1)");
   const Plan p = make_plan(m, options({1, 1, 1}, {1, 1, 4, 4}));
   EXPECT_EQ(p.memory.activations, (16 + 16) * 8);  // input + output
   EXPECT_EQ(p.memory.windows, 6 * 6 * 8);          // padding materialised
   EXPECT_EQ(p.memory.gradients, (16 + 36 + 16) * 8);
   EXPECT_EQ(p.memory.params, 2 * 10 * 8);
+  EXPECT_EQ(p.single.device_total(), p.memory.device_total());
+}
+
+// The host walk on the same case: parameters and their gradients 2 x 10 x 8 bytes, the input
+// 16 x 8, the labels 16 x 4, the window (padding materialised) 36 x 8, the output 16 x 8, then the
+// loss gradient and its copy, 16 x 8 each (the first layer computes no input gradient).
+TEST(Plan, HostWalkCountsACaseByHand) {
+  const ModelSpec m = one_conv(R"("out_channels": 1, "kernel": 3, "padding": 1)");
+  const Plan p = make_plan(m, options({1, 1, 1}, {1, 1, 4, 4}));
+  EXPECT_EQ(p.memory.step, 160 + 128 + 64 + 288 + 128 + 128 + 128);
+  EXPECT_EQ(p.memory.step_at, "the loss gradient's copy");
+  // Two forward passes, no labels: the first pass's output goes when it ends, its window when the
+  // second pass's conv starts (before that one allocates its own).
+  EXPECT_EQ(p.memory.evaluation, 160 + 128 + 288 + 128);
+  EXPECT_EQ(p.memory.loss_gradient, 128);
+  EXPECT_EQ(p.memory.halo, 0);
+  EXPECT_EQ(p.memory.training(false), p.memory.step + kHostFixed);
+  EXPECT_EQ(p.memory.total(), p.memory.step + kHostFixed);  // the step holds more
+  EXPECT_EQ(p.memory.inference(), p.memory.evaluation + kHostFixed);
   EXPECT_EQ(p.single.total(), p.memory.total());
+}
+
+// The walk against the engine: each built-in model on one rank, a training step and two forward
+// passes in eval mode, each from a model just made (what is allocated at first use counts), the
+// host pool's
+// peak of large blocks (rounded to 2 MiB, as the walk rounds them) against the walk's, which
+// counts small blocks too. Never below; above by at most 10% and 8 MiB, and oneDNN's float32
+// scratchpad (up to 16 MiB for Winograd, not from the pool).
+template <typename T>
+void expect_walk_bounds_the_engine(const std::string& model, KernelBackend kernels) {
+  SCOPED_TRACE(model + ", " + to_string(kernels) + ", " + (sizeof(T) == 4 ? "float32" : "float64"));
+  const Runtime& single = test::single_runtime(kernels);
+  const ModelSpec spec = load_model(model);
+  const Shape4 input{1, 3, 256, 256};
+  PlanOptions o = options({1, 1, 1}, input, sizeof(T) == 4 ? "float32" : "float64");
+  o.engine = plan_engine(single.options());
+  const MemoryEstimate e = make_plan(spec, o).memory;
+  const std::int64_t slack =
+      (kernels == KernelBackend::onednn && sizeof(T) == 4 ? 24 : 8) * (std::int64_t{1} << 20);
+  const auto expect_bounded = [slack](std::int64_t walked, std::int64_t peak, const char* what) {
+    EXPECT_GE(walked, peak) << what;
+    EXPECT_LE(walked, peak + peak / 10 + slack) << what;
+  };
+  {
+    Model<T> m(spec, single, input);
+    m.init_params(7);
+    DistTensor<T> x(m.input_distribution());
+    x.local = random_image_tile<T>(x.dist, 7);
+    const Labels labels = random_label_tile(m.output_distribution(), 7);
+    reset_host_memory_stats();
+    forward_backward(m, x, labels);
+    expect_bounded(e.step, host_memory_stats().peak_live_bytes, "training step");
+  }
+  Model<T> m(spec, single, input);
+  m.init_params(7);
+  m.state().mode = Mode::eval;
+  DistTensor<T> x(m.input_distribution());
+  x.local = random_image_tile<T>(x.dist, 7);
+  reset_host_memory_stats();
+  for (int pass = 0; pass < 2; ++pass)
+    m.forward(x);
+  expect_bounded(e.evaluation, host_memory_stats().peak_live_bytes, "two forward passes");
+}
+
+TEST(Plan, HostWalkBoundsTheEnginesPeak) {
+  for (const char* model : {"convstack-small", "conv-bench", "convnet-small", "unet-small"}) {
+    for (KernelBackend kernels : test::built_backends())
+      expect_walk_bounds_the_engine<float>(model, kernels);
+    expect_walk_bounds_the_engine<double>(model, KernelBackend::reference);
+  }
 }
 
 TEST(Plan, ShardingShrinksThePerRankEstimate) {
@@ -210,7 +283,9 @@ TEST(Plan, DeviceEstimateAddsMasksIndicesAndHaloBuffers) {
   EXPECT_EQ(host.memory.device_buffers, 2 * 64 * 1 + 2 * 16 * 8);  // one grid: no halo buffers
   o.device = true;
   const Plan one = make_plan(m, o);
-  EXPECT_EQ(one.memory.device_total(), one.memory.total() + 2 * 64 + 2 * 16 * 8);
+  const MemoryEstimate& e = one.memory;
+  EXPECT_EQ(e.device_total(),
+            e.activations + e.windows + e.gradients + e.params + 2 * 64 + 2 * 16 * 8);
   o.grid = {1, 2, 1};
   const Plan two = make_plan(m, o);
   // Each rank sends and receives one row of the 1-channel input for the conv.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tessera/comm.hpp"
+#include "tessera/drivers/plan.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/tensor.hpp"
@@ -45,10 +46,13 @@ struct RunMemory {
   // Inference only (tessera predict): no gradients (MemoryEstimate::inference); a refusal then
   // names the smallest grid that would fit at the same memory per rank.
   bool inference = false;
+  // Training that evaluates a validation set between steps (MemoryEstimate::training).
+  bool evaluates = false;
   // Bytes a rank holds besides per output pixel of its tile and sample, and per output channel of
   // such a pixel (predict's outputs: the labels, the probabilities).
   std::int64_t output_bytes_per_pixel = 0;
   std::int64_t output_bytes_per_channel = 0;
+  PlanEngine engine{};  // how the run computes (plan_engine of its runtime's options)
 };
 
 // Refuses a run that cannot fit: tessera plan's estimate for the busiest rank (shapes only;

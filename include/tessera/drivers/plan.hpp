@@ -3,6 +3,7 @@
 // tiles for every rank of the grid, so one process plans a grid of any size.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -12,10 +13,25 @@
 
 #include "tessera/checked.hpp"
 #include "tessera/engine/model_spec.hpp"
+#include "tessera/kernels/backend.hpp"
 #include "tessera/process_grid.hpp"
+#include "tessera/runtime.hpp"
 #include "tessera/tensor.hpp"
 
 namespace tessera {
+
+// How the engine will run the model (RuntimeOptions' fields that change what a rank holds): the
+// host memory walk follows the decisions these lead to. The defaults are tessera's.
+struct PlanEngine {
+  KernelBackend kernels = default_kernel_backend();
+  bool fuse = true;         // TESSERA_FUSE
+  bool windowless = true;   // TESSERA_WINDOWLESS
+  bool narrow_conv = true;  // the narrow AVX-512 convolutions where they fit (narrow_conv.hpp)
+  bool bf16 = false;        // --precision bf16
+};
+
+// The engine RuntimeOptions `o` makes (for the narrow kernels: where this CPU has them). Local.
+PlanEngine plan_engine(const RuntimeOptions& o);
 
 struct PlanOptions {
   GridShape grid;
@@ -26,6 +42,7 @@ struct PlanOptions {
   bool device = false;
   std::int64_t device_memory = 0;
   std::string device_name = "";  // "NVIDIA H100 80GB HBM3", or "--device-memory"
+  PlanEngine engine{};
 };
 
 // The smallest and largest value of a quantity over the ranks of the grid.
@@ -51,30 +68,59 @@ struct LayerPlan {
   std::int64_t params = 0;  // elements of the layer's parameters
 };
 
-// The estimated peak memory of one rank, in bytes. The model (not a measurement): the input tile,
-// every layer's output tile and every halo layer's input window are kept for the backward pass;
-// the backward pass holds one layer's gradients at a time (dy, the window gradient, dx); the
-// parameters and their gradients are replicated on every rank.
+// What a rank holds besides its tensors: the binary, MPI, oneDNN's generated code, the heap's
+// arenas (28-53 MiB measured on one rank, README "Planning a run").
+inline constexpr std::int64_t kHostFixed = std::int64_t(64) << 20;
+
+// The estimated peak memory of one rank, in bytes.
+//
+// On the host (the CPU kernels), a walk of the step as the engine runs it (src/drivers/
+// plan_memory.hpp): forward in node order, each output freed after its last reader unless a layer
+// keeps it, each layer keeping what its backward pass reads (its window, its input, a mask); the
+// loss; backward in reverse, each layer's gradients allocated and its kept tensors freed; the
+// largest live total, plus the halo buffers and kHostFixed.
+//
+// On a GPU (--device cuda), the sum of every tensor's size: the input tile, every layer's output
+// tile and every halo layer's input window kept for the backward pass, which holds one layer's
+// gradients at a time (dy, the window gradient, dx), and the parameters and their gradients.
 struct MemoryEstimate {
+  // The host walk's peaks: a training step; two forward passes (evaluation keeps each layer's
+  // state of the last pass until it runs again); the loss gradient an evaluation adds.
+  std::int64_t step = 0;
+  std::int64_t evaluation = 0;
+  std::int64_t loss_gradient = 0;
+  std::string step_at, evaluation_at;  // the allocation that reached each peak
+  std::int64_t halo = 0;               // halo buffers, kept from the first exchange on
+  std::int64_t params = 0;             // values and gradients (in step and evaluation too)
+  // The GPU sum.
   std::int64_t activations = 0;  // input and layer outputs
   std::int64_t windows = 0;
   std::int64_t gradients = 0;
-  std::int64_t params = 0;  // values and gradients
-  // On a GPU (--device cuda) besides: the halo exchanges' device buffers (packed boxes, kept per
-  // layer) and what the CUDA kernels keep for backward (a ReLU's byte per element, a max pool's
-  // 8-byte index per output, a sigmoid's output). Not counted: the CUDA context and cuDNN's
-  // workspace (kDeviceReserve).
+  // On a GPU besides: the halo exchanges' device buffers (packed boxes, kept per layer) and what
+  // the CUDA kernels keep for backward (a ReLU's byte per element, a max pool's 8-byte index per
+  // output, a sigmoid's output). Not counted: the CUDA context and cuDNN's workspace
+  // (kDeviceReserve).
   std::int64_t device_buffers = 0;
   // Sums saturate at kSizeMax (checked.hpp), as every size of a plan does.
-  std::int64_t total() const {
-    return saturating_add(saturating_add(activations, windows), saturating_add(gradients, params));
+  //
+  // Training: the step, or, when it `evaluates` a validation set, the evaluation with its loss
+  // where that holds more (tessera train between validations: each layer keeps what the last
+  // evaluation left it until its next forward).
+  std::int64_t training(bool evaluates) const {
+    const std::int64_t peak =
+        evaluates ? std::max(step, saturating_add(evaluation, loss_gradient)) : step;
+    return saturating_add(saturating_add(peak, halo), kHostFixed);
   }
-  std::int64_t device_total() const { return saturating_add(total(), device_buffers); }
-  // Inference (tessera predict, eval mode, no backward pass): no gradients; every output and
-  // window counted as kept, as the layers keep their windows and a batch norm its input (an upper
-  // bound: outputs are freed after their last consumer).
+  // What tessera plan reports: training with validation.
+  std::int64_t total() const { return training(true); }
+  // Inference (tessera predict, eval mode, no backward pass).
   std::int64_t inference() const {
-    return saturating_add(saturating_add(activations, windows), params);
+    return saturating_add(saturating_add(evaluation, halo), kHostFixed);
+  }
+  std::int64_t device_total() const {
+    return saturating_add(
+        saturating_add(saturating_add(activations, windows), saturating_add(gradients, params)),
+        device_buffers);
   }
 };
 
