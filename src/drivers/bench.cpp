@@ -374,14 +374,15 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   Shape4 input = o.image;
   if (input.c == 0) input.c = spec.input_channels;
   const MemoryBudget memory = run_memory_budget(world, ro.kernels);
+  std::int64_t estimate = 0;  // tessera plan's, in bytes
   agree(world, [&] {
     // Before anything the size of the image is allocated or computed.
-    check_run_memory(spec,
-                     {.grid = o.grid,
-                      .input = input,
-                      .dtype = o.dtype,
-                      .engine = plan_engine(runtime.options())},
-                     memory);
+    estimate = check_run_memory(spec,
+                                {.grid = o.grid,
+                                 .input = input,
+                                 .dtype = o.dtype,
+                                 .engine = plan_engine(runtime.options())},
+                                memory);
     model.emplace(spec, runtime, input);
     model->check_trainable();
   });
@@ -490,7 +491,9 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
     out << "\n";
   }
   out << "  throughput " << fixed(static_cast<double>(input.n) / step, 3)
-      << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB\n";
+      << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB";
+  if (estimate > 0) out << " (tessera plan: " << human_bytes(estimate) << ")";
+  out << "\n";
   report_memory(out, j, m.memory, m.warmup);
   if (membw) report_bandwidth(out, j, bandwidth);
   j["conv_gflop_per_step"] = conv.flops / 1e9;
@@ -498,6 +501,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["conv32_gflops"] = conv.wide_rate();
   j["sgemm_gflops_per_rank"] = sgemm_min;
   j["peak_mib"] = peak_mib;
+  if (estimate > 0) j["peak_estimate_mib"] = static_cast<double>(estimate) / (1 << 20);
   if (!o.json.empty()) {
     write_text_file(o.json, j.dump(2) + "\n", "--json");
     out << "  wrote " << o.json << "\n";

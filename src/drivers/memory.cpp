@@ -113,14 +113,15 @@ void check_memory(std::int64_t bytes, const std::string& what, const MemoryBudge
               (advice.empty() ? "" : ": " + advice));
 }
 
-void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryBudget& budget) {
+std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
+                              const MemoryBudget& budget) {
   Plan plan;
   PlanOptions options{.grid = run.grid, .input = run.input, .dtype = run.dtype};
   options.engine = run.engine;
   try {
     plan = make_plan(spec, options);
   } catch (const Error&) {
-    return;  // a shape the grid cannot split: the model says so, naming the layer
+    return 0;  // a shape the grid cannot split: the model says so, naming the layer
   }
   const MemoryEstimate& m = plan.memory;
   const std::int64_t optimizer =
@@ -155,7 +156,8 @@ void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryB
     needed = saturating_add(needed, plan.single.training(run.evaluates));
     what += " + the single-rank reference " + human_bytes(plan.single.training(run.evaluates));
   }
-  if (needed < kSizeMax && (budget.bytes <= 0 || needed <= budget.bytes)) return;
+  if (needed < kSizeMax && (budget.bytes <= 0 || needed <= budget.bytes))
+    return run.engine.kernels == KernelBackend::cuda ? 0 : needed;
   std::string advice =
       "use more ranks, a smaller image or a smaller batch (tessera plan estimates any grid)";
   if (run.inference && budget.bytes > 0) {
@@ -167,6 +169,7 @@ void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryB
   }
   check_memory(needed, what + "; image " + run.input.str() + ", grid " + run.grid.str(), budget,
                advice);
+  return needed;  // not reached: check_memory threw
 }
 
 }  // namespace tessera

@@ -142,6 +142,7 @@ class Predictor {
   Weights weights_;
   ModelSpec spec_;
   std::optional<Runtime> runtime_;
+  std::int64_t memory_estimate_ = 0;  // tessera plan's for this run, bytes per rank (0: none)
   std::unique_ptr<H5Dataset> data_;
   std::optional<Model<T>> model_;
   std::int64_t images_ = 0, batch_ = 0, classes_ = 0;
@@ -247,7 +248,7 @@ void Predictor<T>::build() {
     // Before anything the size of the image is allocated or computed.
     const std::int64_t probability_bytes =
         wants("probabilities") && !o_.output.empty() ? probability_size() : 0;
-    check_run_memory(
+    memory_estimate_ = check_run_memory(
         spec_,
         {.grid = g,
          .input = image,
@@ -655,6 +656,7 @@ int Predictor<T>::run() {
          << std::setprecision(2) << static_cast<double>(images_) / std::max(elapsed, 1e-9)
          << " img/s); peak memory per rank " << std::setprecision(1) << peak_min << ".." << peak_max
          << " MiB" << std::defaultfloat;
+    if (memory_estimate_ > 0) out_ << " (tessera plan: " << human_bytes(memory_estimate_) << ")";
     if (!o_.output.empty()) out_ << "; wrote " << o_.output;
     out_ << "\n" << std::flush;
   }

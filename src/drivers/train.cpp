@@ -256,7 +256,8 @@ class Trainer {
   std::ostream& out_;
   ModelSpec spec_;
   std::optional<Runtime> runtime_;
-  MemoryBudget memory_;  // per rank: what build() checks the run's needs against
+  MemoryBudget memory_;               // per rank: what build() checks the run's needs against
+  std::int64_t memory_estimate_ = 0;  // tessera plan's for this run, bytes per rank (0: none)
   std::unique_ptr<Dataset> train_data_, val_data_;
   Split train_, val_;
   std::string data_text_;
@@ -581,18 +582,19 @@ void Trainer<T>::build() {
     const std::int64_t order =
         files ? static_cast<std::int64_t>(2 * train_.index.size() + val_.index.size())
               : saturating_add(saturating_mul(2, o_.samples), o_.val_samples);
-    check_run_memory(spec_,
-                     {.grid = o_.grid,
-                      .input = image,
-                      .dtype = o_.dtype,
-                      .optimizer_states = o_.optimizer.kind == OptimizerKind::adam ? 2
-                                          : o_.optimizer.momentum != 0             ? 1
-                                                                                   : 0,
-                      .confusion_matrices = 2,
-                      .sample_order_bytes = saturating_mul(order, sizeof(std::int64_t)),
-                      .evaluates = files ? !val_.index.empty() : o_.val_samples > 0,
-                      .engine = plan_engine(runtime_->options())},
-                     memory_);
+    memory_estimate_ =
+        check_run_memory(spec_,
+                         {.grid = o_.grid,
+                          .input = image,
+                          .dtype = o_.dtype,
+                          .optimizer_states = o_.optimizer.kind == OptimizerKind::adam ? 2
+                                              : o_.optimizer.momentum != 0             ? 1
+                                                                                       : 0,
+                          .confusion_matrices = 2,
+                          .sample_order_bytes = saturating_mul(order, sizeof(std::int64_t)),
+                          .evaluates = files ? !val_.index.empty() : o_.val_samples > 0,
+                          .engine = plan_engine(runtime_->options())},
+                         memory_);
     model_.emplace(spec_, *runtime_, image);
     model_->check_trainable();
     const Shape4 out = model_->output_distribution().global;
@@ -900,8 +902,9 @@ void Trainer<T>::finish() {
   if (line_open_) out_ << "\n";
   out_ << "done: " << std::max<std::int64_t>(0, total_steps_ - start_) << " steps in "
        << duration_text(seconds_since(began_)) << "; peak memory per rank " << std::fixed
-       << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat
-       << "\n";
+       << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat;
+  if (memory_estimate_ > 0) out_ << " (tessera plan: " << human_bytes(memory_estimate_) << ")";
+  out_ << "\n";
 }
 
 template <typename T>

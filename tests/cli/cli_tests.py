@@ -859,8 +859,8 @@ def plan_bounds_measured_peak(env):
     """tessera plan's host estimate of a training step (its walk of the step + halo buffers +
     the fixed part) against the peak resident memory per rank tessera bench measures for the same
     run: never below it, and at most 1.35x it or 64 MiB above it (the fixed part dominates small
-    runs). float32 with the default kernels and float64 with the reference ones, on 1, 2 and 4
-    ranks, the built-in models at 3x512x512."""
+    runs); bench shows the same estimate beside its peak. float32 with the default kernels and
+    float64 with the reference ones, on 1, 2 and 4 ranks, the built-in models at 3x512x512."""
     size = r"([0-9.]+ (?:B|KiB|MiB|GiB|TiB))"
     cases = [("conv-bench", "1x1x1", "float32"), ("unet-small", "1x1x2", "float32"),
              ("convnet-small", "1x2x2", "float32"), ("convstack-small", "1x2x2", "float32"),
@@ -891,6 +891,11 @@ def plan_bounds_measured_peak(env):
                  plan)
         if total * 1.005 < estimate:
             fail(f"expected the reported peak ({total:.1f} MiB) to hold the step ({what})", plan)
+        # bench shows the estimate it checked beside the peak it measured: the same as plan's.
+        shown = re.search(r"peak memory per rank [0-9.]+ MiB \(tessera plan: " + size + r"\)",
+                          bench.output)
+        if not shown or abs(mebibytes(shown.group(1)) - estimate) > 0.01 * estimate:
+            fail(f"expected bench to show tessera plan's estimate beside its peak ({what})", bench)
         print(what)
 
 

@@ -59,8 +59,11 @@ struct RunMemory {
 // nothing allocated) plus `run`'s extras, against `budget`. Throws an Error "the run needs N per
 // rank (...), M available (...)"; sizes past 64 bits read "more than 8 EiB" and are refused
 // whatever the budget. Shapes the plan cannot split are left to the model, which names the
-// layer. Local.
-void check_run_memory(const ModelSpec& spec, const RunMemory& run, const MemoryBudget& budget);
+// layer. Returns the estimate in bytes per rank, to be shown beside the peak the run measures; 0
+// where there is none to show (a shape left to the model, kernels on a GPU: the host walk does
+// not describe them). Local.
+std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
+                              const MemoryBudget& budget);
 // Refuses `bytes` per rank (made of `what`) beyond `budget`, or past 64 bits, with the same
 // message, then `advice`. Local.
 void check_memory(std::int64_t bytes, const std::string& what, const MemoryBudget& budget,
