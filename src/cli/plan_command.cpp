@@ -108,9 +108,17 @@ int plan_command(const std::vector<std::string>& args, const Comm& world, Runtim
       std::cout << (fits ? "  a grid that fits: --grid " + fits->str() + "\n"
                          : "  no grid up to 64x64 fits this batch: lower --batch\n");
     }
-    if (!o.device && host.bytes > 0)
+    if (!o.device && host.bytes > 0) {
+      const bool fits = plan.memory.total() <= host.bytes;
       std::cout << "  host memory per rank: " << human_bytes(host.bytes) << " (" << host.source
-                << "): " << (plan.memory.total() <= host.bytes ? "fits" : "does NOT fit") << "\n";
+                << "): " << (fits ? "fits" : "does NOT fit") << "\n";
+      if (!fits) {
+        const std::optional<GridShape> grid = host_grid_that_fits(
+            spec, o, host.bytes, [](const Plan& p) { return p.memory.total(); });
+        std::cout << (grid ? "  a grid that fits: --grid " + grid->str() + "\n"
+                           : "  no grid up to 64x64 fits: a smaller image or --batch\n");
+      }
+    }
     std::cout << std::flush;
   }
   // A plan no machine (or not the given memory) can run is an error: sizes past 64 bits always;

@@ -160,12 +160,18 @@ std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
     return run.engine.kernels == KernelBackend::cuda ? 0 : needed;
   std::string advice =
       "use more ranks, a smaller image or a smaller batch (tessera plan estimates any grid)";
-  if (run.inference && budget.bytes > 0) {
+  // The smallest grid that would fit, where more ranks help (not gradcheck's single-rank
+  // reference, which stays whole).
+  if (budget.bytes > 0 && !run.single_reference) {
     const std::optional<GridShape> fits = host_grid_that_fits(
-        spec, options, std::max<std::int64_t>(0, budget.bytes - extras),
-        [&](const Plan& p) { return saturating_add(p.memory.inference(), output_bytes(p)); });
+        spec, options, std::max<std::int64_t>(0, budget.bytes - extras), [&](const Plan& p) {
+          const MemoryEstimate& e = p.memory;
+          return saturating_add(run.inference ? e.inference() : e.training(run.evaluates),
+                                output_bytes(p));
+        });
     advice = fits ? "a grid of " + fits->str() + " would fit (at this memory per rank)"
-                  : "no grid of up to 64 x 64 spatial ranks fits at this memory per rank";
+                  : "no grid of up to 64 x 64 spatial ranks fits at this memory per rank; use a "
+                    "smaller image or batch";
   }
   check_memory(needed, what + "; image " + run.input.str() + ", grid " + run.grid.str(), budget,
                advice);

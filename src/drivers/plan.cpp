@@ -383,6 +383,16 @@ std::optional<GridShape> fewest_ranks_that_fit(const ModelSpec& spec, const Plan
                                                std::int64_t bytes, Cost cost) {
   const int max_h = static_cast<int>(std::min<std::int64_t>(64, options.input.h));
   const int max_w = static_cast<int>(std::min<std::int64_t>(64, options.input.w));
+  // The most ranks hold the least per rank: when the grid of the most ranks the model plans on
+  // does not fit, none does (saves the search over all 4096 grids, seconds for a hopeless image).
+  {
+    PlanOptions o = options;
+    o.grid = {options.grid.n, max_h, max_w};
+    const std::optional<GridShape> most = plans(spec, o) ? o.grid : suggest_grid(spec, o);
+    if (!most) return std::nullopt;
+    o.grid = *most;
+    if (cost(analyse(spec, o)) > bytes) return std::nullopt;
+  }
   for (int ranks = 1; ranks <= max_h * max_w; ++ranks) {
     std::optional<GridShape> found;
     for (int h = 1; h <= std::min(ranks, max_h); ++h) {

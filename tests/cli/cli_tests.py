@@ -900,6 +900,29 @@ def plan_bounds_measured_peak(env):
 
 
 @scenario
+def plan_host_grid_that_fits(env):
+    """A plan beyond --host-memory names the grid with the fewest ranks that fits, and that grid
+    fits; tessera train refused for memory names one too (at this machine's memory per rank), and
+    says so at once when no grid of up to 64 x 64 does."""
+    args = ["--model", "unet-small", "--image", "3x40000x40000", "--host-memory", "16"]
+    r = plan_cmd(env, *args, "--grid", "1x1x2")
+    expect_error(r, "16.0 GiB available (--host-memory)")
+    if "host memory per rank: 16.0 GiB (--host-memory): does NOT fit" not in r.output:
+        fail("expected the plan to say that it does not fit --host-memory 16", r)
+    m = re.search(r"a grid that fits: --grid (1x\d+x\d+)", r.output)
+    if not m:
+        fail("expected a grid that fits", r)
+    expect_ok(plan_cmd(env, *args, "--grid", m.group(1)),
+              "host memory per rank: 16.0 GiB (--host-memory): fits")
+    # (Far beyond any test machine's memory on 2 ranks, within reach of 64 x 64.)
+    r = env.tessera(2, "train", "--grid", "1x1x2", "--height", "100000", "--width", "100000",
+                    "--batch", "1")
+    expect_error(r, "the run needs", "would fit (at this memory per rank)")
+    r = env.tessera(2, "train", "--grid", "1x1x2", "--height", "1000000000", "--batch", "8")
+    expect_error(r, "no grid of up to 64 x 64 spatial ranks fits at this memory per rank")
+
+
+@scenario
 def plan_basic(env):
     args = ["--model", "convstack-small", "--grid", "1x2x3", "--image", "3x1024x1024",
             "--batch", "2"]

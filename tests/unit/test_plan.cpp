@@ -314,6 +314,30 @@ TEST(Plan, GridThatFitsIsTheSmallestThatFits) {
   EXPECT_FALSE(grid_that_fits(m, o, kDeviceReserve));  // nothing is left for the parameters
 }
 
+// The host's: the fewest spatial ranks whose walked estimate fits; nothing when even the grid of
+// the most ranks the model plans on does not.
+TEST(Plan, HostGridThatFitsIsTheSmallestThatFits) {
+  const ModelSpec m = load_model("unet-small");
+  const PlanOptions o = options({1, 1, 1}, {1, 3, 4096, 4096}, "float32");
+  const auto total = [](const Plan& p) { return p.memory.total(); };
+  const std::int64_t one = make_plan(m, o).memory.total();
+  EXPECT_EQ(host_grid_that_fits(m, o, one, total), (GridShape{1, 1, 1}));
+  const std::int64_t budget = one / 5;
+  const std::optional<GridShape> g = host_grid_that_fits(m, o, budget, total);
+  ASSERT_TRUE(g);
+  PlanOptions at = o;
+  at.grid = *g;
+  EXPECT_LE(make_plan(m, at).memory.total(), budget);
+  EXPECT_GE(g->h * g->w, 5);
+  for (int h = 1; h <= g->h * g->w; ++h)
+    for (int w = 1; h * w < g->h * g->w; ++w) {
+      at.grid = {1, h, w};
+      EXPECT_GT(make_plan(m, at).memory.total(), budget) << h << "x" << w;
+    }
+  // Parameters fit, the fixed part alone does not: no grid, found at once.
+  EXPECT_FALSE(host_grid_that_fits(m, o, kHostFixed, total));
+}
+
 TEST(Plan, PlansA1024RankGrid) {
   const ModelSpec m = load_model("convstack-small");
   const Plan p = make_plan(m, options({1, 32, 32}, {1, 3, 4096, 4096}, "float32"));
