@@ -42,6 +42,7 @@ struct MemoryWalk::Node {
   bool parts = false;   // a convolution reading a taken concat's inputs
   bool by_producer = false, by_consumer = false;  // an activation fused into its neighbours
   bool windowless = false, narrow = false, pointwise = false, blocked_ok = false;
+  bool few = false;          // few channels: the narrow kernels' where they are on
   std::int64_t scratch = 0;  // bytes of oneDNN's scratchpad (Winograd)
 };
 
@@ -116,6 +117,7 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
     const bool one = c.axis(0).span() == 1 && c.axis(1).span() == 1;
     const std::int64_t i = n.cin, o = c.out_channels;
     const bool few = o <= 8 ? i <= 64 : o <= 16 && i < 32 && i % 16 != 0;
+    n.few = few;
     n.narrow = engine.narrow_conv && stride1 && !one && few;
     n.pointwise = stride1 && one && o <= 8;
     if (c.kernel == Pair{3, 3} && stride1 && c.dilation == Pair{1, 1} && std::min(i, o) >= 16 &&
@@ -133,7 +135,7 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
     bool ok = c.stride == Pair{1, 1} && !(sh == 1 && sw == 1) && in.global.h == n.out.global.h &&
               in.global.w == n.out.global.w;
     if (!n.parts && n.cin > 16 && n.cin % 16 != 0) ok = false;
-    if (n.parts && fast_ && c.out_channels >= 16) ok = false;  // oneDNN gathers the parts
+    if (n.parts && fast_ && !n.narrow) ok = false;  // only the narrow kernels read the parts
     for (int a = 0; ok && a < g.h; ++a)
       ok = n.out.tile_of(a, 0).h.size() > 2 * sh;
     for (int b = 0; ok && b < g.w; ++b)
@@ -470,10 +472,10 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
       };
       const std::string why = name + ": input gradient, backward";
       if (n.conv) {
+        const bool first = std::all_of(ins.begin(), ins.end(), [](int s) { return s < 0; });
         if (fast_)
           live.alloc(name + ".scratch", scratch_bytes(k, z.out, z.window),
                      name + ": oneDNN's scratch and reorders, backward");
-        const bool first = std::all_of(ins.begin(), ins.end(), [](int s) { return s < 0; });
         if (first) {
           // no input gradient
         } else if (n.windowless) {
@@ -552,10 +554,16 @@ std::int64_t MemoryWalk::scratch_bytes(std::size_t k, std::int64_t out, std::int
   const Node& n = nodes_[k];
   std::int64_t b = n.scratch;
   if (n.narrow || n.pointwise) return b;
-  // An output no consumer takes blocked: y and dy reordered, padded to 16 channels.
+  const auto padded = [this](std::int64_t elements, std::int64_t channels) {
+    return pooled(saturating_mul(elements / channels * ((channels + 15) / 16 * 16), dtype_bytes_));
+  };
+  // An output no consumer takes blocked: y and dy reordered, padded to 16 channels. Few channels
+  // where the narrow kernels are off (TESSERA_NARROW_CONV=0, or a CPU without AVX-512): oneDNN may
+  // compute y and dy padded to 16 channels (aBcd16b) and reorder them (ONEDNN_VERBOSE,
+  // convstack-small; measured at 512x512 to 2048x2048, cli_plan_bounds_measured_peak).
   const std::int64_t c = n.conv->out_channels;
-  if (!n.blocked_ok)
-    b = saturating_add(b, pooled(saturating_mul(out / c * ((c + 15) / 16 * 16), dtype_bytes_)));
+  const bool odd = n.few && !engine_.narrow_conv && (c % 16 != 0 || n.cin % 16 != 0);
+  if (!n.blocked_ok || odd) b = saturating_add(b, padded(out, c));
   // --precision bf16 (kernels/cpu/onednn_conv.cpp): a bfloat16 copy of the convolution's input
   // (the window forward, dy backward) and its result in another layout (CPUs with AMX: oneDNN 2's
   // AMX kernels read and write only NHWC, so y or dx is computed in NHWC, then reordered: float32,
