@@ -491,9 +491,8 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
     out << "\n";
   }
   out << "  throughput " << fixed(static_cast<double>(input.n) / step, 3)
-      << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB";
-  if (estimate > 0) out << " (tessera plan: " << human_bytes(estimate) << ")";
-  out << "\n";
+      << " images/s; peak memory per rank " << fixed(peak_mib, 1) << " MiB"
+      << estimate_note(estimate) << "\n";
   report_memory(out, j, m.memory, m.warmup);
   if (membw) report_bandwidth(out, j, bandwidth);
   j["conv_gflop_per_step"] = conv.flops / 1e9;

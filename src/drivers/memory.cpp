@@ -113,6 +113,10 @@ void check_memory(std::int64_t bytes, const std::string& what, const MemoryBudge
               (advice.empty() ? "" : ": " + advice));
 }
 
+std::string estimate_note(std::int64_t estimate) {
+  return estimate > 0 ? " (tessera plan: " + human_bytes(estimate) + ")" : "";
+}
+
 std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
                               const MemoryBudget& budget) {
   Plan plan;
@@ -142,12 +146,14 @@ std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
   const std::int64_t outputs = output_bytes(plan);
   const std::int64_t extras =
       saturating_add(optimizer, saturating_add(metrics, run.sample_order_bytes));
-  std::int64_t needed = saturating_add(
-      saturating_add(run.inference ? m.inference() : m.training(run.evaluates), extras), outputs);
-  std::string what = std::string("estimate: ") +
-                     (run.inference ? "inference " + human_bytes(m.inference())
-                                    : "training " + human_bytes(m.training(run.evaluates))) +
-                     " (tessera plan; params x2 " + human_bytes(m.params) + " of it)";
+  // What tessera plan estimates the run holds, on this grid or another.
+  const auto held = [&run](const MemoryEstimate& e) {
+    return run.inference ? e.inference() : e.training(run.evaluates);
+  };
+  std::int64_t needed = saturating_add(saturating_add(held(m), extras), outputs);
+  std::string what = std::string("estimate: ") + (run.inference ? "inference " : "training ") +
+                     human_bytes(held(m)) + " (tessera plan; params x2 " + human_bytes(m.params) +
+                     " of it)";
   if (optimizer > 0) what += " + optimizer state " + human_bytes(optimizer);
   if (outputs > 0) what += " + outputs " + human_bytes(outputs);
   if (metrics > 0) what += " + metrics " + human_bytes(metrics);
@@ -156,26 +162,23 @@ std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
     needed = saturating_add(needed, plan.single.training(run.evaluates));
     what += " + the single-rank reference " + human_bytes(plan.single.training(run.evaluates));
   }
-  if (needed < kSizeMax && (budget.bytes <= 0 || needed <= budget.bytes))
-    return run.engine.kernels == KernelBackend::cuda ? 0 : needed;
-  std::string advice =
-      "use more ranks, a smaller image or a smaller batch (tessera plan estimates any grid)";
-  // The smallest grid that would fit, where more ranks help (not gradcheck's single-rank
-  // reference, which stays whole).
-  if (budget.bytes > 0 && !run.single_reference) {
-    const std::optional<GridShape> fits = host_grid_that_fits(
-        spec, options, std::max<std::int64_t>(0, budget.bytes - extras), [&](const Plan& p) {
-          const MemoryEstimate& e = p.memory;
-          return saturating_add(run.inference ? e.inference() : e.training(run.evaluates),
-                                output_bytes(p));
-        });
-    advice = fits ? "a grid of " + fits->str() + " would fit (at this memory per rank)"
-                  : "no grid of up to 64 x 64 spatial ranks fits at this memory per rank; use a "
-                    "smaller image or batch";
+  if (needed >= kSizeMax || (budget.bytes > 0 && needed > budget.bytes)) {
+    std::string advice =
+        "use more ranks, a smaller image or a smaller batch (tessera plan estimates any grid)";
+    // The smallest grid that would fit, where more ranks help (not gradcheck's single-rank
+    // reference, which stays whole).
+    if (budget.bytes > 0 && !run.single_reference) {
+      const std::optional<GridShape> fits = host_grid_that_fits(
+          spec, options, std::max<std::int64_t>(0, budget.bytes - extras),
+          [&](const Plan& p) { return saturating_add(held(p.memory), output_bytes(p)); });
+      advice = fits ? "a grid of " + fits->str() + " would fit (at this memory per rank)"
+                    : "no grid of up to 64 x 64 spatial ranks fits at this memory per rank; use "
+                      "a smaller image or batch";
+    }
+    check_memory(needed, what + "; image " + run.input.str() + ", grid " + run.grid.str(), budget,
+                 advice);  // throws
   }
-  check_memory(needed, what + "; image " + run.input.str() + ", grid " + run.grid.str(), budget,
-               advice);
-  return needed;  // not reached: check_memory threw
+  return run.engine.kernels == KernelBackend::cuda ? 0 : needed;
 }
 
 }  // namespace tessera

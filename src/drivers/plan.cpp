@@ -164,7 +164,6 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
   plan.dtype_bytes = dtype_size(o.dtype);
   const std::vector<Node> nodes = set_up(spec, o);
   const Distribution input = input_distribution(spec, o);
-  MemoryWalk walk(spec, nodes, input, plan.dtype_bytes, o.engine);
   const GridShape& g = o.grid;
   for (int n = 0; n < g.n; ++n)
     widen(plan.samples, input.samples_of(n).size(), n == 0);
@@ -172,6 +171,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
   // Group 0 holds the most samples (block partition), so per-sample counts times its samples
   // bound every rank.
   const std::int64_t samples = plan.samples.max;
+  MemoryWalk walk(spec, nodes, input, samples, plan.dtype_bytes, o.engine);
 
   std::vector<RankTotals> ranks(static_cast<std::size_t>(g.h) * g.w);
   for (int i = 0; i < g.h; ++i)
@@ -215,7 +215,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
           halo_max = std::max(halo_max, moved);
           r.halo = add(r.halo, mul(2, moved));  // fill, then accumulate
           r.staging = add(r.staging, moved);    // one device buffer per box sent or received
-          r.host_halo = add(r.host_halo, walk.halo_bytes(k, h.moved, samples));
+          r.host_halo = add(r.host_halo, walk.halo_bytes(k, h.moved));
           // Only the part inside the image is exchanged: clip the window to it. A window wholly
           // in the padding clips to an empty range, its sides then sum to minus the owned tile.
           auto clip = [](Range w, std::int64_t extent) {
@@ -244,7 +244,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
       const RankTotals& r = ranks[i * g.w + j];
       step_max = std::max(step_max, r.halo);
       MemoryEstimate m = to_bytes(r, samples, plan.params, bytes);
-      const RankWalk& w = walk.walk(i, j, samples);
+      const RankWalk& w = walk.walk(i, j);
       m.step = w.step.bytes;
       m.step_at = w.step.at;
       m.evaluation = w.inference.bytes;

@@ -47,9 +47,10 @@ struct MemoryWalk::Node {
 };
 
 MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double>>& graph,
-                       const Distribution& input, std::int64_t dtype_bytes,
+                       const Distribution& input, std::int64_t samples, std::int64_t dtype_bytes,
                        const PlanEngine& engine)
     : input_(input),
+      samples_(samples),
       dtype_bytes_(dtype_bytes),
       engine_(engine),
       fast_(engine.kernels == KernelBackend::onednn && dtype_bytes == 4) {
@@ -193,22 +194,21 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
 
 MemoryWalk::~MemoryWalk() = default;
 
-const RankWalk& MemoryWalk::walk(int i, int j, std::int64_t samples) {
-  const std::pair<int, std::int64_t> key{row_class_[static_cast<std::size_t>(i)] * col_classes_ +
-                                             col_class_[static_cast<std::size_t>(j)],
-                                         samples};
+const RankWalk& MemoryWalk::walk(int i, int j) {
+  const int key = row_class_[static_cast<std::size_t>(i)] * col_classes_ +
+                  col_class_[static_cast<std::size_t>(j)];
   auto it = cache_.find(key);
-  if (it == cache_.end()) it = cache_.emplace(key, run(i, j, samples)).first;
+  if (it == cache_.end()) it = cache_.emplace(key, run(i, j)).first;
   return it->second;
 }
 
-std::int64_t MemoryWalk::halo_bytes(std::size_t k, std::int64_t moved, std::int64_t samples) const {
+std::int64_t MemoryWalk::halo_bytes(std::size_t k, std::int64_t moved) const {
   const Node& n = nodes_[k];
-  const std::int64_t per = saturating_mul(saturating_mul(moved, n.cin), samples);
+  const std::int64_t per = saturating_mul(saturating_mul(moved, n.cin), samples_);
   if (!n.windowless) return saturating_mul(per, dtype_bytes_);
   // Fill and accumulate exchanges each with their buffers, and the strips' x and gradient
   // (about the received boxes) and dy (the output's channels).
-  const std::int64_t dy = saturating_mul(saturating_mul(moved, n.conv->out_channels), samples);
+  const std::int64_t dy = saturating_mul(saturating_mul(moved, n.conv->out_channels), samples_);
   return saturating_mul(saturating_add(saturating_mul(4, per), dy), dtype_bytes_);
 }
 
@@ -250,8 +250,8 @@ class Live {
 
 }  // namespace
 
-RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
-  const std::int64_t d = dtype_bytes_;
+RankWalk MemoryWalk::run(int i, int j) const {
+  const std::int64_t d = dtype_bytes_, samples = samples_;
   const auto bytes = [&](std::int64_t elements, std::int64_t per) {
     return pooled(saturating_mul(elements, per));
   };
@@ -364,14 +364,6 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
           } else {
             own(".window", bytes(z.window_padded, d), "window");
           }
-          live.alloc(y, bytes(z.out, d), name + ": output, forward");
-          for (const std::string& key : old)
-            live.free(key);
-          if (fast_) {
-            live.alloc(name + ".scratch", scratch_bytes(k, z.out, z.window),
-                       name + ": oneDNN's scratch, forward");
-            live.free(name + ".scratch");
-          }
         } else if (n.map) {  // pooling, upsampling, transposed convolution
           bool fused_grad = false;
           if (ins[0] >= 0) {
@@ -386,7 +378,6 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
           } else {
             own(".window", bytes(z.window, d), "window");
           }
-          live.alloc(y, bytes(z.out, d), name + ": output, forward");
           if (t == "maxpool2d" && !live.holds(name + ".argmax"))
             live.alloc(name + ".argmax", bytes(z.out, fast_ ? 1 : 8), name + ": argmax");
         } else if (t == "batchnorm2d") {
@@ -394,27 +385,32 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
             adopt();
           else
             own(".x", bytes(z.in, d), "input kept");
-          live.alloc(y, bytes(z.out, d), name + ": output, forward");
-        } else if (t == "relu" || t == "leaky_relu") {
+        } else if (is_activation(t)) {
           if (!n.by_consumer && !live.holds(name + ".mask"))
             live.alloc(name + ".mask", bytes(z.out, 1), name + ": mask");
           if (n.by_producer) {
             out[k] = out_key(ins[0]);
             pending[std::size_t(ins[0])] = 1;
             moved = true;
-          } else {
-            live.alloc(y, bytes(z.out, d), name + ": output, forward");
           }
         } else if (t == "sigmoid" || t == "dropout") {
-          live.alloc(y, bytes(z.out, d), name + ": output, forward");
           own(".kept", bytes(z.out, d), t == "sigmoid" ? "output kept" : "mask");
         } else if (t == "linear") {
-          live.alloc(y, bytes(z.out, d), name + ": output, forward");
           own(".x", bytes(z.in, d), "input kept");
-        } else {  // concat, add, global_avgpool: a new output, nothing kept
+        }  // concat, add, global_avgpool: nothing kept
+        // A new output, but for an activation its producer computed.
+        if (!moved) {
           live.alloc(y, bytes(z.out, d), name + ": output, forward");
+          out[k] = y;
         }
-        if (!moved) out[k] = y;
+        // What a convolution took over goes only after its new output came.
+        for (const std::string& key : old)
+          live.free(key);
+        if (n.conv && fast_) {
+          live.alloc(name + ".scratch", scratch_bytes(k, z.out, z.window),
+                     name + ": oneDNN's scratch, forward");
+          live.free(name + ".scratch");
+        }
         kept[k] = std::move(keep);
         // Inputs this node read last go, unless it took them over.
         for (const int src : ins) {
@@ -432,11 +428,10 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
       result.inference = live.peak();
       continue;
     }
-    result.loss_gradient = bytes(sizes.back().out, d);
-
     // The loss's gradient and the copy the backward pass starts from.
-    live.alloc("loss.grad", bytes(sizes.back().out, d), "the loss gradient");
-    live.alloc("dy", bytes(sizes.back().out, d), "the loss gradient's copy");
+    result.loss_gradient = bytes(sizes.back().out, d);
+    live.alloc("loss.grad", result.loss_gradient, "the loss gradient");
+    live.alloc("dy", result.loss_gradient, "the loss gradient's copy");
     std::map<int, std::string> grads{{static_cast<int>(count - 1), "dy"}};
     int made = 0;
     const auto add_grad = [&](int src, std::int64_t b, const std::string& why) {
@@ -460,17 +455,16 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
       grads.erase(g);
       const Sizes& z = sizes[k];
       const std::string& name = n.name;
-      const std::string& t = n.type;
       const std::vector<int>& ins = n.ins;
       const auto free_kept = [&] {
         for (const std::string& key : kept[k])
           live.free(key);
       };
+      const std::string why = name + ": input gradient, backward";
       const auto part_grads = [&] {
         for (std::size_t m = 0; m < ins.size(); ++m)
-          add_grad(ins[m], bytes(el(n.in[m]), d), name + ": input gradient, backward");
+          add_grad(ins[m], bytes(el(n.in[m]), d), why);
       };
-      const std::string why = name + ": input gradient, backward";
       if (n.conv) {
         const bool first = std::all_of(ins.begin(), ins.end(), [](int s) { return s < 0; });
         if (fast_)
@@ -534,8 +528,8 @@ RankWalk MemoryWalk::run(int i, int j, std::int64_t samples) const {
           free_kept();
           live.free(name + ".dwindow");
         }
-      } else if ((t == "relu" || t == "leaky_relu") && n.by_consumer) {
-        grads[ins[0]] = *dy;  // moved through
+      } else if (n.by_consumer) {  // an activation whose consumer applied f
+        grads[ins[0]] = *dy;       // moved through
         dy.reset();
       } else {
         // batch norm, activations, dropout, linear, pooling to a point, concat, add: a gradient
@@ -554,16 +548,14 @@ std::int64_t MemoryWalk::scratch_bytes(std::size_t k, std::int64_t out, std::int
   const Node& n = nodes_[k];
   std::int64_t b = n.scratch;
   if (n.narrow || n.pointwise) return b;
-  const auto padded = [this](std::int64_t elements, std::int64_t channels) {
-    return pooled(saturating_mul(elements / channels * ((channels + 15) / 16 * 16), dtype_bytes_));
-  };
   // An output no consumer takes blocked: y and dy reordered, padded to 16 channels. Few channels
   // where the narrow kernels are off (TESSERA_NARROW_CONV=0, or a CPU without AVX-512): oneDNN may
   // compute y and dy padded to 16 channels (aBcd16b) and reorder them (ONEDNN_VERBOSE,
   // convstack-small; measured at 512x512 to 2048x2048, cli_plan_bounds_measured_peak).
   const std::int64_t c = n.conv->out_channels;
   const bool odd = n.few && !engine_.narrow_conv && (c % 16 != 0 || n.cin % 16 != 0);
-  if (!n.blocked_ok || odd) b = saturating_add(b, padded(out, c));
+  if (!n.blocked_ok || odd)
+    b = saturating_add(b, pooled(saturating_mul(out / c * ((c + 15) / 16 * 16), dtype_bytes_)));
   // --precision bf16 (kernels/cpu/onednn_conv.cpp): a bfloat16 copy of the convolution's input
   // (the window forward, dy backward) and its result in another layout (CPUs with AMX: oneDNN 2's
   // AMX kernels read and write only NHWC, so y or dx is computed in NHWC, then reordered: float32,

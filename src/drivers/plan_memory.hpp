@@ -29,33 +29,36 @@ struct RankWalk {
 class MemoryWalk {
  public:
   // Decides, from shapes, types and `engine` alone, what Model's constructor and the layers'
-  // bind() decide (fusions, taken concats, windowless convolutions, blocked layouts).
+  // bind() decide (fusions, taken concats, windowless convolutions, blocked layouts). Every rank
+  // is walked with `samples` samples (the most any rank holds).
   MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double>>& nodes,
-             const Distribution& input, std::int64_t dtype_bytes, const PlanEngine& engine);
+             const Distribution& input, std::int64_t samples, std::int64_t dtype_bytes,
+             const PlanEngine& engine);
   ~MemoryWalk();
   MemoryWalk(const MemoryWalk&) = delete;
   MemoryWalk& operator=(const MemoryWalk&) = delete;
 
-  // The walks of spatial rank (i, j) with `samples` samples, without halo buffers and the fixed
-  // cost (MemoryEstimate's halo and fixed). Ranks with the same tile and window extents on every
-  // layer share one walk.
-  const RankWalk& walk(int i, int j, std::int64_t samples);
+  // The walks of spatial rank (i, j), without halo buffers and the fixed cost (MemoryEstimate's
+  // halo and kHostFixed). Ranks with the same tile and window extents on every layer share one
+  // walk.
+  const RankWalk& walk(int i, int j);
 
   // Bytes of the halo buffers rank (i, j) keeps for window layer k, given the elements it receives
   // and sends per channel plane in one exchange (RankHalo::moved): receive and send boxes per
   // exchange, twice and with the strip buffers for a windowless convolution.
-  std::int64_t halo_bytes(std::size_t k, std::int64_t moved, std::int64_t samples) const;
+  std::int64_t halo_bytes(std::size_t k, std::int64_t moved) const;
 
   struct Node;  // what the walk knows of a layer (plan_memory.cpp)
 
  private:
-  RankWalk run(int i, int j, std::int64_t samples) const;
+  RankWalk run(int i, int j) const;
   // What convolution k's oneDNN kernels allocate for one call beside the tensors, for an output
   // and a window of `out` and `window` elements.
   std::int64_t scratch_bytes(std::size_t k, std::int64_t out, std::int64_t window) const;
 
   std::vector<Node> nodes_;
   Distribution input_;
+  std::int64_t samples_;
   std::int64_t dtype_bytes_;
   PlanEngine engine_;
   bool fast_;  // oneDNN's float32 kernels
@@ -65,8 +68,7 @@ class MemoryWalk {
   // cached per pair of classes.
   std::vector<int> row_class_, col_class_;
   int col_classes_ = 0;
-  std::map<std::pair<int, std::int64_t>, RankWalk>
-      cache_;  // (row class * columns + column class, samples)
+  std::map<int, RankWalk> cache_;  // by row class * column classes + column class
 };
 
 }  // namespace tessera

@@ -656,7 +656,7 @@ int Predictor<T>::run() {
          << std::setprecision(2) << static_cast<double>(images_) / std::max(elapsed, 1e-9)
          << " img/s); peak memory per rank " << std::setprecision(1) << peak_min << ".." << peak_max
          << " MiB" << std::defaultfloat;
-    if (memory_estimate_ > 0) out_ << " (tessera plan: " << human_bytes(memory_estimate_) << ")";
+    out_ << estimate_note(memory_estimate_);
     if (!o_.output.empty()) out_ << "; wrote " << o_.output;
     out_ << "\n" << std::flush;
   }

@@ -902,9 +902,8 @@ void Trainer<T>::finish() {
   if (line_open_) out_ << "\n";
   out_ << "done: " << std::max<std::int64_t>(0, total_steps_ - start_) << " steps in "
        << duration_text(seconds_since(began_)) << "; peak memory per rank " << std::fixed
-       << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat;
-  if (memory_estimate_ > 0) out_ << " (tessera plan: " << human_bytes(memory_estimate_) << ")";
-  out_ << "\n";
+       << std::setprecision(1) << peak_min << ".." << peak_max << " MiB" << std::defaultfloat
+       << estimate_note(memory_estimate_) << "\n";
 }
 
 template <typename T>

@@ -64,6 +64,9 @@ struct RunMemory {
 // not describe them). Local.
 std::int64_t check_run_memory(const ModelSpec& spec, const RunMemory& run,
                               const MemoryBudget& budget);
+// " (tessera plan: 595 MiB)": the estimate check_run_memory returned, to follow the peak a run
+// measured; empty for 0. Local.
+std::string estimate_note(std::int64_t estimate);
 // Refuses `bytes` per rank (made of `what`) beyond `budget`, or past 64 bits, with the same
 // message, then `advice`. Local.
 void check_memory(std::int64_t bytes, const std::string& what, const MemoryBudget& budget,
