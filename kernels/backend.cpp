@@ -7,6 +7,7 @@
 
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
+#include "tessera/kernels/amx_conv.hpp"
 #include "tessera/kernels/narrow_conv.hpp"
 #include "tessera/kernels/simd.hpp"
 #include "tessera_config.h"
@@ -30,8 +31,14 @@ class OneDnnBackend final : public Backend {
  public:
   KernelBackend kind() const override { return KernelBackend::onednn; }
   std::string description() const override {
+    const std::string bf16 =
+        !conv_bf16() ? ""
+        : amx::available()
+            ? "; bfloat16 convolutions (--precision bf16): Tessera's AMX kernels between "
+              "16-channel blocks at stride 1, else oneDNN's"
+            : "; bfloat16 convolutions (--precision bf16) on oneDNN's kernels";
     return "onednn for float32 convolutions, transposed convolutions and pooling (" +
-           onednn_description() + "); " +
+           onednn_description() + ")" + bf16 + "; " +
            (narrow_conv_available() ? "narrow AVX-512 kernels for convolutions of few channels; "
                                     : "") +
            "threaded loops for batch norm (" + to_string(simd_level()) +

@@ -18,6 +18,7 @@
 
 #include "onednn_common.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/amx_conv.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/simd.hpp"
@@ -151,14 +152,19 @@ bool is_winograd(const dnnl::primitive_desc& pd) {
   return pd && std::string(pd.impl_info_str()).find("wino") != std::string::npos;
 }
 
-// Whether a conv of weight shape `w` (OIHW) computes in float32 under --precision bf16 too: a 1x1
-// conv to fewer than 16 channels (a segmentation head) is memory-bound, so bfloat16 products gain
-// it nothing, while converting its input costs a pass and oneDNN's bf16 kernels want 16-channel
-// blocks on both sides, so the layer before it wrote NCHW to feed it (conv-bench's 32 -> 2 head
-// under bf16 at 2048x2048: 1 rank x 2 threads, head and the conv before it 1.76 s per step
-// against 0.98 s with the head in float32).
-bool narrow_head_in_float32(const Shape4& w) {
-  return w.h == 1 && w.w == 1 && w.n < kBlock;
+// Whether a conv of weight shape `w` (OIHW) computes in float32 under --precision bf16 too:
+// - a 1x1 conv to fewer than 16 channels (a segmentation head) is memory-bound, so bfloat16
+//   products gain it nothing, while converting its input costs a pass and oneDNN's bf16 kernels
+//   want 16-channel blocks on both sides, so the layer before it wrote NCHW to feed it
+//   (conv-bench's 32 -> 2 head under bf16 at 2048x2048: 1 rank x 2 threads, head and the conv
+//   before it 1.76 s per step against 0.98 s with the head in float32);
+// - a conv reading fewer than 16 channels a group (a first layer's 3 colour channels, a
+//   depthwise conv) has few products a pixel for the bytes it writes: conv-bench's 3 -> 32 3x3
+//   forward at 2048x2048 took 170-186 ms in bfloat16 on the Intel Xeon with AMX (oneDNN's AMX
+//   kernel, which writes NHWC, then 81 ms converting its output to 16-channel blocks) against
+//   46 ms in float32 (1 rank x 2 threads, 2026-11-28).
+bool computes_in_float32_under_bf16(const Shape4& w) {
+  return (w.h == 1 && w.w == 1 && w.n < kBlock) || w.c < kBlock;
 }
 
 // Whether `pd` is oneDNN 2.x's AMX backward-weights kernel (jit:avx512_core_amx_bf16), which
@@ -254,6 +260,12 @@ struct OneDnnConv::Plan {
   // Backward-weights in strips of output rows when the whole pass's scratchpad is too large
   // (g_weights_scratch_limit); empty: one call over the whole tensors.
   WeightsStrips weights_strips;
+
+  // Under bf16 on CPUs with AMX: Tessera's AMX kernels for the forward and backward-data passes
+  // (kernels/amx_conv.hpp), reading and writing nchw16c where oneDNN 2.6's AMX kernels convert to
+  // and from NHWC; null where they do not take the conv (oneDNN's primitives run then).
+  std::unique_ptr<amx::Conv> amx_forward, amx_data;
+  std::unique_ptr<amx::ConvWeights> amx_weights;
 };
 
 std::unique_ptr<OneDnnConv> OneDnnConv::create(const ConvShapes& shapes,
@@ -372,8 +384,10 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     const auto f32 = memory::data_type::f32;
     // --precision bf16 (set_conv_bf16): the primitives read bf16 inputs, weights and output
     // gradients (the Ports convert Tessera's float32 on the way in) and write float32. Not a 1x1
-    // conv to fewer than 16 channels (a segmentation head, narrow_head_in_float32): float32.
-    const auto low = conv_bf16() && !narrow_head_in_float32(w) ? memory::data_type::bf16 : f32;
+    // conv to fewer than 16 channels (a segmentation head) nor one reading fewer than 16 channels
+    // a group (computes_in_float32_under_bf16): float32.
+    const auto low =
+        conv_bf16() && !computes_in_float32_under_bf16(w) ? memory::data_type::bf16 : f32;
     plan->bf16 = low != f32;
     // 8 channels in and out: oneDNN's own choice (16-channel blocks, half of them padding, for
     // the output and both gradients) takes 2-3x the time of its 8-channel blocked kernels, which
@@ -540,6 +554,26 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     // the gradient buffers the strips write).
     if (plan->weights_strips.strips.empty())
       plan->weights = convolution_backward_weights(plan->weights_pd);
+    // bf16 with both tensors in 16-channel blocks, stride 1, no groups: on CPUs with AMX, Tessera's
+    // AMX kernels take the three passes (backward-data as the correlation of dy with the flipped
+    // weights), reading and writing the blocks as they lie. oneDNN's primitives stay planned
+    // (they are small; the pass planned on them says which layouts oneDNN takes).
+    if (low != f32 && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 &&
+        shapes.x_layout == Layout::nchw16c && shapes.y_layout == Layout::nchw16c &&
+        (!shapes.activation || shapes.activation->kind != ActivationKind::sigmoid)) {
+      const amx::Correlation forward{.in = x,
+                                     .out = y,
+                                     .kh = w.h,
+                                     .kw = w.w,
+                                     .pad_top = g.pad_top,
+                                     .pad_left = g.pad_left,
+                                     .dil_h = g.dilation_h,
+                                     .dil_w = g.dilation_w};
+      plan->amx_forward = amx::Conv::plan(forward);
+      plan->amx_data = amx::Conv::plan(amx::adjoint(forward));
+      plan->amx_weights = amx::ConvWeights::plan(forward);
+      if (plan->amx_weights) plan->weights_strips = {};
+    }
   } catch (const dnnl::error&) {
     // Shapes or parameters oneDNN rejects: declined, the reference takes the case.
     return nullptr;
@@ -601,6 +635,11 @@ void OneDnnConv::run_forward(const float* x, const Tensor<float>& w, std::span<c
                 "oneDNN conv forward: bias of " + std::to_string(bias.size()) + " values for " +
                     std::to_string(p.shapes.w.n) + " output channels" +
                     (p.shapes.bias ? "" : " (planned without bias)"));
+  if (p.amx_forward) {
+    p.amx_forward->set_weights(w.data(), false);
+    p.amx_forward->run(x, p.shapes.bias ? bias : std::span<const float>(), p.shapes.activation, y);
+    return;
+  }
   onednn::run("convolution forward", [&] {
     Storage src_buffer, dst_buffer, scratch, unused;
     memory src = p.fwd_src.read(x, p.stream, src_buffer);
@@ -627,6 +666,11 @@ void OneDnnConv::backward_data(const Tensor<float>& dy, const Tensor<float>& w, 
   p.dy_converted = memory();
   p.dy_source = nullptr;
   p.dy_buffer.reset();
+  if (p.amx_data) {
+    p.amx_data->set_weights(w.data(), true);
+    p.amx_data->run(dy.data(), {}, std::nullopt, dx.data());
+    return;
+  }
   onednn::run("convolution backward-data", [&] {
     Storage dy_buffer, dx_buffer, scratch, unused;
     memory diff_dst = p.data_diff_dst.read(dy.data(), p.stream, dy_buffer);
@@ -666,6 +710,10 @@ void OneDnnConv::backward_filter(const Tensor<float>& x, const Tensor<float>& dy
   const memory kept = std::exchange(p.dy_converted, memory());
   const float* kept_source = std::exchange(p.dy_source, nullptr);
   Storage dy_buffer = std::move(p.dy_buffer);
+  if (p.amx_weights) {
+    p.amx_weights->run(x.data(), dy.data(), dw.data(), p.shapes.bias ? dbias : std::span<float>());
+    return;
+  }
   // oneDNN overwrites its gradients; the kernel contract adds into the caller's.
   auto add_gradients = [&] {
     p.weights_diff_weights.finish(p.diff_w, static_cast<float*>(p.diff_w_plain.get_data_handle()),
@@ -725,8 +773,11 @@ bool OneDnnConv::applies_activation() const {
 std::string OneDnnConv::name() const {
   if (plan_->shapes.is_box()) return std::string("onednn ") + plan_->fwd_pd.impl_info_str();
   const std::int64_t strips = weights_strips();
-  return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
-         plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str() +
+  const std::string forward = plan_->amx_forward ? "tessera amx" : plan_->fwd_pd.impl_info_str();
+  const std::string data = plan_->amx_data ? "tessera amx" : plan_->data_pd.impl_info_str();
+  const std::string weights =
+      plan_->amx_weights ? "tessera amx" : plan_->weights_pd.impl_info_str();
+  return std::string("onednn ") + forward + "/" + data + "/" + weights +
          (strips > 0 ? ", backward-weights in " + std::to_string(strips) + " strips" : "");
 }
 

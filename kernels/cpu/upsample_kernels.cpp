@@ -102,37 +102,7 @@ void rows_to_block(const T* __restrict rows, T* __restrict block, std::int64_t c
 #if TESSERA_HAS_WIDE_LOOPS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
-// 16 rows of 16 floats (`from` apart) into 16 columns (`to` apart): dst[c * to + i] =
-// src[i * from + c]. Three rounds of shuffles: pairs of rows interleaved, then groups of four
-// within each 128-bit lane, then the 128-bit lanes (the maskz forms: GCC 12's unmasked ones
-// start from an "undefined" vector that -Wuninitialized flags, as in kernels/cpu/narrow_conv.cpp).
-inline void transpose16(const float* __restrict src, std::int64_t from, float* __restrict dst,
-                        std::int64_t to) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i)
-    r[i] = _mm512_loadu_ps(src + i * from);
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_ps(0xffff, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[i], r[i + 1]);
-  }
-  // r[4g + m], lane L: column 4L + m of rows 4g...4g + 3.
-  for (int g = 0; g < 16; g += 4) {
-    r[g] = _mm512_maskz_shuffle_ps(0xffff, t[g], t[g + 2], 0x44);
-    r[g + 1] = _mm512_maskz_shuffle_ps(0xffff, t[g], t[g + 2], 0xEE);
-    r[g + 2] = _mm512_maskz_shuffle_ps(0xffff, t[g + 1], t[g + 3], 0x44);
-    r[g + 3] = _mm512_maskz_shuffle_ps(0xffff, t[g + 1], t[g + 3], 0xEE);
-  }
-  for (int m = 0; m < 4; ++m) {
-    const __m512 a = _mm512_maskz_shuffle_f32x4(0xffff, r[m], r[4 + m], 0x44);
-    const __m512 b = _mm512_maskz_shuffle_f32x4(0xffff, r[m], r[4 + m], 0xEE);
-    const __m512 c = _mm512_maskz_shuffle_f32x4(0xffff, r[8 + m], r[12 + m], 0x44);
-    const __m512 d = _mm512_maskz_shuffle_f32x4(0xffff, r[8 + m], r[12 + m], 0xEE);
-    _mm512_storeu_ps(dst + (m)*to, _mm512_maskz_shuffle_f32x4(0xffff, a, c, 0x88));
-    _mm512_storeu_ps(dst + (4 + m) * to, _mm512_maskz_shuffle_f32x4(0xffff, a, c, 0xDD));
-    _mm512_storeu_ps(dst + (8 + m) * to, _mm512_maskz_shuffle_f32x4(0xffff, b, d, 0x88));
-    _mm512_storeu_ps(dst + (12 + m) * to, _mm512_maskz_shuffle_f32x4(0xffff, b, d, 0xDD));
-  }
-}
+#include "transpose16.inc"
 
 // widen_row<1> on float, 16 inputs at a time into 32 outputs by two lane permutes, with
 // streaming stores when `stream` and the pairs start 64-byte aligned: an upsampled image is

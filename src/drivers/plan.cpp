@@ -9,6 +9,7 @@
 #include "tessera/checked.hpp"
 #include "tessera/engine/graph.hpp"
 #include "tessera/error.hpp"
+#include "tessera/kernels/amx_conv.hpp"
 #include "tessera/kernels/narrow_conv.hpp"
 #include "tessera/partition.hpp"
 
@@ -330,7 +331,8 @@ PlanEngine plan_engine(const RuntimeOptions& o) {
           .fuse = o.fuse,
           .windowless = o.windowless,
           .narrow_conv = o.narrow_conv && narrow_conv_available(),
-          .bf16 = o.bf16};
+          .bf16 = o.bf16,
+          .amx = amx::available()};
 }
 
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options) {

@@ -411,6 +411,12 @@ RankWalk MemoryWalk::run(int i, int j) const {
                      name + ": oneDNN's scratch, forward");
           live.free(name + ".scratch");
         }
+        // A transposed convolution under bf16: oneDNN's stride-2 kernels, with their copies.
+        if (t == "conv_transpose2d" && fast_ && engine_.bf16) {
+          live.alloc(name + ".scratch", bf16_copies(z.out, z.window),
+                     name + ": bfloat16 copies, forward");
+          live.free(name + ".scratch");
+        }
         kept[k] = std::move(keep);
         // Inputs this node read last go, unless it took them over.
         for (const int src : ins) {
@@ -518,6 +524,10 @@ RankWalk MemoryWalk::run(int i, int j) const {
         free_kept();
         live.free(name + ".scratch");
       } else if (n.map) {
+        const bool copies = n.type == "conv_transpose2d" && fast_ && engine_.bf16;
+        if (copies)
+          live.alloc(name + ".scratch", bf16_copies(z.out, z.window),
+                     name + ": bfloat16 copies, backward");
         live.alloc(name + ".dwindow", bytes(z.window, d), name + ": window gradient");
         if (z.window_is_tile) {
           const std::int64_t b = live.release(name + ".dwindow");
@@ -528,6 +538,7 @@ RankWalk MemoryWalk::run(int i, int j) const {
           free_kept();
           live.free(name + ".dwindow");
         }
+        if (copies) live.free(name + ".scratch");
       } else if (n.by_consumer) {  // an activation whose consumer applied f
         grads[ins[0]] = *dy;       // moved through
         dy.reset();
@@ -560,15 +571,25 @@ std::int64_t MemoryWalk::scratch_bytes(std::size_t k, std::int64_t out, std::int
   // (the window forward, dy backward) and its result in another layout (CPUs with AMX: oneDNN 2's
   // AMX kernels read and write only NHWC, so y or dx is computed in NHWC, then reordered: float32,
   // the size of the output forward and of the window backward), and backward-weights' scratchpad
-  // in strips of at most 64 MiB with a strip's dy.
-  if (engine_.bf16) {
-    const auto two = [](std::int64_t e) { return pooled(saturating_mul(2, e)); };
-    const auto four = [](std::int64_t e) { return pooled(saturating_mul(4, e)); };
-    const std::int64_t copies =
-        std::max(saturating_add(two(window), four(out)), saturating_add(two(out), four(window)));
-    b = saturating_add(saturating_add(b, 80 * kMiB), copies);
-  }
+  // in strips of at most 64 MiB with a strip's dy. Not for a conv that computes in float32 under
+  // bf16 (a 1x1 to fewer than 16 channels, one reading fewer than 16 channels a group), nor one
+  // Tessera's AMX kernels take (stride 1, no groups, 16-channel blocks in and out: they convert
+  // a few rows at a time).
+  const Conv2dSpec& s = *n.conv;
+  const std::int64_t in_group = n.cin / std::max<std::int64_t>(s.groups, 1);
+  const bool float32 = (s.kernel[0] == 1 && s.kernel[1] == 1 && c < 16) || in_group < 16;
+  const bool amx = engine_.amx && s.groups == 1 && s.stride[0] == 1 && s.stride[1] == 1 &&
+                   n.cin % 16 == 0 && c % 16 == 0 && n.blocked_ok;
+  if (engine_.bf16 && !float32 && !amx) b = saturating_add(b, bf16_copies(out, window));
   return b;
+}
+
+std::int64_t MemoryWalk::bf16_copies(std::int64_t out, std::int64_t window) const {
+  const auto two = [](std::int64_t e) { return pooled(saturating_mul(2, e)); };
+  const auto four = [](std::int64_t e) { return pooled(saturating_mul(4, e)); };
+  const std::int64_t copies =
+      std::max(saturating_add(two(window), four(out)), saturating_add(two(out), four(window)));
+  return saturating_add(80 * kMiB, copies);
 }
 
 }  // namespace tessera

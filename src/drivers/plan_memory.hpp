@@ -55,6 +55,9 @@ class MemoryWalk {
   // What convolution k's oneDNN kernels allocate for one call beside the tensors, for an output
   // and a window of `out` and `window` elements.
   std::int64_t scratch_bytes(std::size_t k, std::int64_t out, std::int64_t window) const;
+  // What oneDNN's bfloat16 kernels add beside a (transposed) convolution's tensors under
+  // --precision bf16: conversions of an output of `out` and a window of `window` elements.
+  std::int64_t bf16_copies(std::int64_t out, std::int64_t window) const;
 
   std::vector<Node> nodes_;
   Distribution input_;

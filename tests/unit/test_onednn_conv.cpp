@@ -721,8 +721,9 @@ struct Bf16Switch {
 };
 
 // Under --precision bf16 a 1x1 conv to fewer than 16 channels (a segmentation head: memory-bound)
-// computes in float32, so it matches the float32 reference to float32's tolerance, on oneDNN's
-// kernels and as GEMMs on 8-channel blocks; a 3x3 conv still computes in bfloat16.
+// and a conv reading fewer than 16 channels (an image's 3) compute in float32, so they match the
+// float32 reference to float32's tolerance, on oneDNN's kernels and as GEMMs on 8-channel blocks;
+// a 3x3 conv of 32 channels still computes in bfloat16.
 TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
   if (!onednn_bf16_supported())
     GTEST_SKIP() << "oneDNN has no bfloat16 convolutions of its own here";
@@ -733,6 +734,11 @@ TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->name().find("bf16"), std::string::npos) << k->name();
   expect_matches_reference(*k, head);
+  const Case first = winograd_case(3, 32);
+  std::unique_ptr<OneDnnConv> image = OneDnnConv::create(first.shapes(), first.geometry());
+  ASSERT_NE(image, nullptr);
+  EXPECT_EQ(image->name().find("bf16"), std::string::npos) << image->name();
+  expect_matches_reference(*image, first);
   Case blocked = winograd_case(8, 2);
   blocked.kernel = 1;
   ConvShapes shapes = blocked.shapes();

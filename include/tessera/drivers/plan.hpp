@@ -28,6 +28,9 @@ struct PlanEngine {
   bool windowless = true;   // TESSERA_WINDOWLESS
   bool narrow_conv = true;  // the narrow AVX-512 convolutions where they fit (narrow_conv.hpp)
   bool bf16 = false;        // --precision bf16
+  // Tessera's AMX kernels take the bf16 convolutions they fit (kernels/amx_conv.hpp: this CPU
+  // has AMX), converting nothing whole.
+  bool amx = false;
 };
 
 // The engine RuntimeOptions `o` makes (for the narrow kernels: where this CPU has them). Local.

@@ -1,0 +1,579 @@
+// The AMX convolution kernels (include/tessera/kernels/amx_conv.hpp).
+//
+// Tiles (palette 1, eight registers of 16 rows x 64 bytes): tmm0-3 sum 2 x 2 tiles in float32,
+// tmm4-5 hold two first factors, tmm6-7 two second factors (multiply_2x2).
+// - The correlation (Conv): the sums are 16 output pixels x 16 channels, the first factors 16
+//   pixels x 32 input channels of the input in bfloat16 (two runs of 16 pixels), the second the
+//   weights of 32 input x 16 output channels of one tap in AMX's pair-interleaved order (two blocks
+//   of 16 output channels). A thread owns a run of output rows; for each it converts the one input
+//   row it has not seen yet into its ring (the rows of one output row's taps, channels-last, 32
+//   channels a chunk, zeros where the padding is).
+// - Backward-weights (ConvWeights): the sums are 16 input x 16 output channels of one tap, the
+//   first factors 16 input channels x 32 pixels of x (channel-major rows, transposed from the
+//   blocks), the second 32 pixels of dy in interleaved pairs x 16 output channels.
+#include "tessera/kernels/amx_conv.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "tessera/error.hpp"
+#include "tessera/kernels/simd.hpp"
+#include "tessera/parallel.hpp"
+
+#if TESSERA_HAS_WIDE_LOOPS
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace tessera::amx {
+namespace {
+
+constexpr std::int64_t kChunk = 32;      // input channels of one tile row (64 bytes of bfloat16)
+constexpr std::int64_t kOutBlock = 16;   // output channels of one tile (its columns)
+constexpr std::int64_t kTile = 16 * 32;  // bfloat16 values of one weight tile
+
+#if TESSERA_HAS_WIDE_LOOPS
+
+constexpr std::int64_t kPixels = 16;  // output pixels of one tile (its rows)
+
+bool env_off() {
+  const char* v = std::getenv("TESSERA_AMX");
+  return v != nullptr && std::string(v) == "0";
+}
+
+bool cpu_and_os_allow() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+  const bool avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1;
+  if (!amx_bf16 || !amx_tile || !avx512f || !avx512bw) return false;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1)) return false;  // AVX512_BF16
+  // Linux hands out the tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+  // XFEATURE_XTILEDATA), once per process.
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16")
+
+// The compiler does not see the tile loads and stores (inline assembly without a memory operand):
+// a barrier keeps the row conversions before the loads and the bias pass after the stores.
+inline void memory_barrier() {
+  asm volatile("" ::: "memory");
+}
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// The tile registers as every kernel here configures them: eight tiles of 16 rows x 64 bytes.
+void load_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = kPixels;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+inline void zero_2x2() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// tmm0..3 += (A0, A1) x (B0, B1) as tmm0 = A0 B0, tmm1 = A0 B1, tmm2 = A1 B0, tmm3 = A1 B1: the A
+// tiles from a0 and a1 (`a_stride` bytes from row to row), the B tiles from b0 and b1 (64 bytes);
+// without `second_a` (`second_b`) A1 (B1) is not read and its products are skipped.
+inline void multiply_2x2(const std::uint16_t* a0, const std::uint16_t* a1, std::int64_t a_stride,
+                         const std::uint16_t* b0, const std::uint16_t* b1, bool second_a,
+                         bool second_b) {
+  _tile_loadd(4, a0, a_stride);
+  _tile_loadd(6, b0, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if (second_b) {
+    _tile_loadd(7, b1, 64);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+  if (second_a) {
+    _tile_loadd(5, a1, a_stride);
+    _tile_dpbf16ps(2, 5, 6);
+    if (second_b) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// tmm0..3 into tiles[0..3], 16 rows of 16 floats each.
+inline void store_2x2(float (&tiles)[4][kPixels * kOutBlock]) {
+  _tile_stored(0, tiles[0], 64);
+  _tile_stored(1, tiles[1], 64);
+  _tile_stored(2, tiles[2], 64);
+  _tile_stored(3, tiles[3], 64);
+  memory_barrier();
+}
+
+// One ring row: input row `r` of sample `n` as bfloat16, channels-last, `cols` columns from input
+// column -pad_left, `chunks` chunks of 32 channels (the channels past in.c zero).
+void convert_row(const float* in, const Shape4& s, std::int64_t n, std::int64_t r,
+                 std::int64_t pad_left, std::int64_t cols, std::int64_t chunks,
+                 std::uint16_t* row) {
+  const std::int64_t pixel = chunks * kChunk;
+  if (r < 0 || r >= s.h) {
+    std::memset(row, 0, static_cast<std::size_t>(cols * pixel) * sizeof(std::uint16_t));
+    return;
+  }
+  const std::int64_t blocks = s.c / kBlock;
+  // Ring columns [begin, end) hold input columns; pad_left < 0 (an adjoint's) starts inside.
+  const std::int64_t begin = std::clamp<std::int64_t>(pad_left, 0, cols);
+  const std::int64_t end = std::clamp<std::int64_t>(pad_left + s.w, begin, cols);
+  std::memset(row, 0, static_cast<std::size_t>(begin * pixel) * sizeof(std::uint16_t));
+  if (end < cols)
+    std::memset(row + end * pixel, 0,
+                static_cast<std::size_t>((cols - end) * pixel) * sizeof(std::uint16_t));
+  for (std::int64_t q = 0; q < chunks; ++q) {
+    const std::int64_t b0 = 2 * q, b1 = 2 * q + 1;
+    const float* lo = in + ((n * blocks + b0) * s.h + r) * s.w * kBlock;
+    const float* hi = b1 < blocks ? in + ((n * blocks + b1) * s.h + r) * s.w * kBlock : nullptr;
+    std::uint16_t* out = row + q * kChunk;
+    for (std::int64_t c = begin; c < end; ++c) {
+      const std::int64_t x = (c - pad_left) * kBlock;
+      const __m512 l = _mm512_loadu_ps(lo + x);
+      const __m512 h = hi != nullptr ? _mm512_loadu_ps(hi + x) : _mm512_setzero_ps();
+      const __m512bh v = _mm512_cvtne2ps_pbh(h, l);
+      _mm512_storeu_si512(out + c * pixel, reinterpret_cast<const __m512i&>(v));
+    }
+  }
+}
+
+// One output tile from `tile` (16 pixels of 16 channels, as the tile store wrote them) to `y`:
+// its first `pixels` pixels, plus bias, through the activation where `activate`; streaming
+// stores (the caller fences) when `stream` and y lies on a 64-byte line.
+void finish_tile(const float* tile, float* y, std::int64_t pixels, const float* bias, bool activate,
+                 float slope, bool stream) {
+  const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  const __m512 s = _mm512_set1_ps(slope), zero = _mm512_setzero_ps();
+  stream = stream && reinterpret_cast<std::uintptr_t>(y) % 64 == 0;
+  for (std::int64_t p = 0; p < pixels; ++p) {
+    __m512 v = _mm512_add_ps(_mm512_load_ps(tile + p * kBlock), b);
+    if (activate) {  // elementwise::leaky_relu: v > 0 ? v : slope * v
+      const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+      v = _mm512_mask_mov_ps(_mm512_mul_ps(v, s), positive, v);
+    }
+    if (stream)
+      _mm512_stream_ps(y + p * kBlock, v);
+    else
+      _mm512_storeu_ps(y + p * kBlock, v);
+  }
+}
+
+struct RunArgs {
+  const Correlation& c;
+  std::int64_t chunks, blocks;
+  const std::uint16_t* packed;
+  const float* in;
+  const float* bias;  // nullptr: none
+  bool activate;
+  float slope;
+  float* out;
+};
+
+// Output rows [begin, end) of the flattened (sample, row) range.
+void run_rows(const RunArgs& a, std::int64_t begin, std::int64_t end) {
+  const Correlation& c = a.c;
+  const std::int64_t span = c.dil_h * (c.kh - 1) + 1;  // input rows one output row reads
+  const std::int64_t width = std::max(c.out.w, kPixels);
+  const std::int64_t cols = width + c.dil_w * (c.kw - 1);
+  const std::int64_t pixel = a.chunks * kChunk;
+  const std::int64_t ring_row = cols * pixel;
+  auto* ring = static_cast<std::uint16_t*>(::operator new(
+      static_cast<std::size_t>(span * ring_row) * sizeof(std::uint16_t), std::align_val_t(64)));
+  // Tile starts along the row: every 16 pixels, the last one ending at the row's end (it overlaps
+  // the one before when the width is not a multiple of 16 and rewrites the same values).
+  std::vector<std::int64_t> starts;
+  for (std::int64_t w = 0; w + kPixels <= c.out.w; w += kPixels)
+    starts.push_back(w);
+  if (c.out.w % kPixels != 0) starts.push_back(std::max<std::int64_t>(0, c.out.w - kPixels));
+  const std::int64_t valid = std::min(c.out.w, kPixels);  // pixels of a tile that are output
+  alignas(64) float spill[4][kPixels * kOutBlock];
+  // An output larger than the caches keep is written with streaming stores: its lines are not
+  // read in before they are written (tensor.hpp's streaming_store_bytes).
+  const bool stream =
+      c.out.numel() * static_cast<std::int64_t>(sizeof(float)) >= streaming_store_bytes();
+  const std::int64_t stride = pixel * static_cast<std::int64_t>(sizeof(std::uint16_t));
+  const std::int64_t out_blocks = c.out.c / kBlock;
+
+  load_tile_config();
+
+  std::int64_t ring_n = -1, next = 0;  // the ring holds sample ring_n's input rows up to next
+  for (std::int64_t item = begin; item < end; ++item) {
+    const std::int64_t n = item / c.out.h, h = item % c.out.h;
+    const std::int64_t first = h - c.pad_top;  // the first input row this output row reads
+    if (n != ring_n || first >= next || first < next - span) {
+      ring_n = n;
+      next = first;
+    }
+    for (; next < first + span; ++next)
+      convert_row(a.in, c.in, n, next, c.pad_left, cols, a.chunks,
+                  ring + (((next % span) + span) % span) * ring_row);
+    memory_barrier();
+    float* y = a.out + (n * out_blocks * c.out.h + h) * c.out.w * kBlock;
+    const std::int64_t block_stride = c.out.h * c.out.w * kBlock;  // from block to block
+    for (std::int64_t ob = 0; ob < a.blocks; ob += 2) {
+      const bool two_blocks = ob + 1 < a.blocks;
+      for (std::size_t g = 0; g < starts.size(); g += 2) {
+        const bool two_runs = g + 1 < starts.size();
+        const std::int64_t w0 = starts[g], w1 = two_runs ? starts[g + 1] : 0;
+        zero_2x2();
+        for (std::int64_t i = 0; i < c.kh; ++i) {
+          const std::int64_t r = first + i * c.dil_h;
+          const std::uint16_t* row = ring + (((r % span) + span) % span) * ring_row;
+          for (std::int64_t j = 0; j < c.kw; ++j) {
+            const std::int64_t tap = i * c.kw + j;
+            const std::uint16_t* p0 = row + (w0 + j * c.dil_w) * pixel;
+            const std::uint16_t* p1 = row + (w1 + j * c.dil_w) * pixel;
+            for (std::int64_t q = 0; q < a.chunks; ++q) {
+              const std::uint16_t* wt = a.packed + ((tap * a.chunks + q) * a.blocks + ob) * kTile;
+              multiply_2x2(p0 + q * kChunk, p1 + q * kChunk, stride, wt, wt + kTile, two_runs,
+                           two_blocks);
+            }
+          }
+        }
+        // The tiles go through `spill` (in L1): (block ob, run w0) from tmm0, (ob + 1, w0) tmm1,
+        // (ob, w1) tmm2, (ob + 1, w1) tmm3.
+        store_2x2(spill);
+        float* t0 = y + ob * block_stride + w0 * kBlock;
+        float* t2 = y + ob * block_stride + w1 * kBlock;
+        const float* b0 = a.bias != nullptr ? a.bias + ob * kOutBlock : nullptr;
+        const float* b1 = a.bias != nullptr ? b0 + kOutBlock : nullptr;
+        // The first run stops where the second starts: a pixel both hold is written once.
+        const std::int64_t first_run = two_runs ? std::min(valid, w1 - w0) : valid;
+        finish_tile(spill[0], t0, first_run, b0, a.activate, a.slope, stream);
+        if (two_blocks)
+          finish_tile(spill[1], t0 + block_stride, first_run, b1, a.activate, a.slope, stream);
+        if (two_runs) {
+          finish_tile(spill[2], t2, valid, b0, a.activate, a.slope, stream);
+          if (two_blocks)
+            finish_tile(spill[3], t2 + block_stride, valid, b1, a.activate, a.slope, stream);
+        }
+      }
+    }
+  }
+  if (stream) _mm_sfence();
+  _tile_release();
+  ::operator delete(ring, std::align_val_t(64));
+}
+
+#include "transpose16.inc"
+
+// One ring row for the backward-weights pass: input row `r` of sample `n` as bfloat16,
+// channel-major (channel i's `cols` columns at row + i * cols), column c holding input column
+// c - pad_left (zeros outside the input).
+void convert_row_channels(const float* in, const Shape4& s, std::int64_t n, std::int64_t r,
+                          std::int64_t pad_left, std::int64_t cols, std::uint16_t* row) {
+  const std::int64_t blocks = s.c / kBlock;
+  if (r < 0 || r >= s.h) {
+    std::memset(row, 0, static_cast<std::size_t>(s.c * cols) * sizeof(std::uint16_t));
+    return;
+  }
+  const std::int64_t begin = std::clamp<std::int64_t>(pad_left, 0, cols);
+  const std::int64_t end = std::clamp<std::int64_t>(pad_left + s.w, begin, cols);
+  for (std::int64_t i = 0; i < s.c; ++i) {
+    std::uint16_t* ch = row + i * cols;
+    std::memset(ch, 0, static_cast<std::size_t>(begin) * sizeof(std::uint16_t));
+    std::memset(ch + end, 0, static_cast<std::size_t>(cols - end) * sizeof(std::uint16_t));
+  }
+  alignas(64) float pixels[16 * kBlock], channels[kBlock * 16];
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const float* src = in + ((n * blocks + b) * s.h + r) * s.w * kBlock;
+    std::uint16_t* dst = row + b * kBlock * cols;
+    for (std::int64_t c0 = begin; c0 < end; c0 += 16) {
+      // 16 pixels' 16 channels into 16 channels' 16 pixels (a row's last pixels padded with 0).
+      const std::int64_t count = std::min<std::int64_t>(16, end - c0);
+      const float* at = src + (c0 - pad_left) * kBlock;
+      if (count < 16) {
+        std::fill(pixels, pixels + 16 * kBlock, 0.0f);
+        std::copy(at, at + count * kBlock, pixels);
+        at = pixels;
+      }
+      transpose16(at, kBlock, channels, 16);
+      const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
+      for (std::int64_t i = 0; i < kBlock; ++i) {
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_load_ps(channels + i * 16));
+        _mm256_mask_storeu_epi16(dst + i * cols + c0, keep, reinterpret_cast<const __m256i&>(h));
+      }
+    }
+  }
+}
+
+struct WeightsArgs {
+  const Correlation& c;
+  const float* x;
+  const float* dy;
+};
+
+// What one run of output rows adds: dw's sums by tap, input block, output block, input channel of
+// the block, output channel of the block, and dbias's.
+struct WeightsSums {
+  std::vector<double> w, b;
+};
+
+void weights_rows(const WeightsArgs& a, std::int64_t begin, std::int64_t end, WeightsSums& sums) {
+  const Correlation& c = a.c;
+  const std::int64_t in_blocks = c.in.c / kBlock, out_blocks = c.out.c / kBlock;
+  const std::int64_t span = c.dil_h * (c.kh - 1) + 1;
+  const std::int64_t chunks = (c.out.w + kChunk - 1) / kChunk;  // of 32 output pixels
+  const std::int64_t padded = chunks * kChunk;
+  const std::int64_t cols = (padded + c.dil_w * (c.kw - 1) + kChunk - 1) / kChunk * kChunk;
+  const std::int64_t ring_row = c.in.c * cols;
+  const std::int64_t pairs_row = padded / 2 * 32;  // one output block's interleaved pixel pairs
+  const std::size_t ring_size = static_cast<std::size_t>(span * ring_row);
+  const std::size_t dy_size = static_cast<std::size_t>(out_blocks * pairs_row);
+  auto* ring = static_cast<std::uint16_t*>(
+      ::operator new((ring_size + dy_size) * sizeof(std::uint16_t), std::align_val_t(64)));
+  std::uint16_t* pairs = ring + ring_size;
+  alignas(64) float tile[4][kPixels * kOutBlock];
+  const std::int64_t taps = c.kh * c.kw;
+  sums.w.assign(static_cast<std::size_t>(taps * in_blocks * out_blocks * 256), 0.0);
+  sums.b.assign(static_cast<std::size_t>(c.out.c), 0.0);
+  // (pixel 0 channel 0, pixel 1 channel 0, pixel 0 channel 1, ...) from (pixel 0's 16, pixel 1's)
+  alignas(64) std::uint16_t order[32];
+  for (int k = 0; k < 16; ++k) {
+    order[2 * k] = static_cast<std::uint16_t>(k);
+    order[2 * k + 1] = static_cast<std::uint16_t>(16 + k);
+  }
+  const __m512i interleave = _mm512_load_si512(order);
+  const std::int64_t a_stride = cols * static_cast<std::int64_t>(sizeof(std::uint16_t));
+
+  load_tile_config();
+
+  std::int64_t ring_n = -1, next = 0;
+  for (std::int64_t item = begin; item < end; ++item) {
+    const std::int64_t n = item / c.out.h, h = item % c.out.h;
+    const std::int64_t first = h - c.pad_top;
+    if (n != ring_n || first >= next || first < next - span) {
+      ring_n = n;
+      next = first;
+    }
+    for (; next < first + span; ++next)
+      convert_row_channels(a.x, c.in, n, next, c.pad_left, cols,
+                           ring + (((next % span) + span) % span) * ring_row);
+    // dy's row as pixel pairs, and its sums for dbias.
+    for (std::int64_t ob = 0; ob < out_blocks; ++ob) {
+      const float* src = a.dy + ((n * out_blocks + ob) * c.out.h + h) * c.out.w * kBlock;
+      std::uint16_t* dst = pairs + ob * pairs_row;
+      __m512 sum = _mm512_setzero_ps();
+      for (std::int64_t p = 0; p < padded; p += 2) {
+        const __m512 l = p < c.out.w ? _mm512_loadu_ps(src + p * kBlock) : _mm512_setzero_ps();
+        const __m512 r =
+            p + 1 < c.out.w ? _mm512_loadu_ps(src + (p + 1) * kBlock) : _mm512_setzero_ps();
+        sum = _mm512_add_ps(sum, _mm512_add_ps(l, r));
+        const __m512bh v = _mm512_cvtne2ps_pbh(r, l);
+        _mm512_storeu_si512(dst + p * 16, _mm512_permutexvar_epi16(
+                                              interleave, reinterpret_cast<const __m512i&>(v)));
+      }
+      alignas(64) float lane[16];
+      _mm512_store_ps(lane, sum);
+      for (int k = 0; k < 16; ++k)
+        sums.b[static_cast<std::size_t>(ob * kBlock + k)] += lane[k];
+    }
+    memory_barrier();
+    for (std::int64_t i = 0; i < c.kh; ++i) {
+      const std::int64_t r = first + i * c.dil_h;
+      const std::uint16_t* row = ring + (((r % span) + span) % span) * ring_row;
+      for (std::int64_t j = 0; j < c.kw; ++j) {
+        const std::int64_t tap = i * c.kw + j;
+        for (std::int64_t ib = 0; ib < in_blocks; ib += 2) {
+          const bool two_in = ib + 1 < in_blocks;
+          const std::uint16_t* x0 = row + ib * kBlock * cols + j * c.dil_w;
+          const std::uint16_t* x1 = x0 + kBlock * cols;
+          for (std::int64_t ob = 0; ob < out_blocks; ob += 2) {
+            const bool two_out = ob + 1 < out_blocks;
+            const std::uint16_t* d0 = pairs + ob * pairs_row;
+            const std::uint16_t* d1 = d0 + pairs_row;
+            zero_2x2();
+            for (std::int64_t q = 0; q < chunks; ++q) {
+              multiply_2x2(x0 + q * kChunk, x1 + q * kChunk, a_stride, d0 + q * kChunk * 16,
+                           d1 + q * kChunk * 16, two_in, two_out);
+            }
+            store_2x2(tile);
+            // tile[0]: (ib, ob), [1]: (ib, ob + 1), [2]: (ib + 1, ob), [3]: (ib + 1, ob + 1).
+            for (int t = 0; t < 4; ++t) {
+              const std::int64_t tb = ib + t / 2, to = ob + t % 2;
+              if (tb >= in_blocks || to >= out_blocks) continue;
+              double* out = sums.w.data() + ((tap * in_blocks + tb) * out_blocks + to) * 256;
+              for (int k = 0; k < 256; ++k)
+                out[k] += tile[t][k];
+            }
+          }
+        }
+      }
+    }
+  }
+  _tile_release();
+  ::operator delete(ring, std::align_val_t(64));
+}
+
+// bfloat16 of each float (round to nearest even, as the input conversions): n a multiple of 16.
+void to_bf16(const float* from, std::int64_t n, std::uint16_t* to) {
+  for (std::int64_t k = 0; k < n; k += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(from + k));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + k), reinterpret_cast<const __m256i&>(v));
+  }
+}
+
+#pragma GCC pop_options
+
+#endif  // TESSERA_HAS_WIDE_LOOPS
+
+}  // namespace
+
+Correlation adjoint(const Correlation& c) {
+  return {.in = c.out,
+          .out = c.in,
+          .kh = c.kh,
+          .kw = c.kw,
+          .pad_top = c.dil_h * (c.kh - 1) - c.pad_top,
+          .pad_left = c.dil_w * (c.kw - 1) - c.pad_left,
+          .dil_h = c.dil_h,
+          .dil_w = c.dil_w};
+}
+
+bool available() {
+#if TESSERA_HAS_WIDE_LOOPS
+  static const bool ok = !env_off() && cpu_and_os_allow();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Conv> Conv::plan(const Correlation& c) {
+  if (!available()) return nullptr;
+  if (c.in.n <= 0 || c.in.n != c.out.n || c.in.c <= 0 || c.out.c <= 0 || c.in.c % kBlock != 0 ||
+      c.out.c % kBlock != 0 || c.in.h <= 0 || c.in.w <= 0 || c.out.h <= 0 || c.out.w <= 0 ||
+      c.kh < 1 || c.kw < 1 || c.dil_h < 1 || c.dil_w < 1)
+    return nullptr;
+  return std::unique_ptr<Conv>(new Conv(c));
+}
+
+Conv::Conv(const Correlation& c)
+    : c_(c),
+      in_chunks_((c.in.c + kChunk - 1) / kChunk),
+      out_blocks_(c.out.c / kOutBlock),
+      packed_(static_cast<std::size_t>(c.kh * c.kw * in_chunks_ * out_blocks_ * kTile)) {}
+
+void Conv::set_weights(const float* oihw, bool adjoint) {
+  const std::int64_t O = c_.out.c, I = c_.in.c, kh = c_.kh, kw = c_.kw;
+  // k[o][i][a][b] in tile order: tap, chunk of 32 inputs, block of 16 outputs; in a tile, row r
+  // holds inputs 2r and 2r + 1 of the chunk for each of the block's 16 outputs, interleaved.
+  std::vector<float> tiles(packed_.size(), 0.0f);
+  for (std::int64_t a = 0; a < kh; ++a)
+    for (std::int64_t b = 0; b < kw; ++b)
+      for (std::int64_t o = 0; o < O; ++o)
+        for (std::int64_t i = 0; i < I; ++i) {
+          const float v = adjoint ? oihw[((i * O + o) * kh + (kh - 1 - a)) * kw + (kw - 1 - b)]
+                                  : oihw[((o * I + i) * kh + a) * kw + b];
+          const std::int64_t q = i / kChunk, k = i % kChunk, ob = o / kOutBlock,
+                             col = o % kOutBlock;
+          const std::int64_t tile = ((a * kw + b) * in_chunks_ + q) * out_blocks_ + ob;
+          tiles[static_cast<std::size_t>(tile * kTile + (k / 2) * 32 + col * 2 + k % 2)] = v;
+        }
+#if TESSERA_HAS_WIDE_LOOPS
+  to_bf16(tiles.data(), static_cast<std::int64_t>(tiles.size()), packed_.data());
+#else
+  TESSERA_CHECK(false, "AMX convolution: not built");
+#endif
+}
+
+std::unique_ptr<ConvWeights> ConvWeights::plan(const Correlation& c) {
+  if (!Conv::plan(c)) return nullptr;
+  return std::unique_ptr<ConvWeights>(new ConvWeights(c));
+}
+
+void ConvWeights::run(const float* x, const float* dy, float* dw, std::span<float> dbias) const {
+  TESSERA_CHECK(dbias.empty() || static_cast<std::int64_t>(dbias.size()) == c_.out.c,
+                "AMX convolution backward-weights: bias gradient of " +
+                    std::to_string(dbias.size()) + " values for " + std::to_string(c_.out.c) +
+                    " output channels");
+#if TESSERA_HAS_WIDE_LOOPS
+  const WeightsArgs args{c_, x, dy};
+  const std::int64_t rows = c_.out.n * c_.out.h;
+  // Each thread's run of rows, by its first row: summed in that order, whichever thread ends first.
+  std::vector<std::pair<std::int64_t, WeightsSums>> runs;
+  std::mutex lock;
+  parallel_for(
+      rows,
+      [&](std::int64_t begin, std::int64_t end) {
+        WeightsSums sums;
+        weights_rows(args, begin, end, sums);
+        const std::lock_guard<std::mutex> hold(lock);
+        runs.emplace_back(begin, std::move(sums));
+      },
+      1);
+  std::sort(runs.begin(), runs.end(),
+            [](const auto& l, const auto& r) { return l.first < r.first; });
+  const std::int64_t O = c_.out.c, I = c_.in.c, in_blocks = I / kBlock, out_blocks = O / kBlock;
+  const std::int64_t taps = c_.kh * c_.kw;
+  for (std::int64_t o = 0; o < O; ++o)
+    for (std::int64_t i = 0; i < I; ++i)
+      for (std::int64_t t = 0; t < taps; ++t) {
+        const std::size_t at = static_cast<std::size_t>(
+            (((t * in_blocks + i / kBlock) * out_blocks + o / kBlock) * 16 + i % kBlock) * 16 +
+            o % kBlock);
+        double sum = 0;
+        for (const auto& run : runs)
+          sum += run.second.w[at];
+        dw[(o * I + i) * taps + t] += static_cast<float>(sum);
+      }
+  for (std::size_t o = 0; o < dbias.size(); ++o) {
+    double sum = 0;
+    for (const auto& run : runs)
+      sum += run.second.b[o];
+    dbias[o] += static_cast<float>(sum);
+  }
+#else
+  (void)x;
+  (void)dy;
+  (void)dw;
+  TESSERA_CHECK(false, "AMX convolution: not built");
+#endif
+}
+
+void Conv::run(const float* in, std::span<const float> bias,
+               const std::optional<FusedActivation>& f, float* out) const {
+  TESSERA_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == c_.out.c,
+                "AMX convolution: bias of " + std::to_string(bias.size()) + " values for " +
+                    std::to_string(c_.out.c) + " output channels");
+#if TESSERA_HAS_WIDE_LOOPS
+  const bool activate = f.has_value();
+  TESSERA_CHECK(!activate || f->kind != ActivationKind::sigmoid,
+                "AMX convolution: only (leaky) ReLU is fused");
+  const float slope =
+      activate && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
+  const RunArgs args{
+      c_,       in_chunks_, out_blocks_, packed_.data(), in, bias.empty() ? nullptr : bias.data(),
+      activate, slope,      out};
+  const std::int64_t rows = c_.out.n * c_.out.h;
+  parallel_for(
+      rows, [&](std::int64_t begin, std::int64_t end) { run_rows(args, begin, end); }, 1);
+#else
+  (void)in;
+  (void)f;
+  (void)out;
+  TESSERA_CHECK(false, "AMX convolution: not built");
+#endif
+}
+
+}  // namespace tessera::amx
