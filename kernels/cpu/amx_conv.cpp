@@ -158,18 +158,25 @@ void convert_row(const float* in, const Shape4& s, std::int64_t n, std::int64_t 
 }
 
 // One output tile from `tile` (16 pixels of 16 channels, as the tile store wrote them) to `y`:
-// its first `pixels` pixels, plus bias, through the activation where `activate`; streaming
-// stores (the caller fences) when `stream` and y lies on a 64-byte line.
+// its first `pixels` pixels, plus bias, through the activation where `activate`, times the
+// derivative of a (leaky) ReLU of slope `gate_slope` whose output `gate` holds at y's place where
+// `gate` is given; streaming stores (the caller fences) when `stream` and y lies on a 64-byte line.
 void finish_tile(const float* tile, float* y, std::int64_t pixels, const float* bias, bool activate,
-                 float slope, bool stream) {
+                 float slope, const float* gate, float gate_slope, bool stream) {
   const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   const __m512 s = _mm512_set1_ps(slope), zero = _mm512_setzero_ps();
+  const __m512 gs = _mm512_set1_ps(gate_slope);
   stream = stream && reinterpret_cast<std::uintptr_t>(y) % 64 == 0;
   for (std::int64_t p = 0; p < pixels; ++p) {
     __m512 v = _mm512_add_ps(_mm512_load_ps(tile + p * kBlock), b);
     if (activate) {  // elementwise::leaky_relu: v > 0 ? v : slope * v
       const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
       v = _mm512_mask_mov_ps(_mm512_mul_ps(v, s), positive, v);
+    }
+    if (gate != nullptr) {  // elementwise::leaky_relu_grad(gate > 0, v, gate_slope)
+      const __mmask16 positive =
+          _mm512_cmp_ps_mask(_mm512_loadu_ps(gate + p * kBlock), zero, _CMP_GT_OQ);
+      v = _mm512_mask_mov_ps(_mm512_mul_ps(v, gs), positive, v);
     }
     if (stream)
       _mm512_stream_ps(y + p * kBlock, v);
@@ -187,6 +194,8 @@ struct RunArgs {
   bool activate;
   float slope;
   float* out;
+  const float* gate;  // nullptr: none
+  float gate_slope;
 };
 
 // Output rows [begin, end) of the flattened (sample, row) range.
@@ -257,15 +266,23 @@ void run_rows(const RunArgs& a, std::int64_t begin, std::int64_t end) {
         float* t2 = y + ob * block_stride + w1 * kBlock;
         const float* b0 = a.bias != nullptr ? a.bias + ob * kOutBlock : nullptr;
         const float* b1 = a.bias != nullptr ? b0 + kOutBlock : nullptr;
+        // The gate's values at an output place.
+        const auto gate_at = [&](const float* at) {
+          return a.gate != nullptr ? a.gate + (at - a.out) : nullptr;
+        };
         // The first run stops where the second starts: a pixel both hold is written once.
         const std::int64_t first_run = two_runs ? std::min(valid, w1 - w0) : valid;
-        finish_tile(spill[0], t0, first_run, b0, a.activate, a.slope, stream);
+        finish_tile(spill[0], t0, first_run, b0, a.activate, a.slope, gate_at(t0), a.gate_slope,
+                    stream);
         if (two_blocks)
-          finish_tile(spill[1], t0 + block_stride, first_run, b1, a.activate, a.slope, stream);
+          finish_tile(spill[1], t0 + block_stride, first_run, b1, a.activate, a.slope,
+                      gate_at(t0 + block_stride), a.gate_slope, stream);
         if (two_runs) {
-          finish_tile(spill[2], t2, valid, b0, a.activate, a.slope, stream);
+          finish_tile(spill[2], t2, valid, b0, a.activate, a.slope, gate_at(t2), a.gate_slope,
+                      stream);
           if (two_blocks)
-            finish_tile(spill[3], t2 + block_stride, valid, b1, a.activate, a.slope, stream);
+            finish_tile(spill[3], t2 + block_stride, valid, b1, a.activate, a.slope,
+                        gate_at(t2 + block_stride), a.gate_slope, stream);
         }
       }
     }
@@ -552,7 +569,8 @@ void ConvWeights::run(const float* x, const float* dy, float* dw, std::span<floa
 }
 
 void Conv::run(const float* in, std::span<const float> bias,
-               const std::optional<FusedActivation>& f, float* out) const {
+               const std::optional<FusedActivation>& f, float* out, const float* gate,
+               const std::optional<FusedActivation>& gate_f) const {
   TESSERA_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == c_.out.c,
                 "AMX convolution: bias of " + std::to_string(bias.size()) + " values for " +
                     std::to_string(c_.out.c) + " output channels");
@@ -562,9 +580,17 @@ void Conv::run(const float* in, std::span<const float> bias,
                 "AMX convolution: only (leaky) ReLU is fused");
   const float slope =
       activate && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
-  const RunArgs args{
-      c_,       in_chunks_, out_blocks_, packed_.data(), in, bias.empty() ? nullptr : bias.data(),
-      activate, slope,      out};
+  TESSERA_CHECK(gate == nullptr || (gate_f && gate_f->kind != ActivationKind::sigmoid),
+                "AMX convolution: a gate needs its (leaky) ReLU");
+  const float gate_slope = gate != nullptr && gate_f->kind == ActivationKind::leaky_relu
+                               ? static_cast<float>(gate_f->slope)
+                               : 0.0f;
+  const RunArgs args{c_,          in_chunks_,
+                     out_blocks_, packed_.data(),
+                     in,          bias.empty() ? nullptr : bias.data(),
+                     activate,    slope,
+                     out,         gate,
+                     gate_slope};
   const std::int64_t rows = c_.out.n * c_.out.h;
   parallel_for(
       rows, [&](std::int64_t begin, std::int64_t end) { run_rows(args, begin, end); }, 1);
@@ -572,6 +598,8 @@ void Conv::run(const float* in, std::span<const float> bias,
   (void)in;
   (void)f;
   (void)out;
+  (void)gate;
+  (void)gate_f;
   TESSERA_CHECK(false, "AMX convolution: not built");
 #endif
 }

@@ -1297,7 +1297,20 @@ static bool pointwise_forward_one_pass(const ConvShapes& s, const reference::Con
 bool OneDnnConv::backward_fused(const Tensor<float>& x, const Tensor<float>& dy,
                                 const Tensor<float>& w, const std::optional<FusedActivation>& f,
                                 Tensor<float>& dx, Tensor<float>& dw, std::span<float> dbias) {
-  const Plan& p = *plan_;
+  Plan& p = *plan_;
+  // On Tessera's AMX kernels (bf16): backward-data with f' applied as its tiles are written (no
+  // pass over dx after it), then backward-weights.
+  if (p.amx_data && p.amx_weights && (!f || f->kind != ActivationKind::sigmoid)) {
+    check_shape("input", x.shape(), p.shapes.x);
+    check_shape("output gradient", dy.shape(), p.shapes.y);
+    check_shape("weight", w.shape(), p.shapes.w);
+    check_shape("input gradient", dx.shape(), p.shapes.x);
+    check_shape("weight gradient", dw.shape(), p.shapes.w);
+    p.amx_data->set_weights(w.data(), true);
+    p.amx_data->run(dy.data(), {}, std::nullopt, dx.data(), f ? x.data() : nullptr, f);
+    p.amx_weights->run(x.data(), dy.data(), dw.data(), p.shapes.bias ? dbias : std::span<float>());
+    return true;
+  }
   return !p.bf16 && pointwise_backward_one_pass(p.shapes, p.geometry, x, dy, w, f, dx, dw, dbias);
 }
 

@@ -462,6 +462,16 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
   // this tile (their backward-data, accumulated here); this rank's strips' parts go to them. With
   // a concat, each input's gradient apart.
   std::vector<Tensor<T>> dx;
+  if (!concat) {
+    dx.emplace_back(this->in_dist().local_shape(), x_layout_, uninitialized, this->allocator());
+    // A tile without neighbours (no strips): both passes and the fused input activation's f' at
+    // once where the kernel offers that (Tessera's AMX kernels: f' applied as dx is written, no
+    // pass over it after).
+    if (strips_.empty() &&
+        kernel_->backward_fused(x, dy.local, weight_.value, this->input_activation_taken(),
+                                dx.front(), weight_.grad, dbias))
+      return this->tile_grad(std::move(dx.front()), true);
+  }
   if (concat) {
     for (const Distribution& d : this->concat_inputs())
       dx.emplace_back(d.local_shape(), x_layout_, uninitialized, this->allocator());
@@ -470,7 +480,6 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
       parts.push_back(&t);
     kernel_->backward_data_parts(dy.local, weight_.value, parts);
   } else {
-    dx.emplace_back(this->in_dist().local_shape(), x_layout_, uninitialized, this->allocator());
     kernel_->backward_data(dy.local, weight_.value, dx.front());
   }
   std::vector<HaloRequest<T>> requests;

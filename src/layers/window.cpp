@@ -330,8 +330,9 @@ const Tensor<T>& WindowLayer<T>::keep_tile(const DistTensor<T>& x, Layout layout
 }
 
 template <typename T>
-DistTensor<T> WindowLayer<T>::tile_grad(Tensor<T>&& dx) {
-  if (input_activation_grad_) input_activation_grad_->backward_from_output(window_, dx);
+DistTensor<T> WindowLayer<T>::tile_grad(Tensor<T>&& dx, bool activated) {
+  if (input_activation_grad_ && !activated)
+    input_activation_grad_->backward_from_output(window_, dx);
   release_window();
   return in_layout(std::move(dx), in_, in_layout_);
 }

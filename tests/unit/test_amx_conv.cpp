@@ -168,8 +168,9 @@ TEST(AmxConv, DeclinesChannelsOutsideBlocks) {
 
 #if TESSERA_HAVE_ONEDNN
 // Under --precision bf16 a conv between nchw16c tensors, stride 1, runs its three passes on the
-// AMX kernels (OneDnnConv::name says so) and its three passes match the
-// float64 reference to bfloat16's tolerance; with a fused ReLU too.
+// AMX kernels (OneDnnConv::name says so) and they match the float64 reference to bfloat16's
+// tolerance, with a fused ReLU too; backward_fused gives the same gradients with the derivative of
+// the activation whose output x is applied to dx as it is written.
 TEST(AmxConv, OneDnnConvRunsItUnderBf16) {
   if (!amx::available()) GTEST_SKIP() << "no AMX on this CPU (or TESSERA_AMX=0)";
   if (!onednn_bf16_supported()) GTEST_SKIP() << "oneDNN has no bfloat16 convolutions here";
@@ -218,6 +219,26 @@ TEST(AmxConv, OneDnnConvRunsItUnderBf16) {
     reference::conv2d_backward_filter(xd, dyd, dwd, dbd.span(), g);
     EXPECT_LE(rel_error(dw.span(), dwd.span()), 2e-2) << "backward-weights, " << c.str();
     EXPECT_LE(rel_error(db.span(), dbd.span()), 2e-2) << "backward-bias, " << c.str();
+
+    // backward_fused: backward-data times the derivative of the (leaky) ReLU whose output x is
+    // (the conv's own activation, or a leaky one), and backward-weights, in one call.
+    const FusedActivation gate = c.f ? *c.f : FusedActivation{ActivationKind::leaky_relu, 0.2};
+    Tensor<float> dx_fused(xs, Layout::nchw16c, 7.0f), dw_fused(ws);
+    Tensor<float> db_fused = c.bias ? Tensor<float>({c.out_c, 1, 1, 1}) : Tensor<float>();
+    ASSERT_TRUE(k->backward_fused(x16, dy16, w, gate, dx_fused, dw_fused, db_fused.span()))
+        << c.str();
+    const double slope = gate.kind == ActivationKind::leaky_relu ? gate.slope : 0.0;
+    Tensor<double> gated = dxd;
+    for (std::int64_t e = 0; e < gated.numel(); ++e)
+      gated.data()[e] = elementwise::leaky_relu_grad(x.data()[e] > 0, dxd.data()[e], slope);
+    EXPECT_LE(rel_error(to_layout(dx_fused, Layout::nchw).span(), gated.span()), 2e-2)
+        << "fused backward-data, " << c.str();
+    EXPECT_EQ(std::vector<float>(dw_fused.span().begin(), dw_fused.span().end()),
+              std::vector<float>(dw.span().begin(), dw.span().end()))
+        << "fused backward-weights, " << c.str();
+    EXPECT_EQ(std::vector<float>(db_fused.span().begin(), db_fused.span().end()),
+              std::vector<float>(db.span().begin(), db.span().end()))
+        << "fused backward-bias, " << c.str();
   }
 }
 #endif

@@ -51,10 +51,14 @@ class Conv {
   void set_weights(const float* oihw, bool adjoint);
 
   // out = the correlation of `in` with the weights set last, + bias (empty: none), then `f`
-  // where one is given; `in` and `out` of the planned shapes in nchw16c. Split over the kernel
-  // threads by output rows. Local.
+  // where one is given; with `gate` (a tensor of out's shape, nchw16c: the output of the (leaky)
+  // ReLU `gate_f` that fed the convolution whose backward-data this is), each value multiplied by
+  // gate_f's derivative there (elementwise::leaky_relu_grad of gate > 0), as the activation's
+  // backward from its output does. `in` and `out` of the planned shapes in nchw16c. Split over
+  // the kernel threads by output rows. Local.
   void run(const float* in, std::span<const float> bias, const std::optional<FusedActivation>& f,
-           float* out) const;
+           float* out, const float* gate = nullptr,
+           const std::optional<FusedActivation>& gate_f = std::nullopt) const;
 
   const Correlation& shape() const { return c_; }
 

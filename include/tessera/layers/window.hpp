@@ -171,9 +171,10 @@ class WindowLayer : public UnaryLayer<T> {
   // itself where it lies so and the model hands it over (take_input), else a copy. Local.
   const Tensor<T>& keep_tile(const DistTensor<T>& x, Layout layout);
   // A windowless backward's result: dL/dx from `dx` (shaped like x's tile, in keep_tile's
-  // layout): multiplied by the fused input activation's f' (read from the kept tile), then in the
-  // layout x came in. Releases the kept tile. Local.
-  DistTensor<T> tile_grad(Tensor<T>&& dx);
+  // layout): multiplied by the fused input activation's f' (read from the kept tile) unless
+  // `activated` (ConvKernel::backward_fused applied it), then in the layout x came in. Releases
+  // the kept tile. Local.
+  DistTensor<T> tile_grad(Tensor<T>&& dx, bool activated = false);
   // The same with a concat taken (concat_inputs): the inputs forward was given, valid during
   // forward (their channels start at concat_first_channel); their tiles in `layout`, kept for
   // backward (kept_concat_tiles) — each input itself where it lies so and the model hands it over
