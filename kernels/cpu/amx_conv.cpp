@@ -355,11 +355,23 @@ void weights_rows(const WeightsArgs& a, std::int64_t begin, std::int64_t end, We
   const std::int64_t cols = (padded + c.dil_w * (c.kw - 1) + kChunk - 1) / kChunk * kChunk;
   const std::int64_t ring_row = c.in.c * cols;
   const std::int64_t pairs_row = padded / 2 * 32;  // one output block's interleaved pixel pairs
-  const std::size_t ring_size = static_cast<std::size_t>(span * ring_row);
-  const std::size_t dy_size = static_cast<std::size_t>(out_blocks * pairs_row);
+  const std::int64_t dy_row = out_blocks * pairs_row;
+  // Up to `group` output rows of one sample at a time: the tiles sum them all before their sums
+  // go to double (taps x input x output channels additions a group, which for many channels
+  // and few columns cost as much as the products), as long as the group's rows stay within about
+  // 1 MiB (the rows of x its taps read, and its rows of dy).
+  const std::int64_t row_bytes = (ring_row + dy_row) * 2;
+  const std::int64_t group = std::clamp<std::int64_t>(
+      (std::int64_t{1} << 20) / std::max<std::int64_t>(row_bytes, 1) - (span - 1), 1, 8);
+  const std::int64_t ring_rows = span + group - 1;
+  const std::size_t ring_size = static_cast<std::size_t>(ring_rows * ring_row);
+  const std::size_t dy_size = static_cast<std::size_t>(group * dy_row);
   auto* ring = static_cast<std::uint16_t*>(
       ::operator new((ring_size + dy_size) * sizeof(std::uint16_t), std::align_val_t(64)));
   std::uint16_t* pairs = ring + ring_size;
+  const auto ring_at = [&](std::int64_t r) {
+    return ring + (((r % ring_rows) + ring_rows) % ring_rows) * ring_row;
+  };
   alignas(64) float tile[4][kPixels * kOutBlock];
   const std::int64_t taps = c.kh * c.kw;
   sums.w.assign(static_cast<std::size_t>(taps * in_blocks * out_blocks * 256), 0.0);
@@ -375,54 +387,56 @@ void weights_rows(const WeightsArgs& a, std::int64_t begin, std::int64_t end, We
 
   load_tile_config();
 
+  // The ring holds sample ring_n's input rows up to next (the last ring_rows of them).
   std::int64_t ring_n = -1, next = 0;
-  for (std::int64_t item = begin; item < end; ++item) {
+  for (std::int64_t item = begin; item < end;) {
     const std::int64_t n = item / c.out.h, h = item % c.out.h;
-    const std::int64_t first = h - c.pad_top;
-    if (n != ring_n || first >= next || first < next - span) {
+    const std::int64_t rows = std::min({group, end - item, c.out.h - h});  // of sample n
+    const std::int64_t first = h - c.pad_top;  // the first input row the group reads
+    if (n != ring_n || first >= next || first < next - ring_rows) {
       ring_n = n;
       next = first;
     }
-    for (; next < first + span; ++next)
-      convert_row_channels(a.x, c.in, n, next, c.pad_left, cols,
-                           ring + (((next % span) + span) % span) * ring_row);
-    // dy's row as pixel pairs, and its sums for dbias.
-    for (std::int64_t ob = 0; ob < out_blocks; ++ob) {
-      const float* src = a.dy + ((n * out_blocks + ob) * c.out.h + h) * c.out.w * kBlock;
-      std::uint16_t* dst = pairs + ob * pairs_row;
-      __m512 sum = _mm512_setzero_ps();
-      for (std::int64_t p = 0; p < padded; p += 2) {
-        const __m512 l = p < c.out.w ? _mm512_loadu_ps(src + p * kBlock) : _mm512_setzero_ps();
-        const __m512 r =
-            p + 1 < c.out.w ? _mm512_loadu_ps(src + (p + 1) * kBlock) : _mm512_setzero_ps();
-        sum = _mm512_add_ps(sum, _mm512_add_ps(l, r));
-        const __m512bh v = _mm512_cvtne2ps_pbh(r, l);
-        _mm512_storeu_si512(dst + p * 16, _mm512_permutexvar_epi16(
-                                              interleave, reinterpret_cast<const __m512i&>(v)));
+    for (; next < first + rows - 1 + span; ++next)
+      convert_row_channels(a.x, c.in, n, next, c.pad_left, cols, ring_at(next));
+    // dy's rows as pixel pairs, and their sums for dbias.
+    for (std::int64_t g = 0; g < rows; ++g)
+      for (std::int64_t ob = 0; ob < out_blocks; ++ob) {
+        const float* src = a.dy + ((n * out_blocks + ob) * c.out.h + h + g) * c.out.w * kBlock;
+        std::uint16_t* dst = pairs + g * dy_row + ob * pairs_row;
+        __m512 sum = _mm512_setzero_ps();
+        for (std::int64_t p = 0; p < padded; p += 2) {
+          const __m512 l = p < c.out.w ? _mm512_loadu_ps(src + p * kBlock) : _mm512_setzero_ps();
+          const __m512 r =
+              p + 1 < c.out.w ? _mm512_loadu_ps(src + (p + 1) * kBlock) : _mm512_setzero_ps();
+          sum = _mm512_add_ps(sum, _mm512_add_ps(l, r));
+          const __m512bh v = _mm512_cvtne2ps_pbh(r, l);
+          _mm512_storeu_si512(dst + p * 16, _mm512_permutexvar_epi16(
+                                                interleave, reinterpret_cast<const __m512i&>(v)));
+        }
+        alignas(64) float lane[16];
+        _mm512_store_ps(lane, sum);
+        for (int k = 0; k < 16; ++k)
+          sums.b[static_cast<std::size_t>(ob * kBlock + k)] += lane[k];
       }
-      alignas(64) float lane[16];
-      _mm512_store_ps(lane, sum);
-      for (int k = 0; k < 16; ++k)
-        sums.b[static_cast<std::size_t>(ob * kBlock + k)] += lane[k];
-    }
     memory_barrier();
-    for (std::int64_t i = 0; i < c.kh; ++i) {
-      const std::int64_t r = first + i * c.dil_h;
-      const std::uint16_t* row = ring + (((r % span) + span) % span) * ring_row;
+    for (std::int64_t i = 0; i < c.kh; ++i)
       for (std::int64_t j = 0; j < c.kw; ++j) {
         const std::int64_t tap = i * c.kw + j;
         for (std::int64_t ib = 0; ib < in_blocks; ib += 2) {
           const bool two_in = ib + 1 < in_blocks;
-          const std::uint16_t* x0 = row + ib * kBlock * cols + j * c.dil_w;
-          const std::uint16_t* x1 = x0 + kBlock * cols;
           for (std::int64_t ob = 0; ob < out_blocks; ob += 2) {
             const bool two_out = ob + 1 < out_blocks;
-            const std::uint16_t* d0 = pairs + ob * pairs_row;
-            const std::uint16_t* d1 = d0 + pairs_row;
             zero_2x2();
-            for (std::int64_t q = 0; q < chunks; ++q) {
-              multiply_2x2(x0 + q * kChunk, x1 + q * kChunk, a_stride, d0 + q * kChunk * 16,
-                           d1 + q * kChunk * 16, two_in, two_out);
+            for (std::int64_t g = 0; g < rows; ++g) {
+              const std::uint16_t* x0 =
+                  ring_at(first + g + i * c.dil_h) + ib * kBlock * cols + j * c.dil_w;
+              const std::uint16_t* x1 = x0 + kBlock * cols;
+              const std::uint16_t* d0 = pairs + g * dy_row + ob * pairs_row;
+              const std::uint16_t* d1 = d0 + pairs_row;
+              for (std::int64_t q = 0; q < chunks; ++q)
+                multiply_2x2(x0 + q * kChunk, x1 + q * kChunk, a_stride, d0 + q * kChunk * 16,
+                             d1 + q * kChunk * 16, two_in, two_out);
             }
             store_2x2(tile);
             // tile[0]: (ib, ob), [1]: (ib, ob + 1), [2]: (ib + 1, ob), [3]: (ib + 1, ob + 1).
@@ -436,7 +450,7 @@ void weights_rows(const WeightsArgs& a, std::int64_t begin, std::int64_t end, We
           }
         }
       }
-    }
+    item += rows;
   }
   _tile_release();
   ::operator delete(ring, std::align_val_t(64));

@@ -72,7 +72,7 @@ struct AmxCase {
 // Widths below, at and past a tile's 16 pixels (the last tile overlapping the one before), odd
 // channel chunks (16 and 48 inputs: a chunk of 32 half padding), odd output blocks, padding on
 // either side or none (a window), asymmetric and over-wide padding (the adjoint's then negative),
-// dilations, non-square kernels, samples.
+// dilations, non-square kernels, samples, heights past backward-weights' groups of rows.
 std::vector<AmxCase> amx_cases() {
   const FusedActivation relu{ActivationKind::relu, 0}, leaky{ActivationKind::leaky_relu, 0.1};
   return {
@@ -85,6 +85,9 @@ std::vector<AmxCase> amx_cases() {
       {1, 32, 48, 3, 3, 1, 0, 2, 2, 0, 4, 31, true, leaky},
       {3, 16, 32, 2, 2, 1, 1, 1, 0, 0, 3, 9, false, std::nullopt},
       {1, 32, 32, 3, 3, 1, 3, 3, 3, 3, 6, 40, false, std::nullopt},
+      // Taller than a backward-weights group of rows (up to 8): groups end inside a sample.
+      {2, 32, 16, 3, 3, 1, 1, 1, 1, 1, 21, 9, true, relu},
+      {1, 16, 32, 3, 3, 2, 2, 2, 2, 2, 19, 5, false, std::nullopt},
   };
 }
 
