@@ -208,6 +208,9 @@ void run_rows(const RunArgs& a, std::int64_t begin, std::int64_t end) {
   const std::int64_t ring_row = cols * pixel;
   auto* ring = static_cast<std::uint16_t*>(::operator new(
       static_cast<std::size_t>(span * ring_row) * sizeof(std::uint16_t), std::align_val_t(64)));
+  const auto ring_at = [&](std::int64_t r) {
+    return ring + (((r % span) + span) % span) * ring_row;
+  };
   // Tile starts along the row: every 16 pixels, the last one ending at the row's end (it overlaps
   // the one before when the width is not a multiple of 16 and rewrites the same values).
   std::vector<std::int64_t> starts;
@@ -234,8 +237,7 @@ void run_rows(const RunArgs& a, std::int64_t begin, std::int64_t end) {
       next = first;
     }
     for (; next < first + span; ++next)
-      convert_row(a.in, c.in, n, next, c.pad_left, cols, a.chunks,
-                  ring + (((next % span) + span) % span) * ring_row);
+      convert_row(a.in, c.in, n, next, c.pad_left, cols, a.chunks, ring_at(next));
     memory_barrier();
     float* y = a.out + (n * out_blocks * c.out.h + h) * c.out.w * kBlock;
     const std::int64_t block_stride = c.out.h * c.out.w * kBlock;  // from block to block
@@ -246,8 +248,7 @@ void run_rows(const RunArgs& a, std::int64_t begin, std::int64_t end) {
         const std::int64_t w0 = starts[g], w1 = two_runs ? starts[g + 1] : 0;
         zero_2x2();
         for (std::int64_t i = 0; i < c.kh; ++i) {
-          const std::int64_t r = first + i * c.dil_h;
-          const std::uint16_t* row = ring + (((r % span) + span) % span) * ring_row;
+          const std::uint16_t* row = ring_at(first + i * c.dil_h);
           for (std::int64_t j = 0; j < c.kw; ++j) {
             const std::int64_t tap = i * c.kw + j;
             const std::uint16_t* p0 = row + (w0 + j * c.dil_w) * pixel;
@@ -490,26 +491,43 @@ bool available() {
 #endif
 }
 
+namespace {
+
+// Whether the kernels take `c` (Conv::plan).
+bool fits(const Correlation& c) {
+  return available() && c.in.n > 0 && c.in.n == c.out.n && c.in.c > 0 && c.out.c > 0 &&
+         c.in.c % kBlock == 0 && c.out.c % kBlock == 0 && c.in.h > 0 && c.in.w > 0 && c.out.h > 0 &&
+         c.out.w > 0 && c.kh >= 1 && c.kw >= 1 && c.dil_h >= 1 && c.dil_w >= 1;
+}
+
+#if TESSERA_HAS_WIDE_LOOPS
+// A fused (leaky) ReLU's slope (ReLU: 0); sigmoid is refused.
+float relu_slope(const FusedActivation& f, const char* what) {
+  TESSERA_CHECK(f.kind != ActivationKind::sigmoid,
+                std::string("AMX convolution: ") + what + " is a (leaky) ReLU only");
+  return f.kind == ActivationKind::leaky_relu ? static_cast<float>(f.slope) : 0.0f;
+}
+#endif
+
+}  // namespace
+
 std::unique_ptr<Conv> Conv::plan(const Correlation& c) {
-  if (!available()) return nullptr;
-  if (c.in.n <= 0 || c.in.n != c.out.n || c.in.c <= 0 || c.out.c <= 0 || c.in.c % kBlock != 0 ||
-      c.out.c % kBlock != 0 || c.in.h <= 0 || c.in.w <= 0 || c.out.h <= 0 || c.out.w <= 0 ||
-      c.kh < 1 || c.kw < 1 || c.dil_h < 1 || c.dil_w < 1)
-    return nullptr;
-  return std::unique_ptr<Conv>(new Conv(c));
+  return fits(c) ? std::unique_ptr<Conv>(new Conv(c)) : nullptr;
 }
 
 Conv::Conv(const Correlation& c)
     : c_(c),
       in_chunks_((c.in.c + kChunk - 1) / kChunk),
       out_blocks_(c.out.c / kOutBlock),
-      packed_(static_cast<std::size_t>(c.kh * c.kw * in_chunks_ * out_blocks_ * kTile)) {}
+      packed_(static_cast<std::size_t>(c.kh * c.kw * in_chunks_ * out_blocks_ * kTile)),
+      tiles_(packed_.size(), 0.0f) {}
 
 void Conv::set_weights(const float* oihw, bool adjoint) {
   const std::int64_t O = c_.out.c, I = c_.in.c, kh = c_.kh, kw = c_.kw;
   // k[o][i][a][b] in tile order: tap, chunk of 32 inputs, block of 16 outputs; in a tile, row r
-  // holds inputs 2r and 2r + 1 of the chunk for each of the block's 16 outputs, interleaved.
-  std::vector<float> tiles(packed_.size(), 0.0f);
+  // holds inputs 2r and 2r + 1 of the chunk for each of the block's 16 outputs, interleaved. The
+  // places of inputs past in.c (a last chunk of 16) keep the zeros they were made with.
+  std::vector<float>& tiles = tiles_;
   for (std::int64_t a = 0; a < kh; ++a)
     for (std::int64_t b = 0; b < kw; ++b)
       for (std::int64_t o = 0; o < O; ++o)
@@ -529,8 +547,7 @@ void Conv::set_weights(const float* oihw, bool adjoint) {
 }
 
 std::unique_ptr<ConvWeights> ConvWeights::plan(const Correlation& c) {
-  if (!Conv::plan(c)) return nullptr;
-  return std::unique_ptr<ConvWeights>(new ConvWeights(c));
+  return fits(c) ? std::unique_ptr<ConvWeights>(new ConvWeights(c)) : nullptr;
 }
 
 void ConvWeights::run(const float* x, const float* dy, float* dw, std::span<float> dbias) const {
@@ -590,15 +607,9 @@ void Conv::run(const float* in, std::span<const float> bias,
                     std::to_string(c_.out.c) + " output channels");
 #if TESSERA_HAS_WIDE_LOOPS
   const bool activate = f.has_value();
-  TESSERA_CHECK(!activate || f->kind != ActivationKind::sigmoid,
-                "AMX convolution: only (leaky) ReLU is fused");
-  const float slope =
-      activate && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
-  TESSERA_CHECK(gate == nullptr || (gate_f && gate_f->kind != ActivationKind::sigmoid),
-                "AMX convolution: a gate needs its (leaky) ReLU");
-  const float gate_slope = gate != nullptr && gate_f->kind == ActivationKind::leaky_relu
-                               ? static_cast<float>(gate_f->slope)
-                               : 0.0f;
+  const float slope = activate ? relu_slope(*f, "the fused activation") : 0.0f;
+  TESSERA_CHECK(gate == nullptr || gate_f, "AMX convolution: a gate needs its (leaky) ReLU");
+  const float gate_slope = gate != nullptr ? relu_slope(*gate_f, "the gate's activation") : 0.0f;
   const RunArgs args{c_,          in_chunks_,
                      out_blocks_, packed_.data(),
                      in,          bias.empty() ? nullptr : bias.data(),

@@ -261,9 +261,9 @@ struct OneDnnConv::Plan {
   // (g_weights_scratch_limit); empty: one call over the whole tensors.
   WeightsStrips weights_strips;
 
-  // Under bf16 on CPUs with AMX: Tessera's AMX kernels for the forward and backward-data passes
-  // (kernels/amx_conv.hpp), reading and writing nchw16c where oneDNN 2.6's AMX kernels convert to
-  // and from NHWC; null where they do not take the conv (oneDNN's primitives run then).
+  // Under bf16 on CPUs with AMX: Tessera's AMX kernels for the three passes (kernels/amx_conv.hpp),
+  // reading and writing nchw16c where oneDNN 2.6's AMX kernels convert to and from NHWC; all three
+  // or none (oneDNN's primitives run then, and are made only then).
   std::unique_ptr<amx::Conv> amx_forward, amx_data;
   std::unique_ptr<amx::ConvWeights> amx_weights;
 };
@@ -527,6 +527,32 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
         onednn::is_reference(plan->weights_pd))
       return nullptr;
 
+    // bf16 with both tensors in 16-channel blocks, stride 1, no groups: on CPUs with AMX, Tessera's
+    // AMX kernels take the three passes (backward-data as the correlation of dy with the flipped
+    // weights), reading and writing the blocks as they lie. oneDNN's descriptors above stay (they
+    // decided the layouts and name what oneDNN would run); its primitives, reorders and buffers
+    // are not made.
+    if (low != f32 && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 &&
+        shapes.x_layout == Layout::nchw16c && shapes.y_layout == Layout::nchw16c &&
+        (!shapes.activation || shapes.activation->kind != ActivationKind::sigmoid)) {
+      const amx::Correlation forward{.in = x,
+                                     .out = y,
+                                     .kh = w.h,
+                                     .kw = w.w,
+                                     .pad_top = g.pad_top,
+                                     .pad_left = g.pad_left,
+                                     .dil_h = g.dilation_h,
+                                     .dil_w = g.dilation_w};
+      plan->amx_forward = amx::Conv::plan(forward);
+      plan->amx_data = amx::Conv::plan(amx::adjoint(forward));
+      plan->amx_weights = amx::ConvWeights::plan(forward);
+      if (plan->amx_forward && plan->amx_data && plan->amx_weights)
+        return std::unique_ptr<OneDnnConv>(new OneDnnConv(std::move(plan)));
+      plan->amx_forward.reset();
+      plan->amx_data.reset();
+      plan->amx_weights.reset();
+    }
+
     plan->fwd = convolution_forward(plan->fwd_pd);
     plan->data = convolution_backward_data(plan->data_pd);
     plan->fwd_src = Port::input(x_user, plan->fwd_pd.src_desc());
@@ -554,26 +580,6 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     // the gradient buffers the strips write).
     if (plan->weights_strips.strips.empty())
       plan->weights = convolution_backward_weights(plan->weights_pd);
-    // bf16 with both tensors in 16-channel blocks, stride 1, no groups: on CPUs with AMX, Tessera's
-    // AMX kernels take the three passes (backward-data as the correlation of dy with the flipped
-    // weights), reading and writing the blocks as they lie. oneDNN's primitives stay planned
-    // (they are small; the pass planned on them says which layouts oneDNN takes).
-    if (low != f32 && g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 &&
-        shapes.x_layout == Layout::nchw16c && shapes.y_layout == Layout::nchw16c &&
-        (!shapes.activation || shapes.activation->kind != ActivationKind::sigmoid)) {
-      const amx::Correlation forward{.in = x,
-                                     .out = y,
-                                     .kh = w.h,
-                                     .kw = w.w,
-                                     .pad_top = g.pad_top,
-                                     .pad_left = g.pad_left,
-                                     .dil_h = g.dilation_h,
-                                     .dil_w = g.dilation_w};
-      plan->amx_forward = amx::Conv::plan(forward);
-      plan->amx_data = amx::Conv::plan(amx::adjoint(forward));
-      plan->amx_weights = amx::ConvWeights::plan(forward);
-      if (plan->amx_weights) plan->weights_strips = {};
-    }
   } catch (const dnnl::error&) {
     // Shapes or parameters oneDNN rejects: declined, the reference takes the case.
     return nullptr;
@@ -773,11 +779,9 @@ bool OneDnnConv::applies_activation() const {
 std::string OneDnnConv::name() const {
   if (plan_->shapes.is_box()) return std::string("onednn ") + plan_->fwd_pd.impl_info_str();
   const std::int64_t strips = weights_strips();
-  const std::string forward = plan_->amx_forward ? "tessera amx" : plan_->fwd_pd.impl_info_str();
-  const std::string data = plan_->amx_data ? "tessera amx" : plan_->data_pd.impl_info_str();
-  const std::string weights =
-      plan_->amx_weights ? "tessera amx" : plan_->weights_pd.impl_info_str();
-  return std::string("onednn ") + forward + "/" + data + "/" + weights +
+  if (plan_->amx_forward) return "onednn tessera amx/tessera amx/tessera amx";
+  return std::string("onednn ") + plan_->fwd_pd.impl_info_str() + "/" +
+         plan_->data_pd.impl_info_str() + "/" + plan_->weights_pd.impl_info_str() +
          (strips > 0 ? ", backward-weights in " + std::to_string(strips) + " strips" : "");
 }
 

@@ -68,6 +68,7 @@ class Conv {
   std::int64_t in_chunks_ = 0;         // input channels in chunks of 32, the last padded with zeros
   std::int64_t out_blocks_ = 0;        // output channels in blocks of 16
   std::vector<std::uint16_t> packed_;  // bfloat16 weight tiles, 16 x 32 each (set_weights)
+  std::vector<float> tiles_;           // the same in float32, before rounding (set_weights)
 };
 
 // The backward-weights pass of a stride-1 convolution on AMX: with `c` the forward's correlation
