@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "tessera/error.hpp"
+#include "tessera/kernels/amx_conv.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/nchw_planes.hpp"
 #include "tessera/kernels/simd.hpp"
 #include "tessera/parallel.hpp"
 
@@ -403,52 +405,20 @@ double row_sum(const float* p, std::int64_t n) {
 #pragma GCC pop_options
 #endif
 
-// NCHW planes of a tensor, of a box of one, or of a concat's parts (ConvKernel::forward_parts:
-// tensors of the same H x W holding consecutive channels, each but the last whole chunks of
-// kChunk): channel c of sample n in the part p holding it, at p.data + (n * p.channels + c -
-// p.first) * plane, rows `row` apart.
-template <typename F>
-struct Planes {
-  struct Part {
-    F* data;
-    std::int64_t first, channels;
-  };
-  std::array<Part, kMaxIn / kChunk> parts{};
-  std::size_t count = 0;
-  std::int64_t plane = 0, row = 0;
+#if TESSERA_HAS_WIDE_LOOPS
+// Row 0 of the first channel of each chunk of sample n's `channels` channels (RowJob::in).
+Chunks chunks_of(const ChannelPlanes<const float>& p, std::int64_t n, std::int64_t channels) {
+  Chunks q{};
+  for (std::int64_t c = 0; c < channels; c += kChunk)
+    q[static_cast<std::size_t>(c / kChunk)] = p.at(n, c, 0);
+  return q;
+}
+#endif
 
-  F* at(std::int64_t n, std::int64_t c, std::int64_t r) const {
-    std::size_t k = 0;
-    while (k + 1 < count && c >= parts[k + 1].first)
-      ++k;
-    const Part& p = parts[k];
-    return p.data + (n * p.channels + c - p.first) * plane + r * row;
-  }
-  // Whether every row of every part starts on a 64-byte line.
-  bool lines_aligned() const {
-    constexpr std::int64_t kLine = 64 / std::int64_t(sizeof(F));
-    if (plane % kLine != 0 || row % kLine != 0) return false;
-    for (std::size_t k = 0; k < count; ++k)
-      if (reinterpret_cast<std::uintptr_t>(parts[k].data) % 64 != 0) return false;
-    return true;
-  }
-  // Row 0 of the first channel of each chunk of sample n's `channels` channels (RowJob::in).
-  Chunks chunks(std::int64_t n, std::int64_t channels) const {
-    Chunks q{};
-    for (std::int64_t c = 0; c < channels; c += kChunk)
-      q[static_cast<std::size_t>(c / kChunk)] = at(n, c, 0);
-    return q;
-  }
-};
-
+// The planes of a box of `outer` at `at`.
 template <typename F>
-Planes<F> planes_of(F* data, const Shape4& outer, BoxAt at = {}) {
-  Planes<F> p;
-  p.parts[0] = {data + at.h * outer.w + at.w, 0, outer.c};
-  p.count = 1;
-  p.plane = outer.h * outer.w;
-  p.row = outer.w;
-  return p;
+ChannelPlanes<F> channel_planes(F* data, const Shape4& outer, BoxAt at) {
+  return channel_planes(data, outer, at.h, at.w);
 }
 
 #if TESSERA_HAS_WIDE_LOOPS
@@ -459,14 +429,43 @@ class NarrowConv final : public ConvKernel<float> {
         dh_(g.dilation_h),
         dw_(g.dilation_w),
         pad_top_(g.pad_top),
-        pad_left_(g.pad_left) {}
+        pad_left_(g.pad_left) {
+    // Under --precision bf16 on CPUs with AMX: Tessera's AMX kernels, reading and writing the
+    // planes as they lie (all three passes or none; a box kernel's forward alone), where a pixel
+    // has at least 128 products a tap (input x output channels). With fewer the float32 kernels
+    // here are as fast or faster: the AMX kernels' time goes into transposing the planes into and
+    // out of their tiles (one thread of an Intel Xeon with AMX, 2026-11-28, the three passes at
+    // 2048x2048, ms: 24 -> 8 78 + 79 + 107 against 124 + 124 + 156, 8 -> 16 51 + 58 + 63 against
+    // 85 + 82 + 97; 8 -> 8 44 + 43 + 56 against 41 + 41 + 55; at 1024x1024 3 -> 8 9 + 10 + 12
+    // against 5 + 9 + 7).
+    if (!conv_bf16() || !amx::available() || shapes.x.c * shapes.y.c < 128) return;
+    const amx::Correlation c{.in = s_.x,
+                             .out = s_.y,
+                             .kh = s_.w.h,
+                             .kw = s_.w.w,
+                             .pad_top = pad_top_,
+                             .pad_left = pad_left_,
+                             .dil_h = dh_,
+                             .dil_w = dw_};
+    amx_forward_ = amx::Conv::plan_nchw(c);
+    if (!shapes.is_box()) {
+      amx_data_ = amx::Conv::plan_nchw(amx::adjoint(c));
+      amx_weights_ = amx::ConvWeights::plan_nchw(c);
+      if (!amx_data_ || !amx_weights_) amx_forward_.reset();
+    }
+    if (!amx_forward_) {
+      amx_data_.reset();
+      amx_weights_.reset();
+    }
+  }
   // Planned with ConvShapes::activation: the forward applies it as it writes y.
   bool applies_activation() const override { return s_.activation.has_value(); }
 
   void forward(const Tensor<float>& x, const Tensor<float>& w, std::span<const float> bias,
                Tensor<float>& y) override {
     check("forward", x, s_.x, w, y, s_.y, bias);
-    correlate_all(planes_of(x.data(), s_.x), s_.x, planes_of(y.data(), s_.y), s_.y, false, w, bias);
+    correlate_all(channel_planes(x.data(), s_.x), s_.x, channel_planes(y.data(), s_.y), s_.y, false,
+                  w, bias);
   }
 
   void forward_box(const Tensor<float>& x, BoxAt x_at, const Tensor<float>& w,
@@ -478,20 +477,21 @@ class NarrowConv final : public ConvKernel<float> {
     };
     TESSERA_CHECK(fits(x_at, s_.x, s_.x_outer) && fits(y_at, s_.y, s_.y_outer),
                   "narrow conv: forward_box called with boxes outside their tensors");
-    correlate_all(planes_of(x.data(), s_.x_outer, x_at), s_.x,
-                  planes_of(y.data(), s_.y_outer, y_at), s_.y, false, w, bias);
+    correlate_all(channel_planes(x.data(), s_.x_outer, x_at), s_.x,
+                  channel_planes(y.data(), s_.y_outer, y_at), s_.y, false, w, bias);
   }
 
   // dx is dy correlated with the flipped kernel, input and output channels swapped.
   void backward_data(const Tensor<float>& dy, const Tensor<float>& w, Tensor<float>& dx) override {
     check("backward_data", dx, s_.x, w, dy, s_.y, {});
-    correlate_all(planes_of(dy.data(), s_.y), s_.y, planes_of(dx.data(), s_.x), s_.x, true, w, {});
+    correlate_all(channel_planes(dy.data(), s_.y), s_.y, channel_planes(dx.data(), s_.x), s_.x,
+                  true, w, {});
   }
 
   void backward_filter(const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& dw,
                        std::span<float> dbias) override {
     check("backward_filter", x, s_.x, dw, dy, s_.y, dbias);
-    filter(planes_of(x.data(), s_.x), dy, dw, dbias);
+    filter(channel_planes(x.data(), s_.x), dy, dw, dbias);
   }
 
   // A concat's parts, read and written where they lie.
@@ -499,14 +499,14 @@ class NarrowConv final : public ConvKernel<float> {
   void forward_parts(std::span<const Tensor<float>* const> x, const Tensor<float>& w,
                      std::span<const float> bias, Tensor<float>& y) override {
     check("forward_parts", s_.x, w, y, s_.y, bias);
-    correlate_all(parts_planes<const float>(x, "forward_parts"), s_.x, planes_of(y.data(), s_.y),
-                  s_.y, false, w, bias);
+    correlate_all(parts_planes<const float>(x, "forward_parts"), s_.x,
+                  channel_planes(y.data(), s_.y), s_.y, false, w, bias);
   }
   void backward_data_parts(const Tensor<float>& dy, const Tensor<float>& w,
                            std::span<Tensor<float>* const> dx) override {
     check("backward_data_parts", s_.x, w, dy, s_.y, {});
-    correlate_all(planes_of(dy.data(), s_.y), s_.y, parts_planes<float>(dx, "backward_data_parts"),
-                  s_.x, true, w, {});
+    correlate_all(channel_planes(dy.data(), s_.y), s_.y,
+                  parts_planes<float>(dx, "backward_data_parts"), s_.x, true, w, {});
   }
   void backward_filter_parts(std::span<const Tensor<float>* const> x, const Tensor<float>& dy,
                              Tensor<float>& dw, std::span<float> dbias) override {
@@ -514,12 +514,18 @@ class NarrowConv final : public ConvKernel<float> {
     filter(parts_planes<const float>(x, "backward_filter_parts"), dy, dw, dbias);
   }
 
-  std::string name() const override { return "narrow avx512"; }
+  std::string name() const override {
+    return amx_forward_ ? "narrow tessera amx" : "narrow avx512";
+  }
 
  private:
   // The filter gradient's sums from x's planes `in` (backward_filter).
-  void filter(const Planes<const float>& in, const Tensor<float>& dy, Tensor<float>& dw,
+  void filter(const ChannelPlanes<const float>& in, const Tensor<float>& dy, Tensor<float>& dw,
               std::span<float> dbias) {
+    if (amx_weights_) {
+      amx_weights_->run_planes(in, channel_planes(dy.data(), s_.y), dw.data(), dbias);
+      return;
+    }
     const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
     const std::int64_t taps = ws.h * ws.w, rows = ys.n * ys.h;
     const std::int64_t per_block = kOut * ws.c * taps * kLanes;
@@ -535,7 +541,7 @@ class NarrowConv final : public ConvKernel<float> {
     const std::int64_t parts = std::clamp<std::int64_t>(kernel_threads().count, 1, rows);
     std::vector<double> sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0);
     std::vector<double> bias_sums(static_cast<std::size_t>(parts * ys.c), 0.0);
-    const Planes<const float> grad = planes_of(dy.data(), ys);
+    const ChannelPlanes<const float> grad = channel_planes(dy.data(), ys);
     parallel_for(
         parts,
         [&](std::int64_t first, std::int64_t last) {
@@ -550,7 +556,7 @@ class NarrowConv final : public ConvKernel<float> {
                                   .dy_plane = grad.plane,
                                   .outs = std::min(kOut, ys.c - block * kOut),
                                   .out_w = ys.w,
-                                  .x = in.chunks(n, xs.c),
+                                  .x = chunks_of(in, n, xs.c),
                                   .x_plane = in.plane,
                                   .x_row = in.row,
                                   .in_h = xs.h,
@@ -622,9 +628,9 @@ class NarrowConv final : public ConvKernel<float> {
   // The planes of a concat's parts, checked: NCHW, x's planned N, H and W, together x's channels,
   // each but the last whole chunks.
   template <typename F, typename P>
-  Planes<F> parts_planes(std::span<P* const> parts, const char* pass) const {
+  ChannelPlanes<F> parts_planes(std::span<P* const> parts, const char* pass) const {
     const Shape4& xs = s_.x;
-    Planes<F> p;
+    ChannelPlanes<F> p;
     p.plane = xs.h * xs.w;
     p.row = xs.w;
     std::int64_t first = 0;
@@ -672,9 +678,14 @@ class NarrowConv final : public ConvKernel<float> {
   // h + row_shift on, columns from col0, row_shift = pad_top - (kh - 1) dh and col0 = pad_left -
   // (kw - 1) dw (both <= 0: the padding is at most the kernel's span); dy's values outside its
   // planes (past the padding) are zero.
-  void correlate_all(const Planes<const float>& in, const Shape4& is, const Planes<float>& out,
-                     const Shape4& os, bool adjoint, const Tensor<float>& w,
-                     std::span<const float> bias) {
+  void correlate_all(const ChannelPlanes<const float>& in, const Shape4& is,
+                     const ChannelPlanes<float>& out, const Shape4& os, bool adjoint,
+                     const Tensor<float>& w, std::span<const float> bias) {
+    if (amx::Conv* k = adjoint ? amx_data_.get() : amx_forward_.get()) {
+      k->set_weights(w.data(), adjoint);
+      k->run_planes(in, bias, adjoint ? std::nullopt : s_.activation, out);
+      return;
+    }
     const Shape4& ws = s_.w;
     const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
     const std::vector<float> k = packed(w, adjoint);
@@ -695,7 +706,7 @@ class NarrowConv final : public ConvKernel<float> {
           for (std::int64_t r = first; r < last; ++r) {
             const std::int64_t n = r / os.h, h = r % os.h;
             for (std::int64_t block = 0; block < blocks; ++block)
-              wide::correlate_row({.in = in.chunks(n, is.c),
+              wide::correlate_row({.in = chunks_of(in, n, is.c),
                                    .in_plane = in.plane,
                                    .in_row = in.row,
                                    .in_h = is.h,
@@ -724,6 +735,9 @@ class NarrowConv final : public ConvKernel<float> {
 
   ConvShapes s_;
   std::int64_t dh_, dw_, pad_top_, pad_left_;
+  // The AMX kernels (bf16), or none.
+  std::unique_ptr<amx::Conv> amx_forward_, amx_data_;
+  std::unique_ptr<amx::ConvWeights> amx_weights_;
 };
 #endif
 

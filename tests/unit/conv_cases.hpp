@@ -147,8 +147,8 @@ inline void expect_matches_reference(ConvKernel<float>& kernel, const Case& c,
 // A box kernel reads its input from a box of a larger tensor and writes its output into a box of
 // another, leaving the rest untouched; the box's values equal the whole-tensor reference's.
 inline void expect_box_kernel_matches(
-    const Case& c,
-    const std::function<std::unique_ptr<ConvKernel<float>>(const ConvShapes&)>& make) {
+    const Case& c, const std::function<std::unique_ptr<ConvKernel<float>>(const ConvShapes&)>& make,
+    double tolerance = kTolerance) {
   const ConvGeometry g = c.geometry();
   const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
   const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
@@ -170,7 +170,7 @@ inline void expect_box_kernel_matches(
   reference::conv2d_forward(to_double(x), to_double(w), bd.span(), yd, g);
   Tensor<float> y(ys);
   copy_box_out(y_outer, y_at, y);
-  EXPECT_LE(rel_error(y.span(), yd.span()), kTolerance) << k->name() << " box, " << c.str();
+  EXPECT_LE(rel_error(y.span(), yd.span()), tolerance) << k->name() << " box, " << c.str();
   // Outside the box nothing changed.
   Tensor<float> blank(ys, -3.0f);
   copy_box_in(blank, y_outer, y_at);

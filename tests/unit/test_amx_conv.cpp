@@ -50,6 +50,16 @@ struct AmxCase {
             out_w + dil * (kw - 1) - pad_left - pad_right};
   }
   Shape4 out() const { return {n, out_c, out_h, out_w}; }
+  amx::Correlation correlation() const {
+    return {.in = in(),
+            .out = out(),
+            .kh = kh,
+            .kw = kw,
+            .pad_top = pad_top,
+            .pad_left = pad_left,
+            .dil_h = dil,
+            .dil_w = dil};
+  }
   reference::ConvGeometry geometry() const {
     return {.stride_h = 1,
             .stride_w = 1,
@@ -110,14 +120,7 @@ TEST(AmxConv, CorrelationMatchesTheReferenceOnRoundedInputs) {
     const Tensor<float> b = c.bias ? random_tensor({c.out_c, 1, 1, 1}, 4) : Tensor<float>();
     const Tensor<double> bd = conv_cases::to_double(b);
 
-    const amx::Correlation correlation{.in = xs,
-                                       .out = ys,
-                                       .kh = c.kh,
-                                       .kw = c.kw,
-                                       .pad_top = c.pad_top,
-                                       .pad_left = c.pad_left,
-                                       .dil_h = c.dil,
-                                       .dil_w = c.dil};
+    const amx::Correlation correlation = c.correlation();
     std::unique_ptr<amx::Conv> forward = amx::Conv::plan(correlation);
     ASSERT_NE(forward, nullptr) << c.str();
     forward->set_weights(w.data(), false);
@@ -149,6 +152,88 @@ TEST(AmxConv, CorrelationMatchesTheReferenceOnRoundedInputs) {
     Tensor<double> dwd = conv_cases::to_double(dw), dbd = conv_cases::to_double(db);
     weights->run(x16.data(), dy16.data(), dw.data(), db.span());
     // dbias from float32 dy; dw from the rounded factors.
+    reference::conv2d_backward_filter(rounded(x), rounded(dy), dwd, std::span<double>(),
+                                      c.geometry());
+    Tensor<double> unused(ws);
+    reference::conv2d_backward_filter(conv_cases::to_double(x), conv_cases::to_double(dy), unused,
+                                      dbd.span(), c.geometry());
+    EXPECT_LE(rel_error(dw.span(), dwd.span()), 1e-5) << "backward-weights, " << c.str();
+    EXPECT_LE(rel_error(db.span(), dbd.span()), 1e-5) << "backward-bias, " << c.str();
+  }
+}
+
+// The NCHW passes (plan_nchw, run_planes) for channel counts that fill no block or chunk: within
+// float32 sums' rounding of the float64 reference on bfloat16-rounded factors, as above; the
+// output's planes a box of a larger tensor (rows and planes farther apart than its width), the
+// input's a concat's two parts.
+TEST(AmxConv, NchwPlanesMatchTheReferenceOnRoundedInputs) {
+  if (!amx::available()) GTEST_SKIP() << "no AMX on this CPU (or TESSERA_AMX=0)";
+  const FusedActivation relu{ActivationKind::relu, 0}, leaky{ActivationKind::leaky_relu, 0.1};
+  const AmxCase cases[] = {
+      {1, 3, 8, 3, 3, 1, 1, 1, 1, 1, 5, 37, true, relu},
+      {2, 24, 8, 3, 3, 1, 1, 1, 1, 1, 4, 16, false, std::nullopt},
+      {1, 8, 16, 3, 3, 2, 2, 2, 2, 2, 3, 7, true, leaky},
+      {1, 37, 5, 3, 3, 1, 0, 0, 0, 0, 2, 18, false, std::nullopt},
+      {1, 64, 8, 3, 3, 1, 1, 1, 1, 1, 3, 33, true, std::nullopt},
+      {1, 8, 24, 5, 3, 1, 2, 1, 2, 1, 4, 1, false, relu},
+      {2, 13, 12, 3, 3, 1, 1, 1, 1, 1, 21, 9, true, std::nullopt},
+  };
+  for (const AmxCase& c : cases) {
+    const Shape4 xs = c.in(), ys = c.out(), ws{c.out_c, c.in_c, c.kh, c.kw};
+    const Tensor<float> x = random_tensor(xs, 1), w = random_tensor(ws, 2);
+    const Tensor<float> dy = random_tensor(ys, 3);
+    const Tensor<float> b = c.bias ? random_tensor({c.out_c, 1, 1, 1}, 4) : Tensor<float>();
+    const amx::Correlation correlation = c.correlation();
+    // x as two parts: its first channels (a multiple of 8 where there are more than 8), the rest.
+    const std::int64_t first = c.in_c > 8 ? c.in_c / 8 * 8 - (c.in_c % 8 == 0 ? 8 : 0) : c.in_c;
+    Tensor<float> x0({xs.n, first, xs.h, xs.w}), x1({xs.n, xs.c - first, xs.h, xs.w});
+    for (std::int64_t n = 0; n < xs.n; ++n)
+      for (std::int64_t i = 0; i < xs.c; ++i)
+        for (std::int64_t e = 0; e < xs.h * xs.w; ++e)
+          (i < first ? x0.data()[(n * first + i) * xs.h * xs.w + e]
+                     : x1.data()[(n * (xs.c - first) + i - first) * xs.h * xs.w + e]) =
+              x.data()[(n * xs.c + i) * xs.h * xs.w + e];
+    ChannelPlanes<const float> xp;
+    xp.parts[0] = {x0.data(), 0, first};
+    xp.parts[1] = {x1.data(), first, xs.c - first};
+    xp.count = xs.c > first ? 2 : 1;
+    xp.plane = xs.h * xs.w;
+    xp.row = xs.w;
+
+    std::unique_ptr<amx::Conv> forward = amx::Conv::plan_nchw(correlation);
+    ASSERT_NE(forward, nullptr) << c.str();
+    forward->set_weights(w.data(), false);
+    // y in a box at (1, 2) of a tensor 3 rows and 5 columns larger.
+    Tensor<float> outer({ys.n, ys.c, ys.h + 3, ys.w + 5}, 7.0f);
+    forward->run_planes(xp, b.span(), c.f, channel_planes(outer.data(), outer.shape(), 1, 2));
+    Tensor<float> y(ys);
+    copy_box_out(outer, BoxAt{1, 2}, y);
+    Tensor<double> yd(ys);
+    const Tensor<double> bd = conv_cases::to_double(b);
+    reference::conv2d_forward(rounded(x), rounded(w), bd.span(), yd, c.geometry());
+    yd = activated(std::move(yd), c.f);
+    EXPECT_LE(rel_error(y.span(), yd.span()), 1e-5) << "forward, " << c.str();
+    Tensor<float> blank(ys, 7.0f);
+    copy_box_in(blank, outer, BoxAt{1, 2});
+    for (float v : outer.span())
+      ASSERT_EQ(v, 7.0f) << "written outside the box, " << c.str();
+
+    std::unique_ptr<amx::Conv> data = amx::Conv::plan_nchw(amx::adjoint(correlation));
+    ASSERT_NE(data, nullptr) << c.str();
+    data->set_weights(w.data(), true);
+    Tensor<float> dx(xs, 7.0f);
+    data->run_planes(channel_planes(dy.data(), ys), {}, std::nullopt,
+                     channel_planes(dx.data(), xs));
+    Tensor<double> dxd(xs);
+    reference::conv2d_backward_data(rounded(dy), rounded(w), dxd, c.geometry());
+    EXPECT_LE(rel_error(dx.span(), dxd.span()), 1e-5) << "backward-data, " << c.str();
+
+    std::unique_ptr<amx::ConvWeights> weights = amx::ConvWeights::plan_nchw(correlation);
+    ASSERT_NE(weights, nullptr) << c.str();
+    Tensor<float> dw = random_tensor(ws, 5);
+    Tensor<float> db = c.bias ? random_tensor({c.out_c, 1, 1, 1}, 6) : Tensor<float>();
+    Tensor<double> dwd = conv_cases::to_double(dw), dbd = conv_cases::to_double(db);
+    weights->run_planes(xp, channel_planes(dy.data(), ys), dw.data(), db.span());
     reference::conv2d_backward_filter(rounded(x), rounded(dy), dwd, std::span<double>(),
                                       c.geometry());
     Tensor<double> unused(ws);

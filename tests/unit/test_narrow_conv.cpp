@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/kernels/amx_conv.hpp"
 #include "tessera/kernels/backend.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/simd.hpp"
@@ -426,6 +427,85 @@ TEST(NarrowConv, ReadsAConcatsPartsWhereTheyLie) {
     ASSERT_NE(k, nullptr) << c.str();
     EXPECT_TRUE(k->reads_parts());
     expect_parts_match(*k, c, channels);
+  }
+}
+
+// Under --precision bf16 on CPUs with AMX the narrow convolutions run on Tessera's AMX kernels
+// (include/tessera/kernels/amx_conv.hpp), which read and write the planes as they lie: whole
+// tensors, boxes (the forward) and a concat's parts (bit for bit the whole tensor's), at row widths
+// around their 16-pixel tiles, channel counts that fill no block, every kernel extent and
+// dilation, zero padding in the kernel, a fused (leaky) ReLU; within bfloat16's tolerance of the
+// float64 reference (test_amx_conv.cpp checks the kernels to float32's on rounded inputs).
+TEST(NarrowConv, RunsOnAmxUnderBf16) {
+  REQUIRE_NARROW_KERNELS();
+  if (!amx::available()) GTEST_SKIP() << "no AMX on this CPU (or TESSERA_AMX=0)";
+  struct Bf16 {
+    Bf16() { set_conv_bf16(true); }
+    ~Bf16() { set_conv_bf16(false); }
+  } bf16_scope;
+  constexpr double kBf16 = 1e-2;
+  const auto check = [&](const Case& c) {
+    std::unique_ptr<ConvKernel<float>> k = make(c);
+    ASSERT_NE(k, nullptr) << c.str();
+    EXPECT_EQ(k->name(), "narrow tessera amx") << c.str();
+    expect_matches_reference(*k, c, Layout::nchw, kBf16);
+    expect_box_kernel_matches(
+        c,
+        [&](const ConvShapes& s) {
+          std::unique_ptr<ConvKernel<float>> box = make_narrow_conv(s, c.geometry());
+          EXPECT_NE(box, nullptr) << "box, " << c.str();
+          if (box) {
+            EXPECT_EQ(box->name(), "narrow tessera amx") << "box, " << c.str();
+          }
+          return box;
+        },
+        kBf16);
+  };
+  // (At least 128 products a pixel and tap: fewer stay on the float32 kernels.)
+  const std::int64_t channels[][2] = {{13, 12}, {16, 8}, {24, 8}, {8, 16},
+                                      {64, 8},  {37, 5}, {11, 12}};
+  for (std::int64_t w = 1; w <= 70; w += 3) {
+    const auto [c, o] = channels[w % 7];
+    check(narrow_case(1 + w % 2, c, o, 3, 1, 2 + w % 3, w, w % 3 == 0));
+    check(same_case(1, c, o, 3, 1, 3, w, w % 2 == 0));
+  }
+  for (std::int64_t kernel : {2, 3, 5, 7})
+    for (std::int64_t dilation : {1, 2})
+      check(padded_case(2, 26, 5, kernel, dilation, 5, 19 + 4 * kernel, kernel % 2, dilation,
+                        dilation * (kernel - 1) - dilation));
+  check(same_case(1, 24, 8, 3, 1, 21, 40, false));  // taller than a group of weight rows
+  // Fewer than 128 products a pixel and tap: the float32 kernels.
+  for (const Case& c :
+       {same_case(1, 8, 8, 3, 1, 3, 20, false), same_case(1, 3, 8, 3, 1, 3, 20, false)})
+    EXPECT_EQ(make(c)->name(), "narrow avx512") << c.str();
+
+  for (const FusedActivation f :
+       {FusedActivation{.kind = ActivationKind::relu},
+        FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.1}}) {
+    const Case c = same_case(2, 19, 8, 3, 1, 7, 61, true);
+    ConvShapes fused = c.shapes();
+    fused.activation = f;
+    std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(fused, c.geometry()), plain = make(c);
+    ASSERT_NE(k, nullptr);
+    EXPECT_TRUE(k->applies_activation());
+    const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+    const Tensor<float> b = random_tensor({c.o, 1, 1, 1}, 4);
+    Tensor<float> y(c.y()), want(c.y());
+    k->forward(x, w, b.span(), y);
+    plain->forward(x, w, b.span(), want);
+    for (float& v : want.span())
+      v = elementwise::leaky_relu(v, static_cast<float>(f.slope));
+    EXPECT_TRUE(same_bits(y, want)) << "fused activation " << f.slope;
+  }
+
+  const std::pair<Case, std::vector<std::int64_t>> parts[] = {
+      {same_case(2, 24, 8, 3, 1, 9, 70, false), {16, 8}},
+      {narrow_case(2, 37, 5, 3, 1, 4, 21, true), {16, 16, 5}}};
+  for (const auto& [c, split_at] : parts) {
+    std::unique_ptr<ConvKernel<float>> k = make(c);
+    ASSERT_NE(k, nullptr) << c.str();
+    EXPECT_EQ(k->name(), "narrow tessera amx") << c.str();
+    expect_parts_match(*k, c, split_at);
   }
 }
 

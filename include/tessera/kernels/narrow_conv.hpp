@@ -23,7 +23,9 @@ namespace tessera {
 // AVX-512 chosen (simd_level()), switched on (set_conv_narrow). Under --precision bf16 too, where
 // they compute in float32: oneDNN's bf16 kernels take 16-channel blocks, half of them padding for
 // 8 channels (unet-small's 1-rank step 1.15 s with its 8-channel convs in oneDNN's bf16 kernels,
-// 0.67 s with them narrow; float32 0.71 s; AMD EPYC Zen 5, 2026-11-28). Local.
+// 0.67 s with them narrow; float32 0.71 s; AMD EPYC Zen 5, 2026-11-28); on CPUs with AMX a
+// narrow kernel of at least 128 products a pixel and tap computes in bfloat16 on Tessera's AMX
+// kernels (amx::Conv::plan_nchw; its name() says "narrow tessera amx"). Local.
 bool narrow_conv_available();
 
 // Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
