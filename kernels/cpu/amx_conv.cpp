@@ -160,9 +160,8 @@ inline void store_2x2(float (&tiles)[4][kPixels * kOutBlock]) {
 // One ring row: input row `r` of sample `n` as bfloat16, channels-last, `cols` columns from input
 // column -pad_left, `chunks` chunks of 32 channels (the channels past in.c zero).
 void convert_row(const float* in, const Shape4& s, std::int64_t n, std::int64_t r,
-                 std::int64_t pad_left, std::int64_t cols, std::int64_t chunks,
-                 std::uint16_t* row) {
-  const std::int64_t pixel = chunks * kChunk;
+                 std::int64_t pad_left, std::int64_t cols, std::int64_t pixel, std::uint16_t* row) {
+  const std::int64_t chunks = pixel / kChunk;
   if (r < 0 || r >= s.h) {
     std::memset(row, 0, static_cast<std::size_t>(cols * pixel) * sizeof(std::uint16_t));
     return;
@@ -175,6 +174,15 @@ void convert_row(const float* in, const Shape4& s, std::int64_t n, std::int64_t 
   if (end < cols)
     std::memset(row + end * pixel, 0,
                 static_cast<std::size_t>((cols - end) * pixel) * sizeof(std::uint16_t));
+  if (pixel == kBlock) {  // one block, 16 channels a pixel (RingGeometry)
+    const float* lo = in + ((n * blocks) * s.h + r) * s.w * kBlock;
+    for (std::int64_t c = begin; c < end; ++c) {
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(lo + (c - pad_left) * kBlock));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + c * pixel),
+                          reinterpret_cast<const __m256i&>(v));
+    }
+    return;
+  }
   for (std::int64_t q = 0; q < chunks; ++q) {
     const std::int64_t b0 = 2 * q, b1 = 2 * q + 1;
     const float* lo = in + ((n * blocks + b0) * s.h + r) * s.w * kBlock;
@@ -368,7 +376,7 @@ void run_rows(const RunArgs& a, std::int64_t begin, std::int64_t end) {
       if (a.in_planes != nullptr)
         convert_row_planes(*a.in_planes, c.in, n, next, c.pad_left, cols, pixel, ring_at(next));
       else
-        convert_row(a.in, c.in, n, next, c.pad_left, cols, pixel / kChunk, ring_at(next));
+        convert_row(a.in, c.in, n, next, c.pad_left, cols, pixel, ring_at(next));
     memory_barrier();
     float* y =
         a.out != nullptr ? a.out + (n * out_blocks * c.out.h + h) * c.out.w * kBlock : nullptr;
@@ -763,7 +771,11 @@ namespace {
 RingGeometry ring_geometry(const Correlation& c, bool nchw) {
   RingGeometry g;
   const std::int64_t even = (c.in.c + 1) / 2 * 2;
-  if (!nchw || even > kChunk) {
+  if (!nchw && c.in.c == kBlock) {
+    // One block: a tap's 16 channels a segment, not half a chunk of zeros.
+    g.pixel = g.k = kBlock;
+    g.segments = c.kw;
+  } else if (!nchw || even > kChunk) {
     g.chunks = (c.in.c + kChunk - 1) / kChunk;
     g.pixel = g.chunks * kChunk;
     g.k = kChunk;
