@@ -157,23 +157,35 @@ inline void store_2x2(float (&tiles)[4][kPixels * kOutBlock]) {
   memory_barrier();
 }
 
-// One ring row: input row `r` of sample `n` as bfloat16, channels-last, `cols` columns from input
-// column -pad_left, `chunks` chunks of 32 channels (the channels past in.c zero).
-void convert_row(const float* in, const Shape4& s, std::int64_t n, std::int64_t r,
-                 std::int64_t pad_left, std::int64_t cols, std::int64_t pixel, std::uint16_t* row) {
-  const std::int64_t chunks = pixel / kChunk;
+// The zeros of a channels-last ring row of `pixel` values a column (convert_row,
+// convert_row_planes): all of it where input row `r` is outside the input (false), else the
+// columns before `begin` and from `end` on; [begin, end) hold input columns (true; pad_left < 0,
+// an adjoint's, starts inside).
+bool zero_ring_padding(const Shape4& s, std::int64_t r, std::int64_t pad_left, std::int64_t cols,
+                       std::int64_t pixel, std::uint16_t* row, std::int64_t& begin,
+                       std::int64_t& end) {
   if (r < 0 || r >= s.h) {
     std::memset(row, 0, static_cast<std::size_t>(cols * pixel) * sizeof(std::uint16_t));
-    return;
+    return false;
   }
-  const std::int64_t blocks = s.c / kBlock;
-  // Ring columns [begin, end) hold input columns; pad_left < 0 (an adjoint's) starts inside.
-  const std::int64_t begin = std::clamp<std::int64_t>(pad_left, 0, cols);
-  const std::int64_t end = std::clamp<std::int64_t>(pad_left + s.w, begin, cols);
+  begin = std::clamp<std::int64_t>(pad_left, 0, cols);
+  end = std::clamp<std::int64_t>(pad_left + s.w, begin, cols);
   std::memset(row, 0, static_cast<std::size_t>(begin * pixel) * sizeof(std::uint16_t));
   if (end < cols)
     std::memset(row + end * pixel, 0,
                 static_cast<std::size_t>((cols - end) * pixel) * sizeof(std::uint16_t));
+  return true;
+}
+
+// One ring row: input row `r` of sample `n` as bfloat16, channels-last, `cols` columns from input
+// column -pad_left, `pixel` values a column: chunks of 32 channels, or one block of 16
+// (RingGeometry; the channels past in.c zero).
+void convert_row(const float* in, const Shape4& s, std::int64_t n, std::int64_t r,
+                 std::int64_t pad_left, std::int64_t cols, std::int64_t pixel, std::uint16_t* row) {
+  const std::int64_t chunks = pixel / kChunk;
+  std::int64_t begin = 0, end = 0;
+  if (!zero_ring_padding(s, r, pad_left, cols, pixel, row, begin, end)) return;
+  const std::int64_t blocks = s.c / kBlock;
   if (pixel == kBlock) {  // one block, 16 channels a pixel (RingGeometry)
     const float* lo = in + ((n * blocks) * s.h + r) * s.w * kBlock;
     for (std::int64_t c = begin; c < end; ++c) {
@@ -234,16 +246,8 @@ void convert_row_planes(const ChannelPlanes<const float>& in, const Shape4& s, s
                         std::int64_t r, std::int64_t pad_left, std::int64_t cols,
                         std::int64_t pixel, std::uint16_t* row) {
   const std::int64_t chunks = (pixel + kChunk - 1) / kChunk;
-  if (r < 0 || r >= s.h) {
-    std::memset(row, 0, static_cast<std::size_t>(cols * pixel) * sizeof(std::uint16_t));
-    return;
-  }
-  const std::int64_t begin = std::clamp<std::int64_t>(pad_left, 0, cols);
-  const std::int64_t end = std::clamp<std::int64_t>(pad_left + s.w, begin, cols);
-  std::memset(row, 0, static_cast<std::size_t>(begin * pixel) * sizeof(std::uint16_t));
-  if (end < cols)
-    std::memset(row + end * pixel, 0,
-                static_cast<std::size_t>((cols - end) * pixel) * sizeof(std::uint16_t));
+  std::int64_t begin = 0, end = 0;
+  if (!zero_ring_padding(s, r, pad_left, cols, pixel, row, begin, end)) return;
   alignas(64) float channels[16 * 16], pixels[2][16 * 16];
   for (std::int64_t q = 0; q < chunks; ++q) {
     // Where the chunk's channels' rows start (nullptr past s.c).
