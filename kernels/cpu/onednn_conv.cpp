@@ -162,9 +162,18 @@ bool is_winograd(const dnnl::primitive_desc& pd) {
 //   depthwise conv) has few products a pixel for the bytes it writes: conv-bench's 3 -> 32 3x3
 //   forward at 2048x2048 took 170-186 ms in bfloat16 on the Intel Xeon with AMX (oneDNN's AMX
 //   kernel, which writes NHWC, then 81 ms converting its output to 16-channel blocks) against
-//   46 ms in float32 (1 rank x 2 threads, 2026-11-28).
-bool computes_in_float32_under_bf16(const Shape4& w) {
-  return (w.h == 1 && w.w == 1 && w.n < kBlock) || w.c < kBlock;
+//   46 ms in float32 (1 rank x 2 threads, 2026-11-28);
+// - a strided conv with fewer than 128 products an input value (output channels x taps per
+//   stride step: O x KH x KW / (SH x SW)), such as a 2x2 stride-2 transposed conv's adjoint (each
+//   input value meets one tap): oneDNN's bf16 kernels for strides gain less than the conversions
+//   cost. On the Intel Xeon with AMX (1 rank x 2 threads, 2026-11-29, forward + backward ms, bf16
+//   against float32): unet-small's up2 (32 -> 16, 2x2 stride 2, 512x512 in; 32 products) 73 vs
+//   55, 64 -> 32 (64) 165 vs 147, 3x3 stride 2 16 -> 32 (72) at 1024x1024 41 vs 33; above the
+//   line, 3x3 stride 2 32 -> 64 (144) 120 vs 136. (At stride 1, a 1x1 64 -> 64 gained: 80 vs 123.)
+bool computes_in_float32_under_bf16(const Shape4& w, const reference::ConvGeometry& g) {
+  const std::int64_t steps = g.stride_h * g.stride_w;
+  const bool few_products_strided = steps > 1 && w.n * w.h * w.w < 128 * steps;
+  return (w.h == 1 && w.w == 1 && w.n < kBlock) || w.c < kBlock || few_products_strided;
 }
 
 // Whether `pd` is oneDNN 2.x's AMX backward-weights kernel (jit:avx512_core_amx_bf16), which
@@ -384,10 +393,10 @@ std::unique_ptr<OneDnnConv> OneDnnConv::plan_in(const ConvShapes& shapes,
     const auto f32 = memory::data_type::f32;
     // --precision bf16 (set_conv_bf16): the primitives read bf16 inputs, weights and output
     // gradients (the Ports convert Tessera's float32 on the way in) and write float32. Not a 1x1
-    // conv to fewer than 16 channels (a segmentation head) nor one reading fewer than 16 channels
-    // a group (computes_in_float32_under_bf16): float32.
+    // conv to fewer than 16 channels (a segmentation head), one reading fewer than 16 channels a
+    // group, nor a strided conv of few products (computes_in_float32_under_bf16): float32.
     const auto low =
-        conv_bf16() && !computes_in_float32_under_bf16(w) ? memory::data_type::bf16 : f32;
+        conv_bf16() && !computes_in_float32_under_bf16(w, g) ? memory::data_type::bf16 : f32;
     plan->bf16 = low != f32;
     // 8 channels in and out: oneDNN's own choice (16-channel blocks, half of them padding, for
     // the output and both gradients) takes 2-3x the time of its 8-channel blocked kernels, which

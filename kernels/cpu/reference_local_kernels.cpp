@@ -97,66 +97,81 @@ class CpuMerge final : public MergeKernel<T> {
   }
   // In a blocked layout a unit (sample, block of B channels) holds its pixels' B channels side by
   // side; the padding channels of a last partial block stay as they are. Each channel's values
-  // are visited in the plane's order in either layout, so the gradient sums are the same.
+  // are visited in the plane's order in either layout, so the gradient sums are the same. Both
+  // loops split every unit into pieces of kPiece pixels, so that one block of channels (a 16-
+  // channel transposed conv's output in nchw16c) still spreads over the threads (it ran on one).
   void add_bias(std::span<const T> bias, Tensor<T>& y) const override {
     const Shape4& s = y.shape();
     check_bias(bias.size(), y, "bias");
     const std::int64_t b = block_of(y.layout()), blocks = channel_blocks(s.c, b);
-    const std::int64_t pixels = s.h * s.w;
+    const std::int64_t pixels = s.h * s.w, pieces = ceil_div(pixels, kPiece);
     parallel_for(
-        s.n * blocks,
+        s.n * blocks * pieces,
         [&](std::int64_t first, std::int64_t last) {
-          for (std::int64_t k = first; k < last; ++k) {
+          for (std::int64_t u = first; u < last; ++u) {
+            const std::int64_t k = u / pieces, begin = u % pieces * kPiece;
+            const std::int64_t end = std::min(pixels, begin + kPiece);
             const std::int64_t c0 = k % blocks * b, lanes = std::min(b, s.c - c0);
             T* out = y.data() + k * pixels * b;
-            for (std::int64_t i = 0; i < pixels; ++i)
+            for (std::int64_t i = begin; i < end; ++i)
               for (std::int64_t j = 0; j < lanes; ++j)
                 out[i * b + j] += bias[static_cast<std::size_t>(c0 + j)];
           }
         },
-        grain_for(pixels * b));
+        grain_for(kPiece * b));
   }
   void add_bias_grad(const Tensor<T>& dy, std::span<T> dbias) const override {
     const Shape4& s = dy.shape();
     check_bias(dbias.size(), dy, "bias gradient");
     const std::int64_t b = block_of(dy.layout()), blocks = channel_blocks(s.c, b);
-    const std::int64_t pixels = s.h * s.w;
-    std::vector<double> sums(static_cast<std::size_t>(s.n * blocks * b), 0.0);
+    const std::int64_t pixels = s.h * s.w, pieces = ceil_div(pixels, kPiece);
+    // Per (unit, piece), b channel sums; added piece by piece in order below, so the result does
+    // not depend on the thread count.
+    std::vector<double> sums(static_cast<std::size_t>(s.n * blocks * pieces * b), 0.0);
     parallel_for(
-        s.n * blocks,
+        s.n * blocks * pieces,
         [&](std::int64_t first, std::int64_t last) {
           // Per channel, in double, kInterleave partial sums (pixel i into sum i % kInterleave,
           // added in that order at the end): a float running sum of a 2048x2048 plane was both
           // a dependency chain and 4M roundings. Pixel order decides, so both layouts agree.
           constexpr std::int64_t kInterleave = 8;
           std::vector<double> acc(static_cast<std::size_t>(kInterleave * b));
-          for (std::int64_t k = first; k < last; ++k) {
+          for (std::int64_t u = first; u < last; ++u) {
+            const std::int64_t k = u / pieces, begin = u % pieces * kPiece;
+            const std::int64_t end = std::min(pixels, begin + kPiece);
             const T* grad = dy.data() + k * pixels * b;
             std::fill(acc.begin(), acc.end(), 0.0);
             double* __restrict a = acc.data();
-            std::int64_t i = 0;
-            for (; i + kInterleave <= pixels; i += kInterleave)
+            std::int64_t i = begin;
+            for (; i + kInterleave <= end; i += kInterleave)
               for (std::int64_t r = 0; r < kInterleave * b; ++r)
                 a[r] += static_cast<double>(grad[i * b + r]);
-            for (std::int64_t r = 0; i < pixels; ++i, ++r)
+            for (std::int64_t r = 0; i < end; ++i, ++r)
               for (std::int64_t j = 0; j < b; ++j)
                 a[r * b + j] += static_cast<double>(grad[i * b + j]);
             for (std::int64_t j = 0; j < b; ++j) {
               double sum = 0;
               for (std::int64_t r = 0; r < kInterleave; ++r)
                 sum += a[r * b + j];
-              sums[static_cast<std::size_t>(k * b + j)] = sum;
+              sums[static_cast<std::size_t>(u * b + j)] = sum;
             }
           }
         },
-        grain_for(pixels * b));
+        grain_for(kPiece * b));
     for (std::int64_t n = 0; n < s.n; ++n)
-      for (std::int64_t c = 0; c < s.c; ++c)
-        dbias[static_cast<std::size_t>(c)] +=
-            static_cast<T>(sums[static_cast<std::size_t>((n * blocks + c / b) * b + c % b)]);
+      for (std::int64_t c = 0; c < s.c; ++c) {
+        const std::int64_t k = n * blocks + c / b;
+        double sum = 0;
+        for (std::int64_t p = 0; p < pieces; ++p)
+          sum += sums[static_cast<std::size_t>((k * pieces + p) * b + c % b)];
+        dbias[static_cast<std::size_t>(c)] += static_cast<T>(sum);
+      }
   }
 
  private:
+  // Pixels of one unit a thread takes at a time (a multiple of add_bias_grad's kInterleave).
+  static constexpr std::int64_t kPiece = 8192;
+  static std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
   static void check_bias(std::size_t size, const Tensor<T>& t, const char* what) {
     check_bias_shape(size, t.shape(), t.layout(), what, /*blocked_ok=*/true);
   }

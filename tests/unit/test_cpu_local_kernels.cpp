@@ -179,6 +179,40 @@ TEST(CpuMerge, BiasGradientsAreSummedInDoubleInEveryLayout) {
   }
 }
 
+// Bias added in place: each value plus its channel's bias (float's one rounding), in NCHW and in
+// channel blocks, a single block (16 channels in nchw16c, spread over the threads by pixels) and a
+// padded last one, at any thread count; the padding channels stay as they were.
+TEST(CpuMerge, BiasIsAddedToEveryChannelInEveryLayout) {
+  const std::unique_ptr<MergeKernel<float>> k = make_cpu_merge<float>();
+  for (const Shape4 s : {Shape4{1, 16, 301, 299}, Shape4{2, 20, 67, 129}}) {
+    const Tensor<float> y = test::random_tensor<float>(s, kSeed, 4, -1, 1);
+    const Tensor<float> bias = test::random_tensor<float>({1, s.c, 1, 1}, kSeed, 5, -1, 1);
+    Tensor<float> want = y;
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t i = 0; i < s.h; ++i)
+          for (std::int64_t j = 0; j < s.w; ++j)
+            want.at(n, c, i, j) += bias.span()[static_cast<std::size_t>(c)];
+    for (Layout layout : {Layout::nchw, Layout::nchw16c, Layout::nchw8c}) {
+      for (int threads : {1, 2}) {
+        Threads scope(threads);
+        Tensor<float> got = to_layout(y, layout);
+        k->add_bias(bias.span(), got);
+        EXPECT_EQ(mismatches(to_layout(got, Layout::nchw), want), 0)
+            << s.str() << " in " << to_string(layout) << ", " << threads << " threads";
+        if (layout == Layout::nchw16c && s.c % 16 != 0) {
+          // The last block's padding channels (16..31 of 20) stay zero.
+          const std::int64_t plane = s.h * s.w;
+          for (std::int64_t n = 0; n < s.n; ++n)
+            for (std::int64_t i = 0; i < plane; ++i)
+              for (std::int64_t j = s.c % 16; j < 16; ++j)
+                ASSERT_EQ(got.data()[((n * 2 + 1) * plane + i) * 16 + j], 0.0f);
+        }
+      }
+    }
+  }
+}
+
 // Logits of `s` in [-4, 4) with special values (NaN, +-inf, a tie, large ones) in a few pixels,
 // and labels of every class.
 template <typename T>

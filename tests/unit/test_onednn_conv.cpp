@@ -723,7 +723,9 @@ struct Bf16Switch {
 // Under --precision bf16 a 1x1 conv to fewer than 16 channels (a segmentation head: memory-bound)
 // and a conv reading fewer than 16 channels (an image's 3) compute in float32, so they match the
 // float32 reference to float32's tolerance, on oneDNN's kernels and as GEMMs on 8-channel blocks;
-// a 3x3 conv of 32 channels still computes in bfloat16.
+// so does a strided conv of fewer than 128 products an input value (a 2x2 stride-2 transposed
+// conv's adjoint, a 3x3 stride-2 conv to 32 channels); a 3x3 conv of 32 channels and a 3x3
+// stride-2 conv to 64 channels still compute in bfloat16.
 TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
   if (!onednn_bf16_supported())
     GTEST_SKIP() << "oneDNN has no bfloat16 convolutions of its own here";
@@ -747,10 +749,23 @@ TEST(OneDnnConv, NarrowHeadsComputeInFloat32UnderBf16) {
       make_onednn_blocked_pointwise(shapes, blocked.geometry());
   ASSERT_NE(gemm, nullptr);
   expect_matches_reference(*gemm, blocked, Layout::nchw8c);
-  const Case wide = winograd_case(32, 32);
-  std::unique_ptr<OneDnnConv> conv = OneDnnConv::create(wide.shapes(), wide.geometry());
-  ASSERT_NE(conv, nullptr);
-  EXPECT_NE(conv->name().find("bf16"), std::string::npos) << conv->name();
+  Case adjoint = winograd_case(16, 32);  // unet-small's up2 (32 -> 16, 2x2, stride 2) adjoint
+  adjoint.kernel = 2, adjoint.stride = 2;
+  Case strided = winograd_case(16, 32);  // 9 x 32 / 4 = 72 products an input value
+  strided.stride = 2, strided.pad = 1;
+  for (const Case& c : {adjoint, strided}) {
+    std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(k->name().find("bf16"), std::string::npos) << k->name();
+    expect_matches_reference(*k, c);
+  }
+  Case deep = winograd_case(32, 64);  // 9 x 64 / 4 = 144
+  deep.stride = 2, deep.pad = 1;
+  for (const Case& c : {winograd_case(32, 32), deep}) {
+    std::unique_ptr<OneDnnConv> conv = OneDnnConv::create(c.shapes(), c.geometry());
+    ASSERT_NE(conv, nullptr);
+    EXPECT_NE(conv->name().find("bf16"), std::string::npos) << conv->name();
+  }
 }
 
 // Under --precision bf16 every case of the sweep, and 32-channel 3x3 convs with outputs wider than
@@ -768,6 +783,15 @@ TEST(OneDnnConv, Bf16ConvolutionsMatchTheReference) {
     wide.n = 2, wide.pad = 1, wide.out_h = 3, wide.out_w = width;
     cases.push_back(wide);
   }
+  // Strided convs compute in bfloat16 from 128 products an input value on (the sweep's have fewer).
+  for (std::int64_t stride : {2, 3})
+    for (std::int64_t kernel : {3, 5})
+      for (std::int64_t dilation : {1, 2}) {
+        Case deep = winograd_case(16, 128);
+        deep.stride = stride, deep.kernel = kernel, deep.dilation = dilation, deep.pad = 1;
+        deep.out_h = 7, deep.out_w = 9, deep.trailing = stride - 1;
+        cases.push_back(deep);
+      }
   int in_bf16 = 0;
   for (const Case& c : cases) {
     std::unique_ptr<OneDnnConv> k = OneDnnConv::create(c.shapes(), c.geometry());
@@ -840,7 +864,7 @@ TEST(OneDnnConv, Bf16BackwardWeightsInStripsMatchesTheWholeCall) {
   const Bf16Switch bf16;
   int tested = 0;
   for (auto [stride, dilation, pad] : {std::tuple{1, 1, 1}, {2, 1, 0}, {1, 2, 2}, {3, 1, 1}}) {
-    Case c = winograd_case(32, 32);
+    Case c = winograd_case(32, 128);  // strided: bfloat16 from 128 products an input value on
     c.n = 2, c.stride = stride, c.dilation = dilation, c.pad = pad, c.out_h = 13;
     c.trailing = stride - 1;
     std::unique_ptr<OneDnnConv> whole = OneDnnConv::create(c.shapes(), c.geometry());
