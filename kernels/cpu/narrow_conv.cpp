@@ -17,6 +17,7 @@
 #include "tessera/error.hpp"
 #include "tessera/kernels/amx_conv.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/nchw_planes.hpp"
 #include "tessera/kernels/simd.hpp"
 #include "tessera/parallel.hpp"
@@ -494,6 +495,49 @@ class NarrowConv final : public ConvKernel<float> {
     filter(channel_planes(x.data(), s_.x), dy, dw, dbias);
   }
 
+  // Both passes and f' in one sweep over bands of rows that stay in the core's L2 (float32
+  // kernels, x and y of one height, no box): a band's dx rows from dy, f' read from x's rows, then
+  // the filter sums of the band's dy rows against x's; x and dy are read from memory once, and dx
+  // written once, not streamed and read back for f'. Bit for bit the separate passes: the same
+  // rows, and the filter sums' parts and flushes as filter()'s.
+  bool backward_fused(const Tensor<float>& x, const Tensor<float>& dy, const Tensor<float>& w,
+                      const std::optional<FusedActivation>& f, Tensor<float>& dx, Tensor<float>& dw,
+                      std::span<float> dbias) override {
+    if (amx_forward_ || s_.is_box() || s_.x.h != s_.y.h ||
+        (f && f->kind == ActivationKind::sigmoid))
+      return false;
+    check("backward_fused", x, s_.x, dw, dy, s_.y, dbias);
+    check("backward_fused", dx, s_.x, w, dy, s_.y, {});
+    const ChannelPlanes<const float> in = channel_planes(x.data(), s_.x);
+    const ChannelPlanes<const float> grad = channel_planes(dy.data(), s_.y);
+    const Correlate data =
+        correlation(grad, s_.y, channel_planes(dx.data(), s_.x), s_.x, true, w, {}, false);
+    const float slope =
+        f && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
+    FilterSums sums(s_, !dbias.empty());
+    // Rows a band: its dx, x and dy rows within kBandBytes (half of a 2 MiB L2; the rows the taps
+    // reach past the band are the next band's).
+    constexpr std::int64_t kBandBytes = std::int64_t{768} << 10;
+    const std::int64_t row_bytes =
+        (2 * s_.x.c * s_.x.w + s_.y.c * s_.y.w) * std::int64_t(sizeof(float));
+    const std::int64_t band = std::clamp<std::int64_t>(kBandBytes / row_bytes, 1, 64);
+    parallel_for(
+        sums.parts,
+        [&](std::int64_t first, std::int64_t last) {
+          std::vector<float> partial(sums.partial_size(), 0.0f);
+          for (std::int64_t part = first; part < last; ++part)
+            for (std::int64_t r0 = sums.begin(part); r0 < sums.end(part); r0 += band) {
+              const std::int64_t r1 = std::min(sums.end(part), r0 + band);
+              correlate_rows(data, r0, r1);
+              if (f) gate_rows(in, data.out, r0, r1, slope);
+              filter_rows(in, grad, sums, part, r0, r1, partial);
+            }
+        },
+        1);
+    sums.add_into(dw, dbias);
+    return true;
+  }
+
   // A concat's parts, read and written where they lie.
   bool reads_parts() const override { return true; }
   void forward_parts(std::span<const Tensor<float>* const> x, const Tensor<float>& w,
@@ -526,78 +570,118 @@ class NarrowConv final : public ConvKernel<float> {
       amx_weights_->run_planes(in, channel_planes(dy.data(), s_.y), dw.data(), dbias);
       return;
     }
-    const Shape4 &xs = s_.x, &ys = s_.y, &ws = s_.w;
-    const std::int64_t taps = ws.h * ws.w, rows = ys.n * ys.h;
-    const std::int64_t per_block = kOut * ws.c * taps * kLanes;
-    const std::int64_t blocks = (ys.c + kOut - 1) / kOut;
-    // Each part of the rows sums into its own doubles, added part by part in order: the same
-    // result on every run with the same thread count. Within a part, products go into float
-    // partial sums per lane that are added into the doubles every kFlushVectors products per lane
-    // (4 rows of 2048 columns; more rows of narrower ones, so that a border strip of one column
-    // flushes every 512 rows, not every 4).
-    constexpr std::int64_t kFlushVectors = 512;
-    const std::int64_t flush_rows =
-        std::max<std::int64_t>(1, kFlushVectors / ((ys.w + kLanes - 1) / kLanes));
-    const std::int64_t parts = std::clamp<std::int64_t>(kernel_threads().count, 1, rows);
-    std::vector<double> sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0);
-    std::vector<double> bias_sums(static_cast<std::size_t>(parts * ys.c), 0.0);
-    const ChannelPlanes<const float> grad = channel_planes(dy.data(), ys);
+    FilterSums f(s_, !dbias.empty());
+    const ChannelPlanes<const float> grad = channel_planes(dy.data(), s_.y);
     parallel_for(
-        parts,
+        f.parts,
         [&](std::int64_t first, std::int64_t last) {
-          std::vector<float> partial(static_cast<std::size_t>(blocks * per_block), 0.0f);
-          for (std::int64_t part = first; part < last; ++part) {
-            double* part_sums = sums.data() + part * blocks * per_block;
-            const std::int64_t begin = rows * part / parts, end = rows * (part + 1) / parts;
-            for (std::int64_t r = begin; r < end; ++r) {
-              const std::int64_t n = r / ys.h, h = r % ys.h;
-              for (std::int64_t block = 0; block < blocks; ++block)
-                wide::filter_row({.dy = grad.at(n, block * kOut, h),
-                                  .dy_plane = grad.plane,
-                                  .outs = std::min(kOut, ys.c - block * kOut),
-                                  .out_w = ys.w,
-                                  .x = chunks_of(in, n, xs.c),
-                                  .x_plane = in.plane,
-                                  .x_row = in.row,
-                                  .in_h = xs.h,
-                                  .in_w = xs.w,
-                                  .channels = xs.c,
-                                  .row0 = h - pad_top_,
-                                  .col0 = -pad_left_,
-                                  .kh = ws.h,
-                                  .kw = ws.w,
-                                  .dh = dh_,
-                                  .dw = dw_},
-                                 partial.data() + block * per_block);
-              if ((r - begin) % flush_rows == flush_rows - 1 || r == end - 1)
-                wide::flush(partial.data(), part_sums, blocks * per_block);
-              if (!dbias.empty())
-                for (std::int64_t o = 0; o < ys.c; ++o)
-                  bias_sums[static_cast<std::size_t>(part * ys.c + o)] +=
-                      wide::row_sum(grad.at(n, o, h), ys.w);
-            }
-          }
+          std::vector<float> partial(f.partial_size(), 0.0f);
+          for (std::int64_t part = first; part < last; ++part)
+            filter_rows(in, grad, f, part, f.begin(part), f.end(part), partial);
         },
         1);
-    // sums of part p, block: [c][tap][o % 8][lane]
-    for (std::int64_t o = 0; o < ys.c; ++o)
-      for (std::int64_t c = 0; c < xs.c; ++c)
-        for (std::int64_t t = 0; t < taps; ++t) {
-          double total = 0;
-          for (std::int64_t part = 0; part < parts; ++part) {
-            const double* s = sums.data() + (part * blocks + o / kOut) * per_block +
-                              ((c * taps + t) * kOut + o % kOut) * kLanes;
-            for (std::int64_t lane = 0; lane < kLanes; ++lane)
-              total += s[lane];
+    f.add_into(dw, dbias);
+  }
+
+  // The filter gradient's sums, split into `parts` (one a kernel thread) of dy's rows: each part
+  // sums into its own doubles, added part by part in order, so the result is the same on every
+  // run with the same thread count. Within a part, products go into float partial sums per lane
+  // that are added into the doubles every kFlushVectors products per lane (4 rows of 2048
+  // columns; more rows of narrower ones, so that a border strip of one column flushes every 512
+  // rows, not every 4).
+  struct FilterSums {
+    static constexpr std::int64_t kFlushVectors = 512;
+    const Shape4 xs, ys, ws;
+    const std::int64_t taps, rows, per_block, blocks, flush_rows, parts;
+    std::vector<double> sums, bias_sums;
+    FilterSums(const ConvShapes& s, bool bias)
+        : xs(s.x),
+          ys(s.y),
+          ws(s.w),
+          taps(ws.h * ws.w),
+          rows(ys.n * ys.h),
+          per_block(kOut * ws.c * taps * kLanes),
+          blocks((ys.c + kOut - 1) / kOut),
+          flush_rows(std::max<std::int64_t>(1, kFlushVectors / ((ys.w + kLanes - 1) / kLanes))),
+          parts(
+              std::clamp<std::int64_t>(kernel_threads().count, 1, std::max<std::int64_t>(rows, 1))),
+          sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0),
+          bias_sums(bias ? static_cast<std::size_t>(parts * ys.c) : 0, 0.0) {}
+    std::int64_t begin(std::int64_t part) const { return rows * part / parts; }
+    std::int64_t end(std::int64_t part) const { return rows * (part + 1) / parts; }
+    std::size_t partial_size() const { return static_cast<std::size_t>(blocks * per_block); }
+    // dw and dbias += the parts' sums, in part order. sums of part p, block: [c][tap][o % 8][lane]
+    void add_into(Tensor<float>& dw, std::span<float> dbias) const {
+      for (std::int64_t o = 0; o < ys.c; ++o)
+        for (std::int64_t c = 0; c < xs.c; ++c)
+          for (std::int64_t t = 0; t < taps; ++t) {
+            double total = 0;
+            for (std::int64_t part = 0; part < parts; ++part) {
+              const double* s = sums.data() + (part * blocks + o / kOut) * per_block +
+                                ((c * taps + t) * kOut + o % kOut) * kLanes;
+              for (std::int64_t lane = 0; lane < kLanes; ++lane)
+                total += s[lane];
+            }
+            dw.data()[(o * xs.c + c) * taps + t] += static_cast<float>(total);
           }
-          dw.data()[(o * xs.c + c) * taps + t] += static_cast<float>(total);
-        }
-    for (std::int64_t o = 0; o < static_cast<std::int64_t>(dbias.size()); ++o) {
-      double total = 0;
-      for (std::int64_t part = 0; part < parts; ++part)
-        total += bias_sums[static_cast<std::size_t>(part * ys.c + o)];
-      dbias[static_cast<std::size_t>(o)] += static_cast<float>(total);
+      for (std::int64_t o = 0; o < static_cast<std::int64_t>(dbias.size()); ++o) {
+        double total = 0;
+        for (std::int64_t part = 0; part < parts; ++part)
+          total += bias_sums[static_cast<std::size_t>(part * ys.c + o)];
+        dbias[static_cast<std::size_t>(o)] += static_cast<float>(total);
+      }
     }
+  };
+
+  // Part `part`'s filter sums over dy's rows [r0, r1), a range of the part's rows (which must be
+  // summed in order, each once); `partial` zero at the part's start (each flush zeroes it).
+  void filter_rows(const ChannelPlanes<const float>& in, const ChannelPlanes<const float>& grad,
+                   FilterSums& f, std::int64_t part, std::int64_t r0, std::int64_t r1,
+                   std::vector<float>& partial) const {
+    const Shape4 &xs = f.xs, &ys = f.ys, &ws = f.ws;
+    const std::int64_t begin = f.begin(part), end = f.end(part);
+    double* part_sums = f.sums.data() + part * f.blocks * f.per_block;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / ys.h, h = r % ys.h;
+      for (std::int64_t block = 0; block < f.blocks; ++block)
+        wide::filter_row({.dy = grad.at(n, block * kOut, h),
+                          .dy_plane = grad.plane,
+                          .outs = std::min(kOut, ys.c - block * kOut),
+                          .out_w = ys.w,
+                          .x = chunks_of(in, n, xs.c),
+                          .x_plane = in.plane,
+                          .x_row = in.row,
+                          .in_h = xs.h,
+                          .in_w = xs.w,
+                          .channels = xs.c,
+                          .row0 = h - pad_top_,
+                          .col0 = -pad_left_,
+                          .kh = ws.h,
+                          .kw = ws.w,
+                          .dh = dh_,
+                          .dw = dw_},
+                         partial.data() + block * f.per_block);
+      if ((r - begin) % f.flush_rows == f.flush_rows - 1 || r == end - 1)
+        wide::flush(partial.data(), part_sums, f.blocks * f.per_block);
+      if (!f.bias_sums.empty())
+        for (std::int64_t o = 0; o < ys.c; ++o)
+          f.bias_sums[static_cast<std::size_t>(part * ys.c + o)] +=
+              wide::row_sum(grad.at(n, o, h), ys.w);
+    }
+  }
+
+  // dx *= f' of a (leaky) ReLU of `slope` read from its output x, in rows [r0, r1) of x's shape
+  // (CpuActivation::backward_from_output's rule, elementwise::leaky_relu_grad).
+  void gate_rows(const ChannelPlanes<const float>& x, const ChannelPlanes<float>& dx,
+                 std::int64_t r0, std::int64_t r1, float slope) const {
+    const Shape4& xs = s_.x;
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t c = 0; c < xs.c; ++c) {
+        const float* __restrict y = x.at(r / xs.h, c, r % xs.h);
+        float* __restrict g = dx.at(r / xs.h, c, r % xs.h);
+        for (std::int64_t j = 0; j < xs.w; ++j)
+          g[j] = elementwise::leaky_relu_grad(y[j] > 0.0f, g[j], slope);
+      }
   }
 
   // The fused activation's slope as elementwise::leaky_relu takes it: ReLU's is 0.
@@ -686,51 +770,81 @@ class NarrowConv final : public ConvKernel<float> {
       k->run_planes(in, bias, adjoint ? std::nullopt : s_.activation, out);
       return;
     }
-    const Shape4& ws = s_.w;
-    const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
-    const std::vector<float> k = packed(w, adjoint);
-    // Streaming stores (RowJob::stream) where one pass over the input channels writes each output
-    // once and the output is too large to stay in the caches for its reader (batch norm, the next
-    // layer), and its rows start on 64-byte lines. One core of the AMD EPYC Zen 5 VM, runs
-    // alternated: unet-small's e1b forward (8 -> 8, 2048x2048) 50.5-55.1 -> 40.7-46.4 ms in a slow
-    // phase of the VM, 30.6-38.5 -> 30.6-33.1 ms in a fast one; 8 -> 16 at 2048x2048 65-74 ->
-    // 62-66 ms. The lost `head` costs less than the lines read in did.
-    const bool stream = is.c <= kChunk &&
-                        os.numel() * std::int64_t(sizeof(float)) >= streaming_store_bytes() &&
-                        out.lines_aligned();
-    const std::int64_t row_shift = adjoint ? pad_top_ - (ws.h - 1) * dh_ : -pad_top_;
-    const std::int64_t col0 = adjoint ? pad_left_ - (ws.w - 1) * dw_ : -pad_left_;
+    const Correlate c = correlation(in, is, out, os, adjoint, w, bias, true);
     parallel_for(
         os.n * os.h,
         [&](std::int64_t first, std::int64_t last) {
-          for (std::int64_t r = first; r < last; ++r) {
-            const std::int64_t n = r / os.h, h = r % os.h;
-            for (std::int64_t block = 0; block < blocks; ++block)
-              wide::correlate_row({.in = chunks_of(in, n, is.c),
-                                   .in_plane = in.plane,
-                                   .in_row = in.row,
-                                   .in_h = is.h,
-                                   .in_w = is.w,
-                                   .row0 = h + row_shift,
-                                   .col0 = col0,
-                                   .k = k.data() + block * is.c * taps * kOut,
-                                   .kh = ws.h,
-                                   .kw = ws.w,
-                                   .dh = dh_,
-                                   .dw = dw_,
-                                   .out = out.at(n, block * kOut, h),
-                                   .out_plane = out.plane,
-                                   .out_w = os.w,
-                                   .outs = std::min(kOut, os.c - block * kOut),
-                                   .init = bias.empty() ? nullptr : bias.data() + block * kOut,
-                                   .activate = !adjoint && s_.activation.has_value(),
-                                   .slope = activation_slope(),
-                                   .stream = stream},
-                                  is.c);
-          }
-          if (stream) _mm_sfence();  // the streamed lines reach memory before the join
+          correlate_rows(c, first, last);
+          if (c.stream) _mm_sfence();  // the streamed lines reach memory before the join
         },
-        grain_for(os.w * is.c * taps));
+        grain_for(os.w * is.c * s_.w.h * s_.w.w));
+  }
+
+  // One correlate_all: the planes, the packed weights and whether the output is streamed.
+  struct Correlate {
+    ChannelPlanes<const float> in;
+    Shape4 is;
+    ChannelPlanes<float> out;
+    Shape4 os;
+    bool adjoint = false;
+    std::vector<float> k;
+    std::span<const float> bias;
+    bool stream = false;
+    std::int64_t row_shift = 0, col0 = 0;
+  };
+  // Streaming stores (RowJob::stream), where `may_stream`, one pass over the input channels writes
+  // each output once and the output is too large to stay in the caches for its reader (batch norm,
+  // the next layer), and its rows start on 64-byte lines. One core of the AMD EPYC Zen 5 VM, runs
+  // alternated: unet-small's e1b forward (8 -> 8, 2048x2048) 50.5-55.1 -> 40.7-46.4 ms in a slow
+  // phase of the VM, 30.6-38.5 -> 30.6-33.1 ms in a fast one; 8 -> 16 at 2048x2048 65-74 ->
+  // 62-66 ms. The lost `head` costs less than the lines read in did.
+  Correlate correlation(const ChannelPlanes<const float>& in, const Shape4& is,
+                        const ChannelPlanes<float>& out, const Shape4& os, bool adjoint,
+                        const Tensor<float>& w, std::span<const float> bias,
+                        bool may_stream) const {
+    const Shape4& ws = s_.w;
+    return {.in = in,
+            .is = is,
+            .out = out,
+            .os = os,
+            .adjoint = adjoint,
+            .k = packed(w, adjoint),
+            .bias = bias,
+            .stream = may_stream && is.c <= kChunk &&
+                      os.numel() * std::int64_t(sizeof(float)) >= streaming_store_bytes() &&
+                      out.lines_aligned(),
+            .row_shift = adjoint ? pad_top_ - (ws.h - 1) * dh_ : -pad_top_,
+            .col0 = adjoint ? pad_left_ - (ws.w - 1) * dw_ : -pad_left_};
+  }
+  // Output rows [r0, r1) of `c` (row r: sample r / os.h, row r % os.h).
+  void correlate_rows(const Correlate& c, std::int64_t r0, std::int64_t r1) const {
+    const Shape4 &ws = s_.w, &is = c.is, &os = c.os;
+    const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / os.h, h = r % os.h;
+      for (std::int64_t block = 0; block < blocks; ++block)
+        wide::correlate_row({.in = chunks_of(c.in, n, is.c),
+                             .in_plane = c.in.plane,
+                             .in_row = c.in.row,
+                             .in_h = is.h,
+                             .in_w = is.w,
+                             .row0 = h + c.row_shift,
+                             .col0 = c.col0,
+                             .k = c.k.data() + block * is.c * taps * kOut,
+                             .kh = ws.h,
+                             .kw = ws.w,
+                             .dh = dh_,
+                             .dw = dw_,
+                             .out = c.out.at(n, block * kOut, h),
+                             .out_plane = c.out.plane,
+                             .out_w = os.w,
+                             .outs = std::min(kOut, os.c - block * kOut),
+                             .init = c.bias.empty() ? nullptr : c.bias.data() + block * kOut,
+                             .activate = !c.adjoint && s_.activation.has_value(),
+                             .slope = activation_slope(),
+                             .stream = c.stream},
+                            is.c);
+    }
   }
 
   ConvShapes s_;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -384,6 +385,63 @@ std::vector<P*> pointers(std::vector<Tensor<float>>& parts) {
 bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
   return a.shape() == b.shape() &&
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// backward_fused (both passes and the input activation's f' in one sweep over bands of rows) gives
+// the bits of backward_data, f' from x (CpuActivation's rule) and backward_filter run apart, on
+// one thread and on two (the filter sums' parts are the thread count's either way): without an
+// activation, with ReLU and leaky ReLU (x with zeros, negatives and a NaN), bias or none, "same"
+// padding with row widths and heights that split into several bands and a part boundary inside a
+// sample. It declines where the heights of x and y differ, and for sigmoid.
+TEST(NarrowConv, FusedBackwardIsTheSeparatePassesBitForBit) {
+  REQUIRE_NARROW_KERNELS();
+  const std::optional<FusedActivation> activations[] = {
+      std::nullopt, FusedActivation{.kind = ActivationKind::relu},
+      FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.1}};
+  const Case cases[] = {
+      same_case(2, 8, 8, 3, 1, 37, 2048, false), same_case(2, 8, 16, 3, 1, 29, 1030, true),
+      same_case(1, 3, 8, 5, 2, 70, 61, true), same_case(3, 24, 8, 3, 1, 9, 300, false)};
+  for (const Case& c : cases) {
+    std::unique_ptr<ConvKernel<float>> k = make(c);
+    ASSERT_NE(k, nullptr) << c.str();
+    Tensor<float> x = random_tensor(c.x(), 21);
+    for (std::int64_t i = 0; i < x.numel(); i += 7)
+      x.data()[i] = i % 3 == 0 ? 0.0f : -std::abs(x.data()[i]);
+    x.data()[11] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor<float> w = random_tensor(c.w(), 22), dy = random_tensor(c.y(), 23);
+    for (const std::optional<FusedActivation>& f : activations) {
+      const float slope = f && f->kind == ActivationKind::leaky_relu ? 0.1f : 0.0f;
+      for (int threads : {1, 2}) {
+        const Threads scope(threads);
+        Tensor<float> dx(c.x()), dw(c.w(), 0.5f), db({c.o, 1, 1, 1}, 0.25f);
+        Tensor<float> dx_fused(c.x(), 3.0f), dw_fused = dw, db_fused = db;
+        const std::span<float> bias = c.bias ? db.span() : std::span<float>();
+        const std::span<float> bias_fused = c.bias ? db_fused.span() : std::span<float>();
+        k->backward_data(dy, w, dx);
+        if (f)
+          for (std::int64_t i = 0; i < dx.numel(); ++i)
+            dx.data()[i] = elementwise::leaky_relu_grad(x.data()[i] > 0.0f, dx.data()[i], slope);
+        k->backward_filter(x, dy, dw, bias);
+        ASSERT_TRUE(k->backward_fused(x, dy, w, f, dx_fused, dw_fused, bias_fused)) << c.str();
+        const std::string what =
+            c.str() + (f ? f->kind == ActivationKind::relu ? ", relu" : ", leaky relu" : "") +
+            ", " + std::to_string(threads) + " threads";
+        EXPECT_TRUE(same_bits(dx_fused, dx)) << "dx, " << what;
+        EXPECT_TRUE(same_bits(dw_fused, dw)) << "dw, " << what;
+        EXPECT_TRUE(same_bits(db_fused, db)) << "dbias, " << what;
+      }
+    }
+  }
+  Case shorter = narrow_case(1, 8, 8, 3, 1, 7, 40, false);  // no padding: x two rows taller
+  std::unique_ptr<ConvKernel<float>> k = make(shorter);
+  ASSERT_NE(k, nullptr);
+  Tensor<float> x(shorter.x()), dy(shorter.y()), w(shorter.w()), dx(shorter.x()), dw(shorter.w());
+  EXPECT_FALSE(k->backward_fused(x, dy, w, std::nullopt, dx, dw, {}));
+  Case same = same_case(1, 8, 8, 3, 1, 7, 40, false);
+  std::unique_ptr<ConvKernel<float>> s = make(same);
+  Tensor<float> sx(same.x()), sdy(same.y()), sdx(same.x());
+  EXPECT_FALSE(
+      s->backward_fused(sx, sdy, w, FusedActivation{.kind = ActivationKind::sigmoid}, sdx, dw, {}));
 }
 
 // The three passes on a concat's parts (ConvKernel::forward_parts) against the same passes on
