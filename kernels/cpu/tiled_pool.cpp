@@ -47,19 +47,21 @@ void pool_2x2(const T* __restrict r0, const T* __restrict r1, T* __restrict out,
 
 // The gradients of `count` 2x2 windows into the input rows r0, r1: each input gets its window's
 // gradient where it won, else 0, written once (no fill, no scattered add: branch-free, so that
-// GCC vectorises it). 0 + g, as the reference's sum into zeros (-0 becomes +0 there too).
+// GCC vectorises it). 0 + g, as the reference's sum into zeros (-0 becomes +0 there too). With
+// `add`, each input's value is added to what it held (held + value, as a sum of the tensors).
 template <std::int64_t V, typename T>
 void unpool_2x2(const T* __restrict grad, const std::uint8_t* __restrict place, T* __restrict r0,
-                T* __restrict r1, std::int64_t count) {
+                T* __restrict r1, std::int64_t count, bool add) {
+  const auto put = [add](T& q, T value) { q = add ? q + value : value; };
   for (std::int64_t ow = 0; ow < count; ++ow)
     for (std::int64_t j = 0; j < V; ++j) {
       const std::int64_t left = 2 * ow * V + j, right = left + V;
       const T g = T(0) + grad[ow * V + j];
       const std::uint8_t at = place[ow * V + j];
-      r0[left] = at == 0 ? g : T(0);
-      r0[right] = at == 1 ? g : T(0);
-      r1[left] = at == 2 ? g : T(0);
-      r1[right] = at == 3 ? g : T(0);
+      put(r0[left], at == 0 ? g : T(0));
+      put(r0[right], at == 1 ? g : T(0));
+      put(r1[left], at == 2 ? g : T(0));
+      put(r1[right], at == 3 ? g : T(0));
     }
 }
 
@@ -122,21 +124,24 @@ inline bool both_aligned(const float* r0, const float* r1) {
   return reinterpret_cast<std::uintptr_t>(r0) % 64 == 0 &&
          reinterpret_cast<std::uintptr_t>(r1) % 64 == 0;
 }
-// 16 floats to q, streamed (q 64-byte aligned) or not.
-inline void store_16(float* q, __m512 v, bool stream) {
-  if (stream)
+// 16 floats to q: added to what q held (`add`), streamed (q 64-byte aligned) or stored.
+inline void store_16(float* q, __m512 v, bool stream, bool add = false) {
+  if (add)
+    _mm512_storeu_ps(q, _mm512_add_ps(_mm512_loadu_ps(q), v));
+  else if (stream)
     _mm512_stream_ps(q, v);
   else
     _mm512_storeu_ps(q, v);
 }
 
 // unpool_2x2<16> on float in AVX-512, one window's 16 channels at a time, with streaming stores
-// as unpool_2x2_wide (`stream` with both rows 64-byte aligned; the caller fences).
+// as unpool_2x2_wide (`stream` with both rows 64-byte aligned; the caller fences), or added into
+// the rows (`add`).
 void unpool_2x2_blocks_wide(const float* __restrict grad, const std::uint8_t* __restrict place,
                             float* __restrict r0, float* __restrict r1, std::int64_t count,
-                            bool stream) {
-  stream = stream && both_aligned(r0, r1);
-  const auto store = [stream](float* q, __m512 v) { store_16(q, v, stream); };
+                            bool stream, bool add) {
+  stream = stream && !add && both_aligned(r0, r1);
+  const auto store = [stream, add](float* q, __m512 v) { store_16(q, v, stream, add); };
   for (std::int64_t ow = 0; ow < count; ++ow) {
     const __m512 g = _mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(grad + 16 * ow));
     const __m512i at = _mm512_maskz_cvtepu8_epi32(
@@ -156,15 +161,16 @@ void unpool_2x2_blocks_wide(const float* __restrict grad, const std::uint8_t* __
 // spread over the two inputs of each of its rows by lane permutes, and each input takes the
 // gradient where its place is the winner's, else +0 (the same values as unpool_2x2). With
 // `stream` (and both rows 64-byte aligned), streaming stores: the input gradient is several times
-// the cache and written once, so nothing reads its lines in first.
+// the cache and written once, so nothing reads its lines in first. With `add`, added into the rows.
 void unpool_2x2_wide(const float* __restrict grad, const std::uint8_t* __restrict place,
-                     float* __restrict r0, float* __restrict r1, std::int64_t count, bool stream) {
+                     float* __restrict r0, float* __restrict r1, std::int64_t count, bool stream,
+                     bool add) {
   const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
   const __m512i top = _mm512_set_epi32(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   const __m512i bottom = _mm512_add_epi32(top, _mm512_set1_epi32(2));
-  stream = stream && both_aligned(r0, r1);
-  const auto store = [stream](float* q, __m512 v) { store_16(q, v, stream); };
+  stream = stream && !add && both_aligned(r0, r1);
+  const auto store = [stream, add](float* q, __m512 v) { store_16(q, v, stream, add); };
   std::int64_t ow = 0;
   for (; ow + 16 <= count; ow += 16) {
     const __m512 g = _mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(grad + ow));  // 0 + g
@@ -181,7 +187,7 @@ void unpool_2x2_wide(const float* __restrict grad, const std::uint8_t* __restric
     }
   }
   if (stream) _mm_sfence();
-  unpool_2x2<1>(grad + ow, place + ow, r0 + 2 * ow, r1 + 2 * ow, count - ow);
+  unpool_2x2<1>(grad + ow, place + ow, r0 + 2 * ow, r1 + 2 * ow, count - ow, add);
 }
 #pragma GCC pop_options
 #endif
@@ -220,16 +226,17 @@ void pool_2x2_row(const T* r0, const T* r1, T* out, std::uint8_t* place, std::in
 }
 template <typename T>
 void unpool_2x2_row(const T* grad, const std::uint8_t* place, T* r0, T* r1, std::int64_t count,
-                    std::int64_t v, [[maybe_unused]] bool wide, [[maybe_unused]] bool stream) {
+                    std::int64_t v, [[maybe_unused]] bool wide, [[maybe_unused]] bool stream,
+                    bool add) {
 #if TESSERA_HAS_WIDE_LOOPS
   if constexpr (std::is_same_v<T, float>) {
-    if (wide && v == 1) return unpool_2x2_wide(grad, place, r0, r1, count, stream);
-    if (wide && v == kBlock) return unpool_2x2_blocks_wide(grad, place, r0, r1, count, stream);
+    if (wide && v == 1) return unpool_2x2_wide(grad, place, r0, r1, count, stream, add);
+    if (wide && v == kBlock) return unpool_2x2_blocks_wide(grad, place, r0, r1, count, stream, add);
   }
 #endif
-  if (v == 1) return unpool_2x2<1>(grad, place, r0, r1, count);
-  if (v == 8) return unpool_2x2<8>(grad, place, r0, r1, count);
-  unpool_2x2<kBlock>(grad, place, r0, r1, count);
+  if (v == 1) return unpool_2x2<1>(grad, place, r0, r1, count, add);
+  if (v == 8) return unpool_2x2<8>(grad, place, r0, r1, count, add);
+  unpool_2x2<kBlock>(grad, place, r0, r1, count, add);
 }
 
 // Throws unless a pass gets the tensors it was planned for: `from` -> `to` in its layout.
@@ -298,8 +305,20 @@ void TiledMaxPool<T>::forward(const Tensor<T>& x, Tensor<T>& y) {
 
 template <typename T>
 void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
+  unpool(dy, dx, false);
+}
+
+template <typename T>
+bool TiledMaxPool<T>::backward_add(const Tensor<T>& dy, Tensor<T>& dx) {
+  if (kernel_h_ != 2 || kernel_w_ != 2) return false;
+  unpool(dy, dx, true);
+  return true;
+}
+
+template <typename T>
+void TiledMaxPool<T>::unpool(const Tensor<T>& dy, Tensor<T>& dx, bool add) {
   const Shape4 &xs = shapes_.x, &ys = shapes_.y;
-  check_call(shapes_, dy, dx, ys, xs, "backward");
+  check_call(shapes_, dy, dx, ys, xs, add ? "backward_add" : "backward");
   const std::int64_t v = block_of(shapes_.layout), row = xs.w * v;
   const std::int64_t planes = xs.n * channel_blocks(xs.c, v);
   TESSERA_CHECK(static_cast<std::int64_t>(place_.size()) == planes * ys.h * ys.w * v,
@@ -307,14 +326,22 @@ void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
   const std::int64_t kh = kernel_h_, kw = kernel_w_;
   const bool wide = simd_level() == SimdLevel::avx512,
              stream = dx.numel() * std::int64_t(sizeof(T)) >= streaming_store_bytes();
+  // What the inputs under no window get: 0, or + 0 with `add` (as a sum of the tensors would).
+  const auto zero = [add](T* first, T* last) {
+    if (add)
+      for (T* q = first; q < last; ++q)
+        *q += T(0);
+    else
+      std::fill(first, last, T(0));
+  };
   for_each_band(ys, v, kh * row, [&](std::int64_t b, std::int64_t plane, std::int64_t oh) {
     T* out = dx.data() + (plane * xs.h + oh * kh) * row;
     const T* grad = dy.data() + b * ys.w * v;
     const std::uint8_t* place = place_.data() + b * ys.w * v;
     if (kh == 2 && kw == 2) {
-      unpool_2x2_row(grad, place, out, out + row, ys.w, v, wide, stream);
+      unpool_2x2_row(grad, place, out, out + row, ys.w, v, wide, stream, add);
       for (T* r : {out, out + row})  // the column under no window (an odd width)
-        std::fill(r + 2 * ys.w * v, r + row, T(0));
+        zero(r + 2 * ys.w * v, r + row);
       return;
     }
     std::fill(out, out + kh * row, T(0));  // the band, trailing columns included
@@ -333,7 +360,7 @@ void TiledMaxPool<T>::backward(const Tensor<T>& dy, Tensor<T>& dx) {
         [&](std::int64_t first, std::int64_t last) {
           for (std::int64_t q = first; q < last; ++q) {
             T* rows = dx.data() + (q * xs.h + ys.h * kh) * row;
-            std::fill(rows, rows + tail * row, T(0));
+            zero(rows, rows + tail * row);
           }
         },
         grain_for(tail * row));

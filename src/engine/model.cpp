@@ -302,7 +302,16 @@ DistTensor<T> Model<T>::backward(const DistTensor<T>& dy) {
       PassTimer timer(timings_[k].backward, timing_sync());
       std::vector<DistTensor<T>> g;
       try {
-        if (nodes_[k].layer->backward_identity())
+        // An input whose gradient another consumer gave already: added into as computed, where
+        // the layer can (Layer::backward_adding), instead of returned and added here.
+        const std::vector<int>& inputs = nodes_[k].inputs;
+        const bool adding =
+            inputs.size() == 1 && inputs.front() >= 0 && grads[inputs.front()] &&
+            !nodes_[k].layer->backward_identity() &&
+            nodes_[k].layer->backward_adding(*grads[k], state_, *grads[inputs.front()]);
+        if (adding) {
+          // g stays empty: nothing to add below
+        } else if (nodes_[k].layer->backward_identity())
           g.push_back(std::move(*grads[k]));
         else
           g = nodes_[k].layer->backward(*grads[k], state_);

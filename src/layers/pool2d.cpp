@@ -130,6 +130,20 @@ DistTensor<T> Pool2d<T>::backward_one(const DistTensor<T>& dy, const RunState&) 
   return this->accumulate_window(window_grad);
 }
 
+template <typename T>
+bool Pool2d<T>::backward_adding(const DistTensor<T>& dy, const RunState&, DistTensor<T>& grad) {
+  // The window's gradient would be dL/dx as it is (WindowLayer::accumulate_window): the same
+  // elements, so the kernel may add them into grad where that lies as the window would.
+  if (!this->window_is_tile() || this->input_activation_grad_fused() || this->concat_taken() ||
+      grad.local.layout() != active_layout() ||
+      !(grad.local.shape() == this->in_dist().local_shape()) ||
+      grad.local.space() != MemorySpace::host)
+    return false;
+  if (!active_->backward_add(dy.local, grad.local)) return false;
+  this->release_window();
+  return true;
+}
+
 template class Pool2d<float>;
 template class Pool2d<double>;
 

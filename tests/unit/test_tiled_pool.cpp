@@ -158,6 +158,65 @@ TEST(TiledMaxPool, BlockedLayoutsGiveTheReferenceResultsBitForBit) {
   });
 }
 
+// backward_add (a U-Net's skip connection: the pooled tensor's gradient from its other consumer
+// is there already) gives, bit for bit, that gradient plus what backward writes, as adding the
+// tensors would: 2x2 windows in NCHW (AVX-512: 16 windows at a time, and the rest) and in
+// channel blocks, trailing rows and columns under no window (+ 0: -0 becomes +0), signed zeros,
+// NaN and infinities in both gradients, at every SIMD level, streaming or not (adding never
+// streams). Other windows: declined, dx untouched.
+template <typename T>
+void expect_backward_add(const TiledCase& c, T special) {
+  std::unique_ptr<TiledMaxPool<T>> tiled =
+      TiledMaxPool<T>::create(PoolKind::max, c.shapes(), c.geometry());
+  ASSERT_NE(tiled, nullptr) << c.str();
+  const Tensor<T> x = to_layout(tie_data<T>(c.x(), 1, special), c.layout);
+  const Tensor<T> dy = to_layout(tie_data<T>(c.y(), 2, T(-0.0)), c.layout);
+  const Tensor<T> held = to_layout(tie_data<T>(c.x(), 3, special), c.layout);
+  Tensor<T> y(c.y(), c.layout, T(0)), dx(c.x(), c.layout, T(0));
+  tiled->forward(x, y);
+  tiled->backward(dy, dx);
+  Tensor<T> want = held;
+  for (std::size_t k = 0; k < want.size(); ++k)
+    want.data()[k] += dx.data()[k];
+  Tensor<T> got = held;
+  ASSERT_TRUE(tiled->backward_add(dy, got)) << c.str();
+  EXPECT_EQ(mismatches(to_layout(got, Layout::nchw), to_layout(want, Layout::nchw)), 0)
+      << c.str() << ", special " << special;
+}
+
+TEST(TiledMaxPool, BackwardAddsIntoAGradientBitForBit) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(),
+               inf = std::numeric_limits<double>::infinity();
+  test::at_every_simd_level_streaming_or_not([&] {
+    std::int64_t i = 0;
+    for (const Layout layout : {Layout::nchw, Layout::nchw8c, Layout::nchw16c})
+      for (std::int64_t out_w : {16, 37})
+        for (double special : {nan, -0.0, inf, -inf}) {
+          ++i;
+          const TiledCase c{.n = 1 + i % 2,
+                            .c = layout == Layout::nchw ? 3 : 20,
+                            .kh = 2,
+                            .kw = 2,
+                            .out_h = 3 + i % 3,
+                            .out_w = out_w,
+                            .trailing_h = i % 2,
+                            .trailing_w = (i / 2) % 2,
+                            .layout = layout};
+          expect_backward_add<float>(c, static_cast<float>(special));
+          expect_backward_add<double>(c, special);
+        }
+  });
+  const TiledCase three{.n = 1, .c = 2, .kh = 3, .kw = 3, .out_h = 2, .out_w = 3};
+  std::unique_ptr<TiledMaxPool<float>> k =
+      TiledMaxPool<float>::create(PoolKind::max, three.shapes(), three.geometry());
+  ASSERT_NE(k, nullptr);
+  Tensor<float> x = tie_data<float>(three.x(), 1, 0.0f), y(three.y()), dy(three.y(), 1.0f);
+  k->forward(x, y);
+  Tensor<float> dx(three.x(), 5.0f);
+  EXPECT_FALSE(k->backward_add(dy, dx));
+  EXPECT_EQ(mismatches(dx, Tensor<float>(three.x(), 5.0f)), 0);
+}
+
 TEST(TiledMaxPool, DeclinesWindowsThatDoNotTileTheImage) {
   const TiledCase base{.n = 1, .c = 2, .kh = 2, .kw = 2, .out_h = 4, .out_w = 4};
   EXPECT_NE(TiledMaxPool<float>::create(PoolKind::max, base.shapes(), base.geometry()), nullptr);

@@ -84,6 +84,16 @@ class Layer {
   // Returns dL/dinput for each input and adds this rank's share of dL/dparam into each
   // Param::grad. Same collectiveness as forward.
   virtual std::vector<DistTensor<T>> backward(const DistTensor<T>& dy, const RunState& state) = 0;
+  // backward() for a layer of one input whose gradient another consumer of that input has given
+  // already (a U-Net's skip connection: the input goes to a pooling and a concat): adds
+  // dL/dinput into `grad` as it computes it, where the layer can (max pooling whose window is
+  // its tile: no buffer written for the model to add and free); false, nothing done, otherwise
+  // (the default: the model calls backward and adds). Same collectiveness as backward where it
+  // returns false; local where it returns true (nothing to exchange).
+  virtual bool backward_adding(const DistTensor<T>& /*dy*/, const RunState& /*state*/,
+                               DistTensor<T>& /*grad*/) {
+    return false;
+  }
 
   virtual std::vector<Param<T>*> params() { return {}; }
   virtual std::vector<Buffer<T>*> buffers() { return {}; }

@@ -37,6 +37,10 @@ class PoolKernel {
   virtual ~PoolKernel() = default;
   virtual void forward(const Tensor<T>& x, Tensor<T>& y) = 0;
   virtual void backward(const Tensor<T>& dy, Tensor<T>& dx) = 0;
+  // dx += what backward(dy, dx) would write (each element the sum dx + that value, as adding the
+  // two tensors would give), where the kernel offers it in one pass: false, dx untouched,
+  // otherwise (the default). For a layer whose input has another consumer (Layer::backward_adding).
+  virtual bool backward_add(const Tensor<T>& /*dy*/, Tensor<T>& /*dx*/) { return false; }
   // What x must hold outside the image: 0, or -infinity for oneDNN's max pooling, which reads
   // the whole window.
   virtual T window_padding() const { return T(0); }
@@ -80,9 +84,14 @@ class TiledMaxPool final : public PoolKernel<T> {
                                               const reference::PoolGeometry& g);
   void forward(const Tensor<T>& x, Tensor<T>& y) override;
   void backward(const Tensor<T>& dy, Tensor<T>& dx) override;
+  // 2x2 windows: the backward's values added into dx as they are computed (read, add, write:
+  // no buffer written and read back). Other windows: false.
+  bool backward_add(const Tensor<T>& dy, Tensor<T>& dx) override;
   std::string name() const override { return "tiled max"; }
 
  private:
+  // backward, and backward_add with `add`.
+  void unpool(const Tensor<T>& dy, Tensor<T>& dx, bool add);
   TiledMaxPool(const PoolShapes& shapes, std::int64_t kernel_h, std::int64_t kernel_w)
       : shapes_(shapes), kernel_h_(kernel_h), kernel_w_(kernel_w) {}
   PoolShapes shapes_;

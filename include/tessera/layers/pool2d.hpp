@@ -39,6 +39,9 @@ class Pool2d final : public WindowLayer<T> {
   using WindowLayer<T>::forward;
   DistTensor<T> forward(const DistTensor<T>& x, const RunState&) override;
   DistTensor<T> backward_one(const DistTensor<T>& dy, const RunState&) override;
+  // Where the window is the tile (nothing to exchange) and the kernel adds in place
+  // (PoolKernel::backward_add): dL/dx added into `grad`, which lies as the window does. Local.
+  bool backward_adding(const DistTensor<T>& dy, const RunState&, DistTensor<T>& grad) override;
   std::optional<WindowMap> window() const override;
   // Any input layout: the exchange converts into the window's (nchw16c, or nchw8c for 8, 24, ...
   // channels, when a fast kernel pools it and the model allows the output in it too; NCHW inputs
