@@ -118,8 +118,11 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
     const std::int64_t step_fresh_before = s < warmup ? host_memory_stats().fresh_bytes : 0;
     model.state() = {.mode = Mode::train, .seed = o.seed, .step = s};
     runtime.comm().set_step(s);
+    // Each step's batch handed over to the model, as training hands over the batch it read (the
+    // first layer keeps it for its filter gradient rather than a copy): a copy, before the clock.
+    DistTensor<T> batch = x;
     const auto began = clock_type::now();
-    const StepResult<T> r = forward_backward(model, x, labels);
+    const StepResult<T> r = forward_backward(model, std::move(batch), labels);
     optimizer.step(o.lr);
     runtime.backend().synchronize();  // a GPU's step ends when its kernels have
     step_seconds += std::chrono::duration<double>(clock_type::now() - began).count();

@@ -767,10 +767,17 @@ std::int64_t Trainer<T>::resume() {
 template <typename T>
 double Trainer<T>::step(std::int64_t step) {
   const std::int64_t epoch = step / steps_per_epoch_;
+  // On the host the batch is handed over to the model (its first layer keeps it for backward
+  // instead of a copy) and allocated again for the next step; on a device the model copies it
+  // there, and the page-locked staging buffer stays.
+  if (!(x_.local.shape() == model_->input_distribution().local_shape()))  // handed over
+    x_ = DistTensor<T>(model_->input_distribution(), Layout::nchw, runtime_->allocator().staging());
+  const bool hand_over = &x_.local.allocator() == &runtime_->allocator();
   read_batch(train_, sampler_->batch(epoch, step % steps_per_epoch_), x_, labels_);
   model_->state() = {.mode = Mode::train, .seed = o_.seed, .step = step};
   runtime_->comm().set_step(step);
-  const StepResult<T> r = forward_backward(*model_, x_, labels_);
+  const StepResult<T> r = hand_over ? forward_backward(*model_, std::move(x_), labels_)
+                                    : forward_backward(*model_, x_, labels_);
   // Counted from 1, as the progress lines count steps done.
   check_finite_loss(world_, r.loss, step + 1, "try a smaller --lr; " + last_good_text());
   const double lr = learning_rate(schedule_, o_.lr, step);

@@ -224,14 +224,31 @@ Model<T>::~Model() {
 
 template <typename T>
 DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
-  // The batch comes from the host: on a device backend it is copied there first.
-  std::optional<DistTensor<T>> moved;
-  if (&input.local.allocator() != &runtime_.allocator()) {
-    moved.emplace();
-    moved->dist = input.dist;
-    moved->local = copy_to(input.local, runtime_.allocator());
+  return run_forward(&input, std::nullopt);
+}
+
+template <typename T>
+DistTensor<T> Model<T>::forward(DistTensor<T>&& input) {
+  return run_forward(nullptr, std::optional<DistTensor<T>>(std::move(input)));
+}
+
+template <typename T>
+DistTensor<T> Model<T>::run_forward(const DistTensor<T>* borrowed,
+                                    std::optional<DistTensor<T>> owned) {
+  // The batch comes from the host: on a device backend it is copied there first (the model
+  // then holds the copy).
+  const DistTensor<T>& given = owned ? *owned : *borrowed;
+  if (&given.local.allocator() != &runtime_.allocator()) {
+    DistTensor<T> copy;
+    copy.dist = given.dist;
+    copy.local = copy_to(given.local, runtime_.allocator());
+    owned = std::move(copy);
   }
-  const DistTensor<T>& x = moved ? *moved : input;
+  const DistTensor<T>& x = owned ? *owned : *borrowed;
+  // How many inputs name the batch: one, and the model holds it, and its consumer may keep it.
+  int batch_readers = 0;
+  for (const Node& n : nodes_)
+    batch_readers += static_cast<int>(std::count(n.inputs.begin(), n.inputs.end(), -1));
   // Outputs are kept until their last consumer has run.
   std::vector<std::optional<DistTensor<T>>> outputs(nodes_.size());
   std::vector<int> pending(nodes_.size());
@@ -239,6 +256,8 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
     pending[k] = nodes_[k].consumers;
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     if (nodes_[k].taken) continue;  // its consumer reads its inputs
+    const bool reads_batch = nodes_[k].inputs.size() == 1 && nodes_[k].inputs.front() < 0;
+    if (reads_batch) nodes_[k].layer->hand_over_input(owned.has_value() && batch_readers == 1);
     std::vector<const DistTensor<T>*> ins;
     for (int i : nodes_[k].inputs) {
       ins.push_back(i >= 0 ? &*outputs[i] : &x);
@@ -262,8 +281,9 @@ DistTensor<T> Model<T>::forward(const DistTensor<T>& input) {
           outputs[k] = layer.forward(ins, state_);
           if (layer.input_handed_over()) {  // its only consumer: kept by the layer, or freed
             const int i = nodes_[k].inputs.front();
-            layer.take_input(std::move(*outputs[i]));
-            outputs[i].reset();
+            std::optional<DistTensor<T>>& in = i >= 0 ? outputs[i] : owned;
+            layer.take_input(std::move(*in));
+            in.reset();
           }
           for (std::size_t j = 0; j < ins.size(); ++j)
             if (layer.concat_input_handed_over(j)) {  // its last consumer
@@ -570,9 +590,9 @@ LossResult<T> compute_loss(LossKind kind, const DistTensor<T>& logits,
   return r;
 }
 
-template <typename T>
-StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
-                               std::span<const std::int32_t> labels) {
+namespace {
+template <typename T, typename Input>
+StepResult<T> step_of(Model<T>& model, Input&& input, std::span<const std::int32_t> labels) {
   StepResult<T> r;
   // The labels may travel while the forward pass runs (LossKernel::prepare); they are not read
   // after this function returns, nor after it throws.
@@ -583,13 +603,26 @@ StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
   } settle{loss_kernel};
   loss_kernel.prepare(labels);
   model.zero_grad();
-  r.output = model.forward(input);
+  r.output = model.forward(std::forward<Input>(input));
   LossResult<T> loss = compute_loss(model.spec().loss, r.output, labels, model.runtime().comm(),
                                     model.loss_kernel());
   r.loss = loss.loss;
   r.input_grad = model.backward(loss.grad);
   model.reduce_gradients();
   return r;
+}
+}  // namespace
+
+template <typename T>
+StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
+                               std::span<const std::int32_t> labels) {
+  return step_of(model, input, labels);
+}
+
+template <typename T>
+StepResult<T> forward_backward(Model<T>& model, DistTensor<T>&& input,
+                               std::span<const std::int32_t> labels) {
+  return step_of(model, std::move(input), labels);
 }
 
 template class Model<float>;
@@ -603,6 +636,10 @@ template LossResult<double> compute_loss(LossKind, const DistTensor<double>&,
 template StepResult<float> forward_backward(Model<float>&, const DistTensor<float>&,
                                             std::span<const std::int32_t>);
 template StepResult<double> forward_backward(Model<double>&, const DistTensor<double>&,
+                                             std::span<const std::int32_t>);
+template StepResult<float> forward_backward(Model<float>&, DistTensor<float>&&,
+                                            std::span<const std::int32_t>);
+template StepResult<double> forward_backward(Model<double>&, DistTensor<double>&&,
                                              std::span<const std::int32_t>);
 
 }  // namespace tessera

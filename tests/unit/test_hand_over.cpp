@@ -1,7 +1,8 @@
 // Inputs handed over (Layer::hand_over_input / take_input): a batch norm keeps the tensor the
 // model moves into it instead of a copy, and a pooling layer whose window is its tile reads its
 // input in place, with the same results as the copy; a handed-over batch norm whose input never
-// came refuses its backward.
+// came refuses its backward; the batch handed over to a model (Model::forward(DistTensor&&)) is
+// kept by its first layer instead of a copy, with the same results.
 // Single process.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,9 @@
 #include <utility>
 
 #include "tessera/allocator.hpp"
+#include "tessera/batch.hpp"
+#include "tessera/engine/model.hpp"
+#include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/kernels/reference_upsample.hpp"
 #include "tessera/layers/batchnorm.hpp"
@@ -145,6 +149,40 @@ TEST(HandOver, AnUpsampleIntoNchwReadsABlockedInputInPlace) {
     reference::upsample_nearest_backward(dy, want_dx, g);
     EXPECT_EQ(differences(r.y, want_y), 0) << what;
     EXPECT_EQ(differences(to_layout(r.dx, Layout::nchw), want_dx), 0) << what;
+  }
+}
+
+// A training step with the batch handed over to the model (forward_backward with an rvalue) gives
+// the step with the batch lent (const&) bit for bit: loss, logits, every parameter gradient and
+// dL/dinput; its forward allocates one large block fewer (the first conv keeps the batch itself
+// for its filter gradient, not a copy). Built-in models whose first layer is a conv.
+TEST(HandOver, TheModelsFirstLayerKeepsTheBatchHandedToIt) {
+  const Runtime& single = test::single_runtime();
+  const Shape4 input{1, 3, 512, 512};  // 3 MiB: a large block
+  for (const char* name : {"convstack-small", "unet-small", "conv-bench"}) {
+    const ModelSpec spec = load_model(name);
+    Model<float> lent(spec, single, input), handed(spec, single, input);
+    lent.init_params(7);
+    handed.init_params(7);
+    DistTensor<float> x(lent.input_distribution());
+    x.local = random_image_tile<float>(x.dist, 7);
+    const Labels labels = random_label_tile(lent.output_distribution(), 7);
+    reset_host_memory_stats();
+    const StepResult<float> a = forward_backward(lent, x, labels);
+    const std::int64_t lent_blocks = large_allocations();
+    DistTensor<float> batch = x;
+    reset_host_memory_stats();
+    const StepResult<float> b = forward_backward(handed, std::move(batch), labels);
+    const std::int64_t handed_blocks = large_allocations();
+    EXPECT_EQ(batch.local.numel(), 0) << name;  // moved from
+    EXPECT_EQ(a.loss, b.loss) << name;
+    EXPECT_EQ(differences(a.output.local, b.output.local), 0) << name;
+    EXPECT_EQ(differences(a.input_grad.local, b.input_grad.local), 0) << name;
+    const auto pa = lent.params(), pb = handed.params();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (std::size_t k = 0; k < pa.size(); ++k)
+      EXPECT_EQ(differences(pa[k].param->grad, pb[k].param->grad), 0) << name << " " << pa[k].key();
+    EXPECT_EQ(lent_blocks - handed_blocks, 1) << name;
   }
 }
 

@@ -67,6 +67,11 @@ class Model {
   // gradients and the parameters lie in the backend's memory (Runtime::allocator): read them
   // from the host through to_host (tensor.hpp).
   DistTensor<T> forward(const DistTensor<T>& x);
+  // The same with the batch handed over: a layer that keeps its input for backward (the first
+  // conv's filter gradient reads it) keeps the batch itself where it is the batch's only consumer
+  // and the batch lies in the backend's memory, instead of a copy of it (one pass over the image
+  // and its bytes fewer; x is moved from either way). Collective as above.
+  DistTensor<T> forward(DistTensor<T>&& x);
   // Returns dL/dinput. Parameter gradients are summed over all ranks of the grid (spatial and
   // sample) in buckets of consecutive layers, each started (Comm::start_allreduce) as soon as the
   // backward pass has left its layers, so the reduction overlaps the rest of the backward pass;
@@ -126,6 +131,9 @@ class Model {
   void init_params(std::uint64_t seed);
 
  private:
+  // forward's body: `owned` the batch the model holds (handed over), else `*borrowed`.
+  DistTensor<T> run_forward(const DistTensor<T>* borrowed, std::optional<DistTensor<T>> owned);
+
   struct Node {
     std::unique_ptr<Layer<T>> layer;
     std::vector<int> inputs;  // node indices; -1 is the model's input
@@ -197,6 +205,10 @@ struct StepResult {
 };
 template <typename T>
 StepResult<T> forward_backward(Model<T>& model, const DistTensor<T>& input,
+                               std::span<const std::int32_t> labels);
+// The same with the batch handed over (Model::forward(DistTensor&&)).
+template <typename T>
+StepResult<T> forward_backward(Model<T>& model, DistTensor<T>&& input,
                                std::span<const std::int32_t> labels);
 
 }  // namespace tessera
