@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "tessera/error.hpp"
+#include "tessera/halo_plan.hpp"
 #include "tessera/kernels/backend.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/layers/window.hpp"
 
 namespace tessera {
@@ -426,6 +428,30 @@ DistTensor<T> Conv2d<T>::forward_windowless(const DistTensor<T>& x) {
 }
 
 template <typename T>
+bool Conv2d<T>::relu_gate_fusable() const {
+  const std::optional<FusedActivation> f = this->input_activation_taken();
+  return !strips_.empty() && f && f->kind == ActivationKind::relu && x_layout_ == Layout::nchw &&
+         this->allocator().space() == MemorySpace::host;
+}
+
+template <typename T>
+void Conv2d<T>::gate_box(const Tensor<T>& x, Tensor<T>& dx, const Box& box) const {
+  const Box tile = this->in_dist().tile();
+  const Shape4& s = dx.shape();
+  const Box b = intersect(box, tile);
+  if (b.empty()) return;
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t i = b.h.begin; i < b.h.end; ++i) {
+        const std::int64_t row = ((n * s.c + c) * s.h + (i - tile.h.begin)) * s.w - tile.w.begin;
+        const T* y = x.data() + row;
+        T* g = dx.data() + row;
+        for (std::int64_t j = b.w.begin; j < b.w.end; ++j)
+          g[j] = elementwise::leaky_relu_grad(y[j] > T(0), g[j], T(0));
+      }
+}
+
+template <typename T>
 DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
   const bool concat = this->concat_taken();
   // The tile keep_tile kept, or the concat's inputs' tiles keep_concat_tiles kept.
@@ -439,12 +465,14 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
     if (s.backward)
       this->copies().move(planes_of(dy.local, tile), planes_of(s.dy, s.box), s.box,
                           Direction::fill);
-  // The filter gradient: the tile's with zeros for the halos, plus each strip's from the halos
-  // alone (its own part zeroed: the tile's pass has it), dy's strip against them.
+  // The filter gradient: the tile's with zeros for the halos (unless the tile's fused backward
+  // summed it, below), plus each strip's from the halos alone (its own part zeroed: the tile's
+  // pass has it), dy's strip against them.
+  bool tile_filtered = false;
   const auto filter = [&] {
     if (concat)
       kernel_->backward_filter_parts(xs, dy.local, weight_.grad, dbias);
-    else
+    else if (!tile_filtered)
       kernel_->backward_filter(x, dy.local, weight_.grad, dbias);
     for (Strip& s : strips_) {
       if (!s.backward) continue;
@@ -479,6 +507,14 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
     for (Tensor<T>& t : dx)
       parts.push_back(&t);
     kernel_->backward_data_parts(dy.local, weight_.value, parts);
+  } else if (relu_gate_fusable()) {
+    // With strips and a ReLU's f' to apply: the tile's passes and f' at once, and f' again on the
+    // boxes the neighbours' strips add into (after them). f' of a ReLU is a 0/1 mask m, and
+    // m(m a + b) = m a + m b: the values of f' applied to the sum (to the sign of a zero).
+    tile_filtered =
+        kernel_->backward_fused(x, dy.local, weight_.value, this->input_activation_taken(),
+                                dx.front(), weight_.grad, dbias);
+    if (!tile_filtered) kernel_->backward_data(dy.local, weight_.value, dx.front());
   } else {
     kernel_->backward_data(dy.local, weight_.value, dx.front());
   }
@@ -494,6 +530,16 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
   for (Strip& s : strips_)
     for (HaloExchange<T>& accumulate : s.accumulate)
       accumulate.finish(requests[r++]);
+  if (!concat && tile_filtered) {
+    // The boxes the neighbours' strips added into (f' twice elsewhere changes nothing: m m = m).
+    for (Strip& s : strips_) {
+      const HaloPlan& plan = s.accumulate.front().plan();
+      for (const std::vector<HaloTransfer>* list : {&plan.send, &plan.recv})
+        for (const HaloTransfer& t : *list)
+          gate_box(x, dx.front(), t.box);
+    }
+    return this->tile_grad(std::move(dx.front()), true);
+  }
   if (!concat) return this->tile_grad(std::move(dx.front()));
   this->set_concat_grads(std::move(dx));
   return {};  // backward() returns the concat's inputs' gradients

@@ -96,6 +96,11 @@ class Conv2d final : public WindowLayer<T> {
                    const Backend& backend);
   DistTensor<T> forward_windowless(const DistTensor<T>& x);
   DistTensor<T> backward_windowless(const DistTensor<T>& dy);
+  // Whether backward_windowless may apply a ReLU's f' in the tile's fused backward and again on
+  // the boxes its neighbours' strips add into (strips, a fused ReLU, NCHW in host memory). Local.
+  bool relu_gate_fusable() const;
+  // dx *= ReLU's f' read from x (its output), on `box` (global coordinates) of the tile. Local.
+  void gate_box(const Tensor<T>& x, Tensor<T>& dx, const Box& box) const;
 
   Conv2dSpec spec_;
   reference::ConvGeometry geometry_;
