@@ -443,10 +443,10 @@ void Conv2d<T>::gate_box(const Tensor<T>& x, Tensor<T>& dx, const Box& box) cons
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t c = 0; c < s.c; ++c)
       for (std::int64_t i = b.h.begin; i < b.h.end; ++i) {
-        const std::int64_t row = ((n * s.c + c) * s.h + (i - tile.h.begin)) * s.w - tile.w.begin;
+        const std::int64_t row = ((n * s.c + c) * s.h + (i - tile.h.begin)) * s.w;
         const T* y = x.data() + row;
         T* g = dx.data() + row;
-        for (std::int64_t j = b.w.begin; j < b.w.end; ++j)
+        for (std::int64_t j = b.w.begin - tile.w.begin; j < b.w.end - tile.w.begin; ++j)
           g[j] = elementwise::leaky_relu_grad(y[j] > T(0), g[j], T(0));
       }
 }
