@@ -37,14 +37,6 @@ void leaky_relu_only(const T* __restrict x, T* __restrict y, std::int64_t n, T s
     y[k] = elementwise::leaky_relu(x[k], slope);
 }
 
-// grad *= leaky_relu'(x) in place, read from y = leaky_relu(x).
-template <typename T>
-void leaky_relu_grad_from_output(const T* __restrict y, T* __restrict grad, std::int64_t n,
-                                 T slope) {
-  for (std::int64_t k = 0; k < n; ++k)
-    grad[k] = elementwise::leaky_relu_grad(y[k] > T(0), grad[k], slope);
-}
-
 // The rule of reference::leaky_relu_backward, with y > 0 read from the mask.
 template <typename T>
 void leaky_relu_mask_backward(const T* __restrict dy, const std::uint8_t* __restrict positive,
@@ -113,7 +105,8 @@ class CpuActivation final : public ActivationKernel<T> {
       return;
     }
     parallel_for(n, [&](std::int64_t begin, std::int64_t end) {
-      leaky_relu_grad_from_output(y.data() + begin, grad.data() + begin, end - begin, slope_);
+      elementwise::leaky_relu_grad_from_output(y.data() + begin, grad.data() + begin, end - begin,
+                                               slope_);
     });
   }
 

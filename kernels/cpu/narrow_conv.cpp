@@ -670,18 +670,14 @@ class NarrowConv final : public ConvKernel<float> {
     }
   }
 
-  // dx *= f' of a (leaky) ReLU of `slope` read from its output x, in rows [r0, r1) of x's shape
-  // (CpuActivation::backward_from_output's rule, elementwise::leaky_relu_grad).
+  // dx *= f' of a (leaky) ReLU of `slope` read from its output x, in rows [r0, r1) of x's shape.
   void gate_rows(const ChannelPlanes<const float>& x, const ChannelPlanes<float>& dx,
                  std::int64_t r0, std::int64_t r1, float slope) const {
     const Shape4& xs = s_.x;
     for (std::int64_t r = r0; r < r1; ++r)
-      for (std::int64_t c = 0; c < xs.c; ++c) {
-        const float* __restrict y = x.at(r / xs.h, c, r % xs.h);
-        float* __restrict g = dx.at(r / xs.h, c, r % xs.h);
-        for (std::int64_t j = 0; j < xs.w; ++j)
-          g[j] = elementwise::leaky_relu_grad(y[j] > 0.0f, g[j], slope);
-      }
+      for (std::int64_t c = 0; c < xs.c; ++c)
+        elementwise::leaky_relu_grad_from_output(x.at(r / xs.h, c, r % xs.h),
+                                                 dx.at(r / xs.h, c, r % xs.h), xs.w, slope);
   }
 
   // The fused activation's slope as elementwise::leaky_relu takes it: ReLU's is 0.

@@ -164,6 +164,7 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
                                           blocked_may_come[static_cast<std::size_t>(in[0])]);
     nodes_[k].layer->hand_over_input(in.size() == 1 && in[0] >= 0 &&
                                      consumers[static_cast<std::size_t>(in[0])].size() == 1);
+    batch_readers_ += static_cast<int>(std::count(in.begin(), in.end(), -1));
     nodes_[k].layer->use_allocator(memory);
     // Parameters and their gradients live where the kernels compute (layers make them in host
     // memory at setup); buffers (batch norm's running statistics) stay on the host, which alone
@@ -245,10 +246,6 @@ DistTensor<T> Model<T>::run_forward(const DistTensor<T>* borrowed,
     owned = std::move(copy);
   }
   const DistTensor<T>& x = owned ? *owned : *borrowed;
-  // How many inputs name the batch: one, and the model holds it, and its consumer may keep it.
-  int batch_readers = 0;
-  for (const Node& n : nodes_)
-    batch_readers += static_cast<int>(std::count(n.inputs.begin(), n.inputs.end(), -1));
   // Outputs are kept until their last consumer has run.
   std::vector<std::optional<DistTensor<T>>> outputs(nodes_.size());
   std::vector<int> pending(nodes_.size());
@@ -257,7 +254,8 @@ DistTensor<T> Model<T>::run_forward(const DistTensor<T>* borrowed,
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     if (nodes_[k].taken) continue;  // its consumer reads its inputs
     const bool reads_batch = nodes_[k].inputs.size() == 1 && nodes_[k].inputs.front() < 0;
-    if (reads_batch) nodes_[k].layer->hand_over_input(owned.has_value() && batch_readers == 1);
+    // The batch's one reader may keep it where the model holds it.
+    if (reads_batch) nodes_[k].layer->hand_over_input(owned.has_value() && batch_readers_ == 1);
     std::vector<const DistTensor<T>*> ins;
     for (int i : nodes_[k].inputs) {
       ins.push_back(i >= 0 ? &*outputs[i] : &x);

@@ -443,11 +443,9 @@ void Conv2d<T>::gate_box(const Tensor<T>& x, Tensor<T>& dx, const Box& box) cons
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t c = 0; c < s.c; ++c)
       for (std::int64_t i = b.h.begin; i < b.h.end; ++i) {
-        const std::int64_t row = ((n * s.c + c) * s.h + (i - tile.h.begin)) * s.w;
-        const T* y = x.data() + row;
-        T* g = dx.data() + row;
-        for (std::int64_t j = b.w.begin - tile.w.begin; j < b.w.end - tile.w.begin; ++j)
-          g[j] = elementwise::leaky_relu_grad(y[j] > T(0), g[j], T(0));
+        const std::int64_t at =
+            ((n * s.c + c) * s.h + (i - tile.h.begin)) * s.w + (b.w.begin - tile.w.begin);
+        elementwise::leaky_relu_grad_from_output(x.data() + at, dx.data() + at, b.w.size(), T(0));
       }
 }
 
@@ -531,13 +529,11 @@ DistTensor<T> Conv2d<T>::backward_windowless(const DistTensor<T>& dy) {
     for (HaloExchange<T>& accumulate : s.accumulate)
       accumulate.finish(requests[r++]);
   if (!concat && tile_filtered) {
-    // The boxes the neighbours' strips added into (f' twice elsewhere changes nothing: m m = m).
-    for (Strip& s : strips_) {
-      const HaloPlan& plan = s.accumulate.front().plan();
-      for (const std::vector<HaloTransfer>* list : {&plan.send, &plan.recv})
-        for (const HaloTransfer& t : *list)
-          gate_box(x, dx.front(), t.box);
-    }
+    // The boxes the neighbours' strips added into: an accumulate receives on its plan's send
+    // boxes (this tile's part of each peer's strip footprint; HaloPlan).
+    for (Strip& s : strips_)
+      for (const HaloTransfer& t : s.accumulate.front().plan().send)
+        gate_box(x, dx.front(), t.box);
     return this->tile_grad(std::move(dx.front()), true);
   }
   if (!concat) return this->tile_grad(std::move(dx.front()));

@@ -134,6 +134,8 @@ class Model {
   // forward's body: `owned` the batch the model holds (handed over), else `*borrowed`.
   DistTensor<T> run_forward(const DistTensor<T>* borrowed, std::optional<DistTensor<T>> owned);
 
+  int batch_readers_ = 0;  // inputs that name the batch (-1), counted at construction
+
   struct Node {
     std::unique_ptr<Layer<T>> layer;
     std::vector<int> inputs;  // node indices; -1 is the model's input

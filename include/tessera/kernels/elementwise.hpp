@@ -60,6 +60,14 @@ TESSERA_HD inline T leaky_relu_grad(bool positive, T dy, T slope) {
   const T scaled = slope * dy;
   return positive ? dy : scaled;
 }
+// grad[k] *= its derivative for k < n, read from the output y = leaky_relu(x) (y > 0 where x
+// was): the activation's backward from its output, and the same applied inside the kernels that
+// fuse it (the narrow convolutions' backward, a conv's border boxes). Host loop.
+template <typename T>
+inline void leaky_relu_grad_from_output(const T* y, T* grad, std::int64_t n, T slope) {
+  for (std::int64_t k = 0; k < n; ++k)
+    grad[k] = leaky_relu_grad(y[k] > T(0), grad[k], slope);
+}
 
 // exp of a non-positive number only: large |x| neither overflows nor loses the tail.
 template <typename T>
