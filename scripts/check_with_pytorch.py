@@ -305,6 +305,12 @@ class Quantity:
 # A real (non-cancelling) bias gradient is never this small next to its own summands.
 ZERO_BY_CANCELLATION = 1e-10
 
+# A batch norm's running mean is measured against at least this fraction of the layer's standard
+# deviation (the square root of its largest running variance), as tessera gradcheck does: the
+# mean of an input that is normalised already (batch norm, pooling, batch norm) is zero in exact
+# arithmetic, rounding noise (~1e-18) on both sides.
+RUNNING_MEAN_FLOOR = 1e-3
+
 
 def run_model(f, model, training):
     """Forward and backward in float64. Returns the Quantity rows, named as in the dump."""
@@ -403,6 +409,16 @@ def compare(f, which, torch_values, rtol):
             scale = q.summands
             notes.append(f"{key}: zero in exact arithmetic (torch {float(np.max(np.abs(want))):.1e}"
                          f"), so rel err is against max sum |dL/d output| = {scale:.3e}")
+        if key.startswith("buffers/") and key.endswith("/running_mean"):
+            var = next((v.value.numpy() for v in torch_values
+                        if v.key == key[:-len("running_mean")] + "running_var"), None)
+            if var is not None and var.size:
+                floor = RUNNING_MEAN_FLOOR * float(np.sqrt(np.max(np.abs(var))))
+                if scale < floor:
+                    scale = floor
+                    notes.append(f"{key}: near zero (torch {float(np.max(np.abs(want))):.1e}), "
+                                 f"so rel err is against {RUNNING_MEAN_FLOOR:g} x the layer's "
+                                 f"standard deviation = {scale:.3e}")
         # An all-zero torch value (e.g. a gradient behind dead ReLUs) must be matched exactly.
         rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
         good = rel <= rtol  # False for NaN, so a NaN in the dump fails

@@ -119,8 +119,10 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
     model.state() = {.mode = Mode::train, .seed = o.seed, .step = s};
     runtime.comm().set_step(s);
     // Each step's batch handed over to the model, as training hands over the batch it read (the
-    // first layer keeps it for its filter gradient rather than a copy): a copy, before the clock.
+    // first layer keeps it for its filter gradient rather than a copy): a copy, before the clock
+    // (on a GPU a copy queued on the stream: finished before the clock starts).
     DistTensor<T> batch = x;
+    runtime.backend().synchronize();
     const auto began = clock_type::now();
     const StepResult<T> r = forward_backward(model, std::move(batch), labels);
     optimizer.step(o.lr);
