@@ -52,14 +52,15 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
              "convolutions of few channels with oneDNN's kernels.",
              d, args, vm, world, runtime))
     return 0;
-  const GridShape fallback = default_grid(world);
-  agree(world, [&] {
+  const std::unique_ptr<Comm> timed = command_world(world, runtime);
+  const GridShape fallback = default_grid(*timed);
+  agree(*timed, [&] {
     o.grid = grid_or_default(grid, fallback);
     o.image = parse_image(image);
     o.image.n = batch;
     TESSERA_CHECK(batch >= 1, "--batch must be at least 1, got " + std::to_string(batch));
   });
-  return run_bench(o, world, runtime, std::cout);
+  return run_bench(o, *timed, runtime, std::cout);
 }
 
 }  // namespace tessera::cli

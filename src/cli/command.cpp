@@ -226,6 +226,11 @@ std::string model_option_help() {
   return "model JSON file or built-in name (" + models + ")";
 }
 
+std::unique_ptr<Comm> command_world(const Comm& world, const RuntimeOptions& runtime) {
+  return world.make_grid(world.shape(),
+                         {runtime.wait.value_or(world.wait_settings().policy), runtime.timeout});
+}
+
 bool parse(const std::string& command, const std::string& summary,
            const po::options_description& options, const std::vector<std::string>& args,
            po::variables_map& vm, const Comm& world, RuntimeOptions& runtime) {

@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ po::options_description device_options();
 bool parse(const std::string& command, const std::string& summary,
            const po::options_description& options, const std::vector<std::string>& args,
            po::variables_map& vm, const Comm& world, RuntimeOptions& runtime);
+
+// The job's ranks as `world` holds them (a 1x1xP grid), waiting as the command's options say
+// (--wait, --timeout in `runtime`, after parse()). main's world exists before any command reads
+// its options, so it waits as the environment says (TESSERA_TIMEOUT, else 600 s): a command that
+// agreed, read its data or printed its progress through it waited that long for a stopped rank
+// instead of --timeout (test train_watchdog_rank_stopped_early). Collective over `world`.
+std::unique_ptr<Comm> command_world(const Comm& world, const RuntimeOptions& runtime);
 
 inline bool is_root(const Comm& world) {
   return world.rank() == 0;

@@ -42,9 +42,10 @@ int gradcheck_command(const std::vector<std::string>& args, const Comm& world,
           "gradient.\nExits 1 when a relative error exceeds the tolerance.",
           d, args, vm, world, runtime))
     return 0;
-  const GridShape fallback = default_grid(world);
-  agree(world, [&] { o.grid = grid_or_default(grid, fallback); });
-  return run_gradcheck(o, world, runtime, std::cout);
+  const std::unique_ptr<Comm> timed = command_world(world, runtime);
+  const GridShape fallback = default_grid(*timed);
+  agree(*timed, [&] { o.grid = grid_or_default(grid, fallback); });
+  return run_gradcheck(o, *timed, runtime, std::cout);
 }
 
 }  // namespace tessera::cli

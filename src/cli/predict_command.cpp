@@ -55,8 +55,9 @@ int predict_or_evaluate(const std::vector<std::string>& args, const Comm& world,
             "over every image of --input, each rank reading and writing only its tile: the\n"
             "predictions are those of one device, with no seams.";
   if (!parse(evaluating ? "evaluate" : "predict", summary, d, args, vm, world, runtime)) return 0;
-  const GridShape fallback = default_grid(world);
-  agree(world, [&] {
+  const std::unique_ptr<Comm> timed = command_world(world, runtime);
+  const GridShape fallback = default_grid(*timed);
+  agree(*timed, [&] {
     o.grid = grid_or_default(grid, fallback);
     o.write.clear();
     boost::split(o.write, write, boost::is_any_of(","));
@@ -64,7 +65,7 @@ int predict_or_evaluate(const std::vector<std::string>& args, const Comm& world,
                   "bad --progress '" + progress + "': expected auto, line or plain");
   });
   o.progress_line = progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
-  return run_predict(o, world, runtime, std::cout);
+  return run_predict(o, *timed, runtime, std::cout);
 }
 
 }  // namespace

@@ -76,8 +76,9 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
              "an INI file\ngiven with --config (key = value; the command line wins).",
              d, args, vm, world, runtime))
     return 0;
-  const GridShape fallback = default_grid(world);
-  agree(world, [&] {
+  const std::unique_ptr<Comm> timed = command_world(world, runtime);
+  const GridShape fallback = default_grid(*timed);
+  agree(*timed, [&] {
     o.grid = grid_or_default(grid, fallback);
     o.optimizer.kind = parse_optimizer(optimizer);
     o.schedule.kind = parse_schedule(schedule);
@@ -85,7 +86,7 @@ int train_command(const std::vector<std::string>& args, const Comm& world, Runti
                   "bad --progress '" + progress + "': expected auto, line or plain");
   });
   o.progress_line = progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
-  return run_train(o, world, runtime, std::cout);
+  return run_train(o, *timed, runtime, std::cout);
 }
 
 }  // namespace tessera::cli

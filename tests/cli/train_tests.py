@@ -787,6 +787,43 @@ def train_watchdog_stopped_rank(env):
 
 
 @scenario
+def train_watchdog_rank_stopped_early(env):
+    """A rank stopped as training starts (right after the header): rank 0's next waits are the
+    command's agreements and data reads over the job's ranks, which waited as the environment
+    says (600 s) instead of --timeout until 2026-11-29 (src/cli/command.hpp, command_world): the
+    job hung in 8 of 20 such stops made by a script that stopped rank 1 as soon as it read one of
+    the first lines (this harness, polling the output, stops it later; it caught none of six in
+    one run of the old code). Six stops, each ending within the timeout and a few seconds, with rank 0's
+    message naming rank 1."""
+    timeout = 3
+    for attempt in range(6):
+        job = Job(env, 2, "train", "--steps", "100000", "--log-every", "1", "--progress", "plain",
+                  "--timeout", timeout)
+        try:
+            job.wait_for("tessera train: model", 120)
+            pids = [job.rank_pid(0), job.rank_pid(1)]
+            os.kill(pids[1], signal.SIGSTOP)
+            stopped = time.monotonic()
+            rc, _ = job.finish(timeout + 30)
+            took = time.monotonic() - stopped
+        finally:
+            job.kill()
+        r = job.result()
+        if rc == 0:
+            fail("expected a non-zero exit code when a rank stopped", r)
+        if took > timeout + 25:
+            fail(f"expected the job to end within {timeout + 25} s of the stop, took {took:.0f} s",
+                 r)
+        line = next((l for l in r.output.splitlines() if "timeout: rank 0 waited" in l), None)
+        if line is None or "rank(s) 1 did not answer the watchdog" not in line:
+            fail("expected rank 0's timeout message naming rank 1", r)
+        time.sleep(0.5)
+        left = [p for p in pids if alive(p)]
+        if left:
+            fail(f"expected no rank left running, found process(es) {left}", r)
+
+
+@scenario
 def train_signal_checkpoints_and_resumes(env):
     """SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, preemption) to one
     rank: every rank stops after the same step, a checkpoint of that step is written, the job exits
