@@ -306,7 +306,8 @@ class Quantity:
 ZERO_BY_CANCELLATION = 1e-10
 
 # A batch norm's running mean is measured against at least this fraction of the layer's standard
-# deviation (the square root of its largest running variance), as tessera gradcheck does: the
+# deviation (the square root of its largest running variance), as tessera gradcheck does in
+# float64 (1e-1 in float32; here 1e-3 for both: a float32 dump's noise is ~6e-8 of it): the
 # mean of an input that is normalised already (batch norm, pooling, batch norm) is zero in exact
 # arithmetic, rounding noise (~1e-18) on both sides.
 RUNNING_MEAN_FLOOR = 1e-3
