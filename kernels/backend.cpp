@@ -83,6 +83,11 @@ class OneDnnBackend final : public Backend {
   std::unique_ptr<LossKernel<float>> make_loss(float) const override {
     return make_cpu_loss<float>();
   }
+
+ public:
+  std::unique_ptr<PatchDeconvKernel> patch_deconv(const PatchDeconvShapes& shapes) const override {
+    return make_patch_deconv(shapes);
+  }
 };
 #endif
 

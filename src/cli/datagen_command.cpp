@@ -226,9 +226,11 @@ int datagen_command(const std::vector<std::string>& args, const Comm& world,
   const std::unique_ptr<Comm> waiting =
       world.make_grid(world.shape(), {runtime.wait.value_or(WaitPolicy::sleep), kNoTimeout});
 
+  // The options' agreement waits with this command's --wait and --timeout (cli::command_world).
+  const std::unique_ptr<Comm> timed = command_world(world, runtime);
   std::unique_ptr<SyntheticDataset> data;
   Request r;
-  agree(world, [&] {
+  agree(*timed, [&] {
     TESSERA_CHECK(!output.empty(), "--output FILE is required (see tessera datagen --help)");
     r.output = output;
     o.task = parse_synthetic_task(task);

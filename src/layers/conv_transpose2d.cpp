@@ -1,6 +1,7 @@
 #include "tessera/layers/conv_transpose2d.hpp"
 
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -113,6 +114,7 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
   const Shape4 window{in.n, in.c, win.h.size(), win.w.size()};
   const Shape4 out = this->out_dist().local_shape();
   kernel_.reset();
+  patch_.reset();
   out_layout_ = Layout::nchw;
   bias_kernel_ = backend.merge<T>();
   if (window.numel() == 0 || out.numel() == 0) return;
@@ -137,6 +139,14 @@ void ConvTranspose2d<T>::bind_kernel(const Box& win, const Backend& backend) {
     if (kernel_) {
       this->set_window_layout(wl);
       out_layout_ = ol;
+      if constexpr (std::is_same_v<T, float>)
+        if (wl == Layout::nchw16c && ol == Layout::nchw16c && spec_.kernel == Pair{2, 2} &&
+            spec_.stride == Pair{2, 2})
+          patch_ = backend.patch_deconv({.x = window,
+                                         .w = weight_.value.shape(),
+                                         .y = out,
+                                         .pad_top = geometry_.pad_top,
+                                         .pad_left = geometry_.pad_left});
       return;
     }
   }
@@ -153,6 +163,13 @@ DistTensor<T> ConvTranspose2d<T>::forward(const DistTensor<T>& x, const RunState
     return y;
   }
   DistTensor<T> y(this->out_dist(), out_layout_, uninitialized, this->allocator());
+  if constexpr (std::is_same_v<T, float>)
+    if (patch_) {
+      patch_->forward(window, weight_.value,
+                      spec_.bias ? std::as_const(bias_.value).span_in(space) : std::span<const T>(),
+                      y.local);
+      return y;
+    }
   kernel_->backward_data(window, weight_.value, y.local);
   if (spec_.bias) bias_kernel_->add_bias(std::as_const(bias_.value).span_in(space), y.local);
   return y;
@@ -174,9 +191,22 @@ DistTensor<T> ConvTranspose2d<T>::backward_one(const DistTensor<T>& dy, const Ru
   // pairs its input (our dy) with its output gradient (our window); the window is as forward's
   // backward-data read it, so the kernel may reuse its conversion of it from then.
   return this->accumulate_window(window_grad, [&] {
+    if constexpr (std::is_same_v<T, float>)
+      if (patch_) {
+        patch_->backward_filter(this->kept_window(), dy.local, weight_.grad,
+                                spec_.bias ? bias_.grad.span_in(space) : std::span<T>());
+        return;
+      }
     kernel_->backward_filter(dy.local, this->kept_window(), weight_.grad, {});
     bias_grad();
   });
+}
+
+template <typename T>
+std::string ConvTranspose2d<T>::kernel_summary() const {
+  if (!kernel_) return {};
+  return patch_ ? patch_->name() + ", input gradient " + kernel_->name()
+                : "adjoint " + kernel_->name();
 }
 
 template <typename T>

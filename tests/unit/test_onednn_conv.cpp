@@ -446,22 +446,42 @@ TEST(OneDnnConv, EightChannelActivationsGiveTheReferenceResults) {
 }
 
 // Transposed convs run as the adjoint of a planned conv kernel (oneDNN's backward-data for their
-// forward, and so on): float32 models give the float64 reference's loss, logits and gradients,
-// over strides, paddings, output paddings, bias or none, and windows of 16 channels (nchw16c).
+// forward, and so on), or 2x2 stride 2 to 16 channels on AVX-512 with the patch kernel for the
+// forward and filter gradient (kernels/patch_deconv.hpp): float32 models give the float64
+// reference's loss, logits and gradients, over strides, paddings, output paddings, bias or none,
+// and windows and outputs of 16 channels (nchw16c).
 TEST(OneDnnConv, TransposedConvLayersGiveTheReferenceResults) {
-  for (const std::string up : {R"("kernel": 2, "stride": 2)",
-                               R"("kernel": 3, "stride": 2, "padding": 1, "output_padding": 1)",
-                               R"("kernel": 4, "stride": 2, "padding": 1, "bias": false)",
-                               R"("kernel": [3, 2], "stride": [1, 2])"}) {
+  for (const std::string up : {R"("out_channels": 8, "kernel": 2, "stride": 2)",
+                               R"("out_channels": 16, "kernel": 2, "stride": 2)",
+                               R"("out_channels": 16, "kernel": 2, "stride": 2, "bias": false)",
+                               R"("out_channels": 16, "kernel": 2, "stride": 2, "padding": 1)",
+                               R"("out_channels": 8, "kernel": 3, "stride": 2, "padding": 1,
+                                  "output_padding": 1)",
+                               R"("out_channels": 8, "kernel": 4, "stride": 2, "padding": 1,
+                                  "bias": false)",
+                               R"("out_channels": 8, "kernel": [3, 2], "stride": [1, 2])"}) {
     const ModelSpec spec = parse_model(
         R"({"name": "up", "input_channels": 3, "layers": [
             {"name": "c1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
             {"name": "r1", "type": "relu"},
-            {"name": "up", "type": "conv_transpose2d", "out_channels": 8, )" +
+            {"name": "up", "type": "conv_transpose2d", )" +
         up + R"(},
             {"name": "r2", "type": "relu"},
             {"name": "head", "type": "conv2d", "out_channels": 3, "kernel": 1}]})");
     expect_float32_matches_float64(spec, {2, 3, 13, 11}, 5, up);
+    // Which kernels ran: the patch kernel exactly where it fits.
+    const Runtime& single = test::single_runtime(KernelBackend::onednn);
+    Model<float> f(spec, single, {2, 3, 13, 11});
+    const bool patch = simd_available(SimdLevel::avx512) &&
+                       up.starts_with(R"("out_channels": 16, "kernel": 2, "stride": 2)");
+    int seen = 0;
+    for (const auto& [layer, kernel] : f.kernel_summaries()) {
+      if (layer != "up") continue;
+      ++seen;
+      EXPECT_EQ(kernel.starts_with("tessera patch avx512, input gradient onednn"), patch)
+          << up << ": " << kernel;
+    }
+    EXPECT_EQ(seen, 1) << up;
   }
 }
 

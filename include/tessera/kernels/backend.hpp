@@ -13,6 +13,7 @@
 #include "tessera/kernels/conv_kernel.hpp"
 #include "tessera/kernels/halo_copy.hpp"
 #include "tessera/kernels/local_kernels.hpp"
+#include "tessera/kernels/patch_deconv.hpp"
 #include "tessera/kernels/pool_kernel.hpp"
 
 namespace tessera {
@@ -136,6 +137,14 @@ class Backend {
   template <typename T>
   std::unique_ptr<DropoutKernel<T>> dropout(double p) const {
     return make_dropout(p, T{});
+  }
+  // A 2x2 stride-2 transposed convolution's forward and filter gradient, each in one pass with
+  // its bias (kernels/patch_deconv.hpp), where this backend has the kernel and it takes the case;
+  // nullptr otherwise (ConvTranspose2d then runs its adjoint conv and separate bias passes).
+  // float32 only. Local.
+  virtual std::unique_ptr<PatchDeconvKernel> patch_deconv(
+      const PatchDeconvShapes& /*shapes*/) const {
+    return nullptr;
   }
   // The memory this backend's kernels compute in: where the layers allocate their tensors. Local.
   virtual Allocator& allocator() const { return host_allocator(); }

@@ -65,6 +65,13 @@ class ConvTranspose2d final : public WindowLayer<T> {
   // The conv kernel that runs the adjoint ("reference", "onednn ..."), or "none" for a tile no
   // input reaches; valid after bind(). Local.
   std::string kernel_name() const { return kernel_ ? kernel_->name() : "none"; }
+  // The kernel of the forward and filter-gradient passes where it is not the adjoint conv's:
+  // "tessera patch avx512" (kernels/patch_deconv.hpp), else empty. Valid after bind(). Local.
+  std::string patch_kernel_name() const { return patch_ ? patch_->name() : ""; }
+  // For bench listings: "adjoint <kernel_name()>" (its passes in the adjoint conv's order:
+  // forward / backward-data / backward-filter, this layer's backward-data / forward / filter
+  // gradient), or "<patch kernel>, input gradient <kernel_name()>". Local.
+  std::string kernel_summary() const override;
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
@@ -81,6 +88,10 @@ class ConvTranspose2d final : public WindowLayer<T> {
   Layout out_layout_ = Layout::nchw;  // of the output and its gradient: bind_kernel's
   // The bias and its gradient (the adjoint conv has none of its own).
   std::unique_ptr<MergeKernel<T>> bias_kernel_;
+  // Where the backend has one for the case (float32, 2x2 stride 2, nchw16c window and output):
+  // the forward and the filter gradient, each with its bias in the same pass; kernel_ then runs
+  // the backward-data pass alone.
+  std::unique_ptr<PatchDeconvKernel> patch_;
 };
 
 }  // namespace tessera
