@@ -42,6 +42,12 @@ struct Split {
   std::vector<std::int64_t> index;
 };
 
+// Computation options (Trainer::computation_options) that checkpoints record only since
+// 2026-11-29, with what a run whose checkpoint lacks one computed with ("": not known, not
+// compared on resume): older checkpoints resume as before.
+const std::map<std::string, std::string> kRecordedSince = {{"--precision", "float32"},
+                                                           {"--val-samples", ""}};
+
 // One line of metrics, to the console and the metrics file.
 // Stragglers and memory over one log window (train lines only): each rank's share of the window's
 // wall time spent waiting for peers (halo messages not yet there, reductions: profile.hpp), and
@@ -236,6 +242,10 @@ class Trainer {
     if (schedule_.kind == ScheduleKind::cosine)
       options["steps (--steps, --epochs)"] = text(total_steps_);
     if (!o_.init.empty()) options["--init"] = o_.init;
+    // bfloat16 products change every step's arithmetic; the built-in validation set changes what
+    // validation reports (kRecordedSince: checkpoints from before these were recorded).
+    options["--precision"] = runtime_options_.bf16 ? "bf16" : "float32";
+    if (o_.data.empty() && o_.val_data.empty()) options["--val-samples"] = text(o_.val_samples);
     if (schedule_.kind == ScheduleKind::step) {
       options["--lr-step-size"] = text(schedule_.step_size);
       options["--lr-gamma"] = text(schedule_.gamma);
@@ -631,11 +641,20 @@ void Trainer<T>::build() {
                               : "no validation (--val-samples 0)");
     }
     const DatasetInfo& info = train_data_->info();
-    if (segmentation_)
-      TESSERA_CHECK(info.label_height == out.h && info.label_width == out.w,
-                    "the labels are " + std::to_string(info.label_height) + "x" +
-                        std::to_string(info.label_width) + " but the model's output is " +
-                        std::to_string(out.h) + "x" + std::to_string(out.w));
+    if (segmentation_) {
+      const std::string size = std::to_string(out.h) + "x" + std::to_string(out.w);
+      const std::string labels =
+          "[N, " + std::to_string(out.h) + ", " + std::to_string(out.w) + "]";
+      TESSERA_CHECK(
+          info.label_height == out.h && info.label_width == out.w,
+          "the labels are " + std::to_string(info.label_height) + "x" +
+              std::to_string(info.label_width) + " but the model's output is " + size +
+              (o_.data.empty() ? ": the built-in data labels every pixel of its images, so it "
+                                 "trains models whose output has the image's size; train this one "
+                                 "on a --data file whose /labels are " +
+                                     labels
+                               : ": this model needs /labels " + labels));
+    }
     TESSERA_CHECK(info.classes == 0 || info.classes <= classes_,
                   "the data has " + std::to_string(info.classes) + " classes, the model predicts " +
                       std::to_string(classes_));
@@ -723,10 +742,16 @@ std::int64_t Trainer<T>::resume() {
     if (path.empty()) return;
     const CheckpointState s = read_checkpoint(path, *model_, *optimizer_, checkpoint_identity());
     std::map<std::string, std::string> now = computation_options(), then = s.options;
-    for (const auto& [name, value] : now)
+    for (const auto& [name, value] : now) {
+      if (then.count(name) == 0)
+        if (const auto since = kRecordedSince.find(name); since != kRecordedSince.end()) {
+          if (since->second.empty()) continue;  // not known: not compared
+          then[name] = since->second;           // what such a run computed with
+        }
       if (then.count(name) == 0 || then[name] != value)
         changes.push_back(name + " " + (then.count(name) ? then[name] : "(not recorded)") + " -> " +
                           value);
+    }
     std::string list;
     for (const std::string& c : changes)
       list += (list.empty() ? "" : ", ") + c;

@@ -218,6 +218,14 @@ def train_refuses_foreign_checkpoint(env):
     small = SMALL[:6] + ["--samples", "12"] + SMALL[8:]
     r = env.tessera(2, "train", *small, "--steps", "2", "--checkpoint-dir", ckpt, "--resume")
     expect_error(r, "training samples 16 -> 12")
+    # Another built-in validation set, or bfloat16 products, would not either (refused where the
+    # CPU has no bfloat16 instructions).
+    small = SMALL[:8] + ["--val-samples", "4"] + SMALL[10:]
+    r = env.tessera(2, "train", *small, "--steps", "2", "--checkpoint-dir", ckpt, "--resume")
+    expect_error(r, "--val-samples 8 -> 4", "--allow-changes")
+    r = env.tessera(2, "train", *SMALL, "--steps", "2", "--checkpoint-dir", ckpt, "--resume",
+                    "--precision", "bf16")
+    expect_error(r, any_of=["--precision float32 -> bf16", "AVX512_BF16"])
 
 
 def flip_sign_bits(path, count=200):
@@ -494,6 +502,11 @@ def train_errors(env):
                  "larger than")
     expect_error(env.tessera(2, "train", "--height", "30", "--width", "32"), "concat")
     expect_error(env.tessera(2, "train", "--grid", "1x2x2"), "has 4 ranks")
+    # A model whose output is smaller than its image, on the built-in data (labels for every
+    # pixel): what it needs instead.
+    expect_error(env.tessera(2, "train", "--model", "convstack-small", "--height", "32",
+                             "--width", "32", "--samples", "8", "--batch", "4", "--steps", "1"),
+                 "the model's output is 16x16", "--data file whose /labels are [N, 16, 16]")
     # An unwritable metrics file or a bad option value: one message, not an abort on rank 0.
     expect_error(env.tessera(2, "train", *SMALL, "--steps", "1", "--metrics",
                              env.path("no-such-dir") / "m.csv"), "cannot write --metrics",

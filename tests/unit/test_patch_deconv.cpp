@@ -1,6 +1,6 @@
 // The 2x2 stride-2 transposed convolution kernel (kernels/patch_deconv.hpp) against its definition
 // in double: forward with and without a bias, the filter and bias gradients added into what they
-// hold, over channel counts of one and two blocks, batches, outputs that start inside a patch
+// hold, over channel counts of one to 32 blocks, batches, outputs that start inside a patch
 // (pad_top, pad_left 1) and end inside one (odd sizes), rows around its 8-pixel blocks; the same
 // bits on every run and thread count; the cases it declines; and that the oneDNN backend's
 // ConvTranspose2d runs it where it fits. Skipped where the CPU has no AVX-512.
@@ -51,6 +51,8 @@ std::vector<PatchCase> cases() {
           {.n = 1, .c = 32, .o = 16, .out_h = 5, .out_w = width, .pad_top = pad, .pad_left = pad});
   all.push_back({.n = 2, .c = 16, .o = 32, .out_h = 7, .out_w = 9, .pad_top = 1, .pad_left = 0});
   all.push_back({.n = 3, .c = 48, .o = 16, .out_h = 6, .out_w = 20, .pad_top = 0, .pad_left = 1});
+  // 4 MiB of filter sums a band: 8 bands of 5 rows (the bands' memory is capped).
+  all.push_back({.n = 1, .c = 512, .o = 256, .out_h = 80, .out_w = 3, .pad_top = 1, .pad_left = 0});
   return all;
 }
 
