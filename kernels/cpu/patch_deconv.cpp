@@ -198,9 +198,9 @@ void filter_bands(const PatchDeconvShapes& s, const float* xd, const float* dyd,
 class PatchDeconv final : public PatchDeconvKernel {
  public:
   explicit PatchDeconv(const PatchDeconvShapes& s) : s_(s) {
-    // Bands of at least 4 rows, at most 64 of them (the threads share them), and their partial
-    // sums within 32 MiB (a 512 -> 256 conv's 4 MiB of sums a band: 8 bands). Fixed by the shape
-    // alone, so the sums do not depend on the thread count.
+    // Bands of at least 4 rows, at most 64 of them (the threads share them), and no more than
+    // 32 MiB of partial sums hold (at least one band: a 512 -> 256 conv's 4 MiB a band gives 7).
+    // Fixed by the shape alone, so the sums do not depend on the thread count.
     const std::int64_t rows = s.x.n * s.x.h;
     const std::int64_t most = std::clamp<std::int64_t>(
         (std::int64_t{32} << 20) / (per_band() * std::int64_t(sizeof(double))), 1, 64);

@@ -346,6 +346,25 @@ def gradcheck_float32_rounding(env):
 
 
 @scenario
+def gradcheck_transposed_patches(env):
+    """2x2 stride-2 transposed convs to 16 channels run on the patch kernel where the CPU has
+    AVX-512 (kernels/patch_deconv.hpp): float32 gradcheck on a grid whose tiles start inside a
+    patch (odd first rows and columns), without padding and with padding and output_padding."""
+    for extra in ({}, {"padding": 1, "output_padding": 1}):
+        write_json(env.path("m.json"), {"input_channels": 3, "layers": [
+            {"name": "c1", "type": "conv2d", "out_channels": 32, "kernel": 3, "padding": 1},
+            {"name": "r1", "type": "relu"},
+            {"name": "up", "type": "conv_transpose2d", "out_channels": 16, "kernel": 2,
+             "stride": 2, **extra},
+            {"name": "r2", "type": "relu"},
+            {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})
+        r = env.tessera(4, "gradcheck", "--model", env.path("m.json"), "--grid", "1x2x2",
+                        "--dtype", "float32", "--height", "13", "--width", "11", "--batch", "2",
+                        "--wait", "sleep")
+        expect_ok(r, "PASS", "up/weight", "up/bias")
+
+
+@scenario
 def bad_grid_string(env):
     for grid in ["2x2", "1x0x2", "1x2x2x", "axbxc"]:
         r = env.tessera(2, "gradcheck", "--grid", grid)
