@@ -148,8 +148,8 @@ void forward_rows(const PatchDeconvShapes& s, const float* xd, const float* pack
 }
 
 // The filter gradient's sums per band: band t sums window rows [t * band, (t + 1) * band) of all
-// samples (row n * H + l) into its own doubles at partial + t * per_band: [c][a][b][o], then the
-// bias's [o] (with_bias).
+// samples (row n * H + l) into its own doubles at partial + t * per_band (zeroed first):
+// [c][a][b][o], then the bias's [o] (with_bias).
 void filter_bands(const PatchDeconvShapes& s, const float* xd, const float* dyd, std::int64_t band,
                   std::int64_t bands, std::int64_t per_band, bool with_bias, double* partial) {
   const Shape4 &xs = s.x, &ys = s.y;
@@ -160,6 +160,7 @@ void filter_bands(const PatchDeconvShapes& s, const float* xd, const float* dyd,
       [&](std::int64_t begin, std::int64_t end) {
         for (std::int64_t t = begin; t < end; ++t) {
           double* part = partial + t * per_band;
+          std::fill(part, part + per_band, 0.0);
           const std::int64_t last = std::min(xs.n * xs.h, (t + 1) * band);
           for (std::int64_t row = t * band; row < last; ++row) {
             const std::int64_t n = row / xs.h, l = row % xs.h;
@@ -253,14 +254,13 @@ class PatchDeconv final : public PatchDeconvKernel {
 #if TESSERA_HAS_WIDE_LOOPS
     const std::int64_t C = s_.x.c, O = s_.y.c;
     const bool with_bias = !dbias.empty();
-    std::fill(partial_.begin(), partial_.end(), 0.0);
     wide::filter_bands(s_, x.data(), dy.data(), band_, bands_, per_band(), with_bias,
                        partial_.data());
-    // The bands in order, then into dw [c][o][a][b] and dbias.
-    std::vector<double> total(static_cast<std::size_t>(per_band()), 0.0);
-    for (std::int64_t t = 0; t < bands_; ++t) {
+    // The bands in order (into the first band's sums), then into dw [c][o][a][b] and dbias.
+    double* total = partial_.data();
+    for (std::int64_t t = 1; t < bands_; ++t) {
       const double* part = partial_.data() + t * per_band();
-      for (std::size_t i = 0; i < total.size(); ++i)
+      for (std::int64_t i = 0; i < per_band(); ++i)
         total[i] += part[i];
     }
     float* dwd = dw.data();
@@ -269,13 +269,12 @@ class PatchDeconv final : public PatchDeconvKernel {
         for (std::int64_t a = 0; a < 2; ++a)
           for (std::int64_t b = 0; b < 2; ++b) {
             float& d = dwd[((c * O + o) * 2 + a) * 2 + b];
-            d = static_cast<float>(d +
-                                   total[static_cast<std::size_t>(((c * 2 + a) * 2 + b) * O + o)]);
+            d = static_cast<float>(d + total[((c * 2 + a) * 2 + b) * O + o]);
           }
     if (with_bias)
       for (std::int64_t o = 0; o < O; ++o)
-        dbias[static_cast<std::size_t>(o)] = static_cast<float>(
-            dbias[static_cast<std::size_t>(o)] + total[static_cast<std::size_t>(4 * C * O + o)]);
+        dbias[static_cast<std::size_t>(o)] =
+            static_cast<float>(dbias[static_cast<std::size_t>(o)] + total[4 * C * O + o]);
 #else
     (void)x;
     (void)dy;

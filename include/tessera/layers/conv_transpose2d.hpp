@@ -65,9 +65,6 @@ class ConvTranspose2d final : public WindowLayer<T> {
   // The conv kernel that runs the adjoint ("reference", "onednn ..."), or "none" for a tile no
   // input reaches; valid after bind(). Local.
   std::string kernel_name() const { return kernel_ ? kernel_->name() : "none"; }
-  // The kernel of the forward and filter-gradient passes where it is not the adjoint conv's:
-  // "tessera patch avx512" (kernels/patch_deconv.hpp), else empty. Valid after bind(). Local.
-  std::string patch_kernel_name() const { return patch_ ? patch_->name() : ""; }
   // For bench listings: "adjoint <kernel_name()>" (its passes in the adjoint conv's order:
   // forward / backward-data / backward-filter, this layer's backward-data / forward / filter
   // gradient), or "<patch kernel>, input gradient <kernel_name()>". Local.
