@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -30,6 +31,8 @@ bool g_conv_narrow = true;
 constexpr std::int64_t kOut = 8;  // output channels whose sums one pass keeps in registers
 #if TESSERA_HAS_WIDE_LOOPS
 constexpr std::int64_t kLanes = 16;  // floats in a vector
+// A pair tap's weights (RowJob::pair_k): those of even and odd lanes.
+constexpr std::int64_t kPairLanes = 2;
 #endif
 constexpr std::int64_t kMaxExtent = 7, kMaxOut = 16, kMaxIn = 64;
 constexpr std::int64_t kChunk = 8;  // input channels summed per pass over a row
@@ -63,6 +66,21 @@ struct RowJob {
   // keep: its lines are then not read in before they are written); the row's blocks then start
   // on the output's lines, not the input's (correlate_row's `head`).
   bool stream = false;
+  // Pair taps (ConvShapes::doubled_begin): input channels [pair_begin, pair_end), whole chunks,
+  // hold 2x2 blocks of equal values, so a 3x3 kernel's output reads them at tap rows 0 and 2 and
+  // tap columns 0 and 2 alone, each with the sum of the taps whose reads it stands for: which
+  // taps depends on the parity of the output's centre (its tap (1, 1)) in global coordinates, per
+  // row (pair_k is this row's) and per lane (pattern q of pair_k holds the weights of lanes whose
+  // centre has parity (q + lane) % 2): pair_k[(((q * pairs + i - pair_begin) * 4 + a * 2 + b) * 8 +
+  // o) * 2 + lane % 2], pairs = pair_end - pair_begin; pair_parity: the parity of output column
+  // 0's centre. 24 -> 8 channels, 16 of them doubled, 2048x2048, 2 threads of the Intel Xeon with
+  // AMX: forward 93-106 -> 72-77 ms, filter gradient 106-123 -> 88-95 ms (less than the products
+  // alone, 136 of 216, would give). pair_row0: the pair taps' first row (the centre's block above
+  // read at its first row where that lies in the input, so that only one row of each block is
+  // read); pair_next: the row the next output row reads first among the pair channels' (asked for
+  // ahead), or -1.
+  const float* pair_k = nullptr;
+  std::int64_t pair_begin = 0, pair_end = 0, pair_parity = 0, pair_row0 = 0, pair_next = -1;
 };
 
 #if TESSERA_HAS_WIDE_LOOPS
@@ -89,8 +107,10 @@ inline const float* at(const float* p, std::int64_t k) {
 // Output columns [w0, end) of a RowJob over input channels [i0, i1) and tap rows [a0, a1), end <=
 // w0 + 16 * PV; kMasked where end is short of that or some of their reads lie outside the input's.
 // KH, KW: the kernel's extent when known at compile time (0: job.kh, job.kw): 3x3 unrolled issues
-// the loads of all nine taps of a channel early, 25-30% faster than the loop.
-template <int PV, bool kMasked, int KH, int KW>
+// the loads of all nine taps of a channel early, 25-30% faster than the loop. kPairs: a job of
+// pair taps (correlate_row's `pairs`: 2x2 taps 2 apart), job.k one pattern of RowJob::pair_k,
+// whose weights are two values, for even and odd lanes, instead of one.
+template <int PV, bool kMasked, int KH, int KW, bool kPairs = false>
 void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t a0,
                std::int64_t a1, bool accumulate, bool finish, std::int64_t w0, std::int64_t end) {
   const std::int64_t kh = KH > 0 ? KH : job.kh, kw = KW > 0 ? KW : job.kw;
@@ -120,15 +140,26 @@ void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t
         if (a < a0 || a >= a1) continue;
       const float* row =
           job.in[i / kChunk] + i % kChunk * job.in_plane + (job.row0 + a * job.dh) * job.in_row;
-      const float* k = job.k + (i * taps + a * kw) * kOut;
-      for (std::int64_t b = 0; b < kw; ++b, k += kOut) {
+      constexpr std::int64_t kWeight = kPairs ? kOut * kPairLanes : kOut;  // floats a tap
+      const float* k = kPairs ? job.k + ((i - job.pair_begin) * kh + a) * kw * kWeight
+                              : job.k + (i * taps + a * kw) * kOut;
+      for (std::int64_t b = 0; b < kw; ++b, k += kWeight) {
         const std::int64_t c = w0 + job.col0 + b * job.dw;
         __m512 v[PV];
         for (int p = 0; p < PV; ++p)
           v[p] = kMasked ? _mm512_maskz_loadu_ps(load[b][p], at(row, c + kLanes * p))
                          : _mm512_loadu_ps(row + c + kLanes * p);
         for (std::int64_t o = 0; o < kOut; ++o) {
-          const __m512 weight = _mm512_set1_ps(k[o]);
+          // A pair tap's weights alternate over the lanes: its two values broadcast as one
+          // 64-bit value (the weights of a chunk then stay in the first-level cache: 2 KiB).
+          __m512 weight;
+          if constexpr (kPairs) {
+            std::int64_t two;
+            std::memcpy(&two, k + o * kPairLanes, sizeof two);
+            weight = _mm512_castsi512_ps(_mm512_set1_epi64(two));
+          } else {
+            weight = _mm512_set1_ps(k[o]);
+          }
           for (int p = 0; p < PV; ++p)
             acc[o][p] = _mm512_fmadd_ps(weight, v[p], acc[o][p]);
         }
@@ -177,6 +208,17 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
     --a1;
   const std::int64_t reach = job.col0 + (job.kw - 1) * job.dw;  // the last tap's column offset
   const bool three = job.kh == 3 && job.kw == 3;
+  // The pair taps' job (RowJob::pair_k): 2x2 taps 2 apart from the same first row and column, so
+  // the same reach; its k set per block to the pattern of the block's first lane.
+  RowJob pairs = job;
+  pairs.kh = pairs.kw = pairs.dh = pairs.dw = 2;
+  pairs.row0 = job.pair_row0;
+  std::int64_t p0 = 0, p1 = 2;
+  while (p0 < p1 && pairs.row0 + 2 * p0 < 0)
+    ++p0;
+  while (p1 > p0 && pairs.row0 + 2 * (p1 - 1) >= job.in_h)
+    --p1;
+  const std::int64_t pattern = (job.pair_end - job.pair_begin) * 4 * kOut * kPairLanes;
   // The next output row's last tap row: the one input row it reads that this row did not (for
   // dilation 1), asked for into the second-level cache as this row goes: a row reads the rows of
   // every input channel, too many streams for the hardware prefetchers. 24 -> 8 channels at
@@ -204,12 +246,15 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
   for (std::int64_t i0 = 0; i0 < channels; i0 += kChunk) {
     const std::int64_t i1 = std::min(channels, i0 + kChunk);
     const bool finish = i1 == channels;
+    const bool paired = job.pair_k != nullptr && i0 >= job.pair_begin && i0 < job.pair_end;
     for (std::int64_t w0 = 0, end = 0; w0 < job.out_w; w0 = end) {
-      if (ahead) {
+      if (const std::int64_t row_ahead = paired ? job.pair_next : next;
+          paired ? row_ahead >= 0 && row_ahead < job.in_h : ahead) {
         const std::int64_t first = std::max<std::int64_t>(0, w0 + job.col0);
         const std::int64_t last = std::min(job.in_w, w0 + kStep + reach);
         for (std::int64_t i = i0; i < i1; ++i) {
-          const float* row = job.in[i / kChunk] + i % kChunk * job.in_plane + next * job.in_row;
+          const float* row =
+              job.in[i / kChunk] + i % kChunk * job.in_plane + row_ahead * job.in_row;
           for (std::int64_t c = first; c < last; c += kLanes)
             _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T1);
         }
@@ -221,7 +266,13 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
       end = w0 + std::min(step, left);
       const bool inside = w0 + job.col0 >= 0 && w0 + step <= end && w0 + step + reach <= job.in_w;
       const auto block = [&]<int PV>() {
-        if (inside && three)
+        if (paired) {
+          pairs.k = job.pair_k + (job.pair_parity + w0) % 2 * pattern;
+          if (inside)
+            row_block<PV, false, 2, 2, true>(pairs, i0, i1, p0, p1, i0 > 0, finish, w0, end);
+          else
+            row_block<PV, true, 2, 2, true>(pairs, i0, i1, p0, p1, i0 > 0, finish, w0, end);
+        } else if (inside && three)
           row_block<PV, false, 3, 3>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
         else if (inside)
           row_block<PV, false, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
@@ -321,6 +372,11 @@ struct FilterJob {
   std::int64_t x_plane, x_row, in_h, in_w, channels;
   std::int64_t row0, col0;
   std::int64_t kh, kw, dh, dw;
+  // Pair taps (RowJob::pair_k) for input channels [pair_begin, pair_end): tap rows 0 and 2 and
+  // columns 0 and 2 alone, their products summed into the channel's taps pair_row * 4 + a * 2 + b
+  // (pair_row: the parity of the row's centre; FilterSums::add_into gives them to the 3x3 taps).
+  std::int64_t pair_begin = 0, pair_end = 0, pair_row = 0;
+  std::int64_t pair_row0 = 0;  // the pair taps' first row (RowJob::pair_row0)
 };
 
 // The filter-gradient products of a FilterJob added into float partial sums per lane: for output
@@ -346,20 +402,31 @@ void filter_row(const FilterJob& job, float* partial) {
       copy_padded(job.dy + o * job.dy_plane + w0, o < job.outs ? n : 0,
                   dy_block + o * kFilterColumns, vectors * kLanes);
     const std::int64_t col = w0 + job.col0;  // the piece's first column for tap 0
-    for (std::int64_t c = 0; c < job.channels; ++c)
+    // Row `row` of x's channel c, its next piece asked for now: the 8 x 3 rows a piece reads are
+    // too many streams for the prefetchers to follow.
+    const auto x_row = [&](std::int64_t c, std::int64_t row) {
+      const float* xr = job.x[c / kChunk] + c % kChunk * job.x_plane + row * job.x_row;
+      if (w0 + kFilterColumns < job.out_w)
+        for (std::int64_t l = 0; l < kFilterColumns; l += kLanes)
+          _mm_prefetch(reinterpret_cast<const char*>(at(xr, col + kFilterColumns + l)),
+                       _MM_HINT_T0);
+      return xr;
+    };
+    constexpr std::int64_t kTap = kOut * kLanes;  // the partial sums of one tap
+    for (std::int64_t c = 0; c < job.channels; ++c) {
+      if (c >= job.pair_begin && c < job.pair_end) {
+        float* pc = partial + (c * job.kh * job.kw + job.pair_row * 4) * kTap;
+        for (std::int64_t a = 0; a < 2; ++a)
+          if (const std::int64_t row = job.pair_row0 + 2 * a; row >= 0 && row < job.in_h)
+            filter_taps<2>(dy_block, vectors, x_row(c, row), col, job.in_w, 2, pc + a * 2 * kTap);
+        continue;
+      }
       for (std::int64_t a = a0; a < a1; ++a) {
-        const float* xr =
-            job.x[c / kChunk] + c % kChunk * job.x_plane + (job.row0 + a * job.dh) * job.x_row;
-        // The next piece of this row of x, asked for now: the 8 x 3 rows a piece reads are too
-        // many streams for the prefetchers to follow.
-        if (w0 + kFilterColumns < job.out_w)
-          for (std::int64_t l = 0; l < kFilterColumns; l += kLanes)
-            _mm_prefetch(reinterpret_cast<const char*>(at(xr, col + kFilterColumns + l)),
-                         _MM_HINT_T0);
-        float* pa = partial + (c * job.kh + a) * job.kw * kOut * kLanes;
+        const float* xr = x_row(c, job.row0 + a * job.dh);
+        float* pa = partial + (c * job.kh + a) * job.kw * kTap;
         for (std::int64_t b0 = 0; b0 < job.kw; b0 += 3) {
           const std::int64_t cb = col + b0 * job.dw;
-          float* pb = pa + b0 * kOut * kLanes;
+          float* pb = pa + b0 * kTap;
           switch (std::min<std::int64_t>(3, job.kw - b0)) {
             case 1:
               filter_taps<1>(dy_block, vectors, xr, cb, job.in_w, job.dw, pb);
@@ -372,6 +439,7 @@ void filter_row(const FilterJob& job, float* partial) {
           }
         }
       }
+    }
   }
 }
 
@@ -407,6 +475,14 @@ double row_sum(const float* p, std::int64_t n) {
 #endif
 
 #if TESSERA_HAS_WIDE_LOOPS
+// The side of a pair tap (RowJob::pair_k; 0: tap 0, 1: tap 2) whose read stands for 3x3 tap `tap`
+// (0, 1, 2) along an axis, where the centre has parity `parity`: an even centre's block is it and
+// the next (tap 1 reads tap 2's value), an odd centre's it and the one before (tap 1 reads tap
+// 0's).
+constexpr std::int64_t pair_side(std::int64_t parity, std::int64_t tap) {
+  return parity == 0 ? (tap > 0 ? 1 : 0) : (tap == 2 ? 1 : 0);
+}
+
 // Row 0 of the first channel of each chunk of sample n's `channels` channels (RowJob::in).
 Chunks chunks_of(const ChannelPlanes<const float>& p, std::int64_t n, std::int64_t channels) {
   Chunks q{};
@@ -439,6 +515,13 @@ class NarrowConv final : public ConvKernel<float> {
     // 2048x2048, ms: 24 -> 8 78 + 79 + 107 against 124 + 124 + 156, 8 -> 16 51 + 58 + 63 against
     // 85 + 82 + 97; 8 -> 8 44 + 43 + 56 against 41 + 41 + 55; at 1024x1024 3 -> 8 9 + 10 + 12
     // against 5 + 9 + 7).
+    // Pair taps where x holds 2x2 blocks (ConvShapes::doubled_begin): in float32 even under
+    // --precision bf16, where the AMX kernels would compute the 9 taps (unet-small's d1 in tessera
+    // bench on the Intel Xeon with AMX, 3 runs alternated: forward 80-92 ms on AMX, 73-76 with
+    // pair taps; backward 189-205 and 184-203); and so the layer's other kernels too (its border
+    // strips, a tile whose blocks its edges split): a layer's kernels agree on the precision, or
+    // the border outputs of a sharded run would be bf16's products where one rank's are float32's.
+    if (plan_pairs() || s_.doubled_end > s_.doubled_begin) return;
     if (!conv_bf16() || !amx::available() || shapes.x.c * shapes.y.c < 128) return;
     const amx::Correlation c{.in = s_.x,
                              .out = s_.y,
@@ -514,7 +597,7 @@ class NarrowConv final : public ConvKernel<float> {
         correlation(grad, s_.y, channel_planes(dx.data(), s_.x), s_.x, true, w, {}, false);
     const float slope =
         f && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
-    FilterSums sums(s_, !dbias.empty());
+    FilterSums sums(s_, !dbias.empty(), pair_begin_, pair_end_, centre_.w);
     // Rows a band: its dx, x and dy rows within kBandBytes (half of a 2 MiB L2; the rows the taps
     // reach past the band are the next band's).
     constexpr std::int64_t kBandBytes = std::int64_t{768} << 10;
@@ -559,7 +642,9 @@ class NarrowConv final : public ConvKernel<float> {
   }
 
   std::string name() const override {
-    return amx_forward_ ? "narrow tessera amx" : "narrow avx512";
+    return amx_forward_ ? "narrow tessera amx"
+           : pairs()    ? "narrow avx512, pair taps"
+                        : "narrow avx512";
   }
 
  private:
@@ -570,7 +655,7 @@ class NarrowConv final : public ConvKernel<float> {
       amx_weights_->run_planes(in, channel_planes(dy.data(), s_.y), dw.data(), dbias);
       return;
     }
-    FilterSums f(s_, !dbias.empty());
+    FilterSums f(s_, !dbias.empty(), pair_begin_, pair_end_, centre_.w);
     const ChannelPlanes<const float> grad = channel_planes(dy.data(), s_.y);
     parallel_for(
         f.parts,
@@ -594,7 +679,9 @@ class NarrowConv final : public ConvKernel<float> {
     const Shape4 xs, ys, ws;
     const std::int64_t taps, rows, per_block, blocks, flush_rows, parts;
     std::vector<double> sums, bias_sums;
-    FilterSums(const ConvShapes& s, bool bias)
+    // The pair taps' channels and the parity of column 0's centre (FilterJob::pair_begin).
+    std::int64_t pair_begin = 0, pair_end = 0, pair_parity = 0;
+    FilterSums(const ConvShapes& s, bool bias, std::int64_t pb, std::int64_t pe, std::int64_t pp)
         : xs(s.x),
           ys(s.y),
           ws(s.w),
@@ -606,21 +693,37 @@ class NarrowConv final : public ConvKernel<float> {
           parts(
               std::clamp<std::int64_t>(kernel_threads().count, 1, std::max<std::int64_t>(rows, 1))),
           sums(static_cast<std::size_t>(parts * blocks * per_block), 0.0),
-          bias_sums(bias ? static_cast<std::size_t>(parts * ys.c) : 0, 0.0) {}
+          bias_sums(bias ? static_cast<std::size_t>(parts * ys.c) : 0, 0.0),
+          pair_begin(pb),
+          pair_end(pe),
+          pair_parity(pp) {}
     std::int64_t begin(std::int64_t part) const { return rows * part / parts; }
     std::int64_t end(std::int64_t part) const { return rows * (part + 1) / parts; }
     std::size_t partial_size() const { return static_cast<std::size_t>(blocks * per_block); }
-    // dw and dbias += the parts' sums, in part order. sums of part p, block: [c][tap][o % 8][lane]
+    // dw and dbias += the parts' sums, in part order. sums of part p, block: [c][tap][o % 8][lane];
+    // a pair channel's tap (a, b) sums, per row parity pr, its pair tap (pair_side(pr, a),
+    // pair_side(pc, b)) over the lanes, pc each lane's column parity (pieces of rows start at
+    // multiples of 16 columns).
     void add_into(Tensor<float>& dw, std::span<float> dbias) const {
       for (std::int64_t o = 0; o < ys.c; ++o)
         for (std::int64_t c = 0; c < xs.c; ++c)
           for (std::int64_t t = 0; t < taps; ++t) {
+            const bool paired = c >= pair_begin && c < pair_end;
             double total = 0;
             for (std::int64_t part = 0; part < parts; ++part) {
               const double* s = sums.data() + (part * blocks + o / kOut) * per_block +
-                                ((c * taps + t) * kOut + o % kOut) * kLanes;
-              for (std::int64_t lane = 0; lane < kLanes; ++lane)
-                total += s[lane];
+                                (c * taps * kOut + o % kOut) * kLanes;
+              if (!paired) {
+                for (std::int64_t lane = 0; lane < kLanes; ++lane)
+                  total += s[t * kOut * kLanes + lane];
+                continue;
+              }
+              for (std::int64_t pr = 0; pr < 2; ++pr)
+                for (std::int64_t lane = 0; lane < kLanes; ++lane) {
+                  const std::int64_t pair_tap = pr * 4 + pair_side(pr, t / ws.w) * 2 +
+                                                pair_side((pair_parity + lane) % 2, t % ws.w);
+                  total += s[pair_tap * kOut * kLanes + lane];
+                }
             }
             dw.data()[(o * xs.c + c) * taps + t] += static_cast<float>(total);
           }
@@ -659,7 +762,11 @@ class NarrowConv final : public ConvKernel<float> {
                           .kh = ws.h,
                           .kw = ws.w,
                           .dh = dh_,
-                          .dw = dw_},
+                          .dw = dw_,
+                          .pair_begin = pair_begin_,
+                          .pair_end = pair_end_,
+                          .pair_row = (centre_.h + h) % 2,
+                          .pair_row0 = pair_row0(h - pad_top_ + 1, h)},
                          partial.data() + block * f.per_block);
       if ((r - begin) % f.flush_rows == f.flush_rows - 1 || r == end - 1)
         wide::flush(partial.data(), part_sums, f.blocks * f.per_block);
@@ -784,6 +891,7 @@ class NarrowConv final : public ConvKernel<float> {
     Shape4 os;
     bool adjoint = false;
     std::vector<float> k;
+    std::vector<float> pair_k;  // the forward's pair taps (pair_packed), or empty
     std::span<const float> bias;
     bool stream = false;
     std::int64_t row_shift = 0, col0 = 0;
@@ -805,6 +913,7 @@ class NarrowConv final : public ConvKernel<float> {
             .os = os,
             .adjoint = adjoint,
             .k = packed(w, adjoint),
+            .pair_k = pairs() && !adjoint ? pair_packed(w) : std::vector<float>{},
             .bias = bias,
             .stream = may_stream && is.c <= kChunk &&
                       os.numel() * std::int64_t(sizeof(float)) >= streaming_store_bytes() &&
@@ -816,35 +925,119 @@ class NarrowConv final : public ConvKernel<float> {
   void correlate_rows(const Correlate& c, std::int64_t r0, std::int64_t r1) const {
     const Shape4 &ws = s_.w, &is = c.is, &os = c.os;
     const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
+    const std::int64_t pattern = (pair_end_ - pair_begin_) * 4 * kOut * kPairLanes;
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / os.h, h = r % os.h;
       for (std::int64_t block = 0; block < blocks; ++block)
-        wide::correlate_row({.in = chunks_of(c.in, n, is.c),
-                             .in_plane = c.in.plane,
-                             .in_row = c.in.row,
-                             .in_h = is.h,
-                             .in_w = is.w,
-                             .row0 = h + c.row_shift,
-                             .col0 = c.col0,
-                             .k = c.k.data() + block * is.c * taps * kOut,
-                             .kh = ws.h,
-                             .kw = ws.w,
-                             .dh = dh_,
-                             .dw = dw_,
-                             .out = c.out.at(n, block * kOut, h),
-                             .out_plane = c.out.plane,
-                             .out_w = os.w,
-                             .outs = std::min(kOut, os.c - block * kOut),
-                             .init = c.bias.empty() ? nullptr : c.bias.data() + block * kOut,
-                             .activate = !c.adjoint && s_.activation.has_value(),
-                             .slope = activation_slope(),
-                             .stream = c.stream},
-                            is.c);
+        wide::correlate_row(
+            {.in = chunks_of(c.in, n, is.c),
+             .in_plane = c.in.plane,
+             .in_row = c.in.row,
+             .in_h = is.h,
+             .in_w = is.w,
+             .row0 = h + c.row_shift,
+             .col0 = c.col0,
+             .k = c.k.data() + block * is.c * taps * kOut,
+             .kh = ws.h,
+             .kw = ws.w,
+             .dh = dh_,
+             .dw = dw_,
+             .out = c.out.at(n, block * kOut, h),
+             .out_plane = c.out.plane,
+             .out_w = os.w,
+             .outs = std::min(kOut, os.c - block * kOut),
+             .init = c.bias.empty() ? nullptr : c.bias.data() + block * kOut,
+             .activate = !c.adjoint && s_.activation.has_value(),
+             .slope = activation_slope(),
+             .stream = c.stream,
+             .pair_k =
+                 c.pair_k.empty()
+                     ? nullptr
+                     : c.pair_k.data() + (((centre_.h + h) % 2) * blocks + block) * 2 * pattern,
+             .pair_begin = pair_begin_,
+             .pair_end = pair_end_,
+             .pair_parity = centre_.w,
+             .pair_row0 = pair_row0(h + c.row_shift + 1, h),
+             .pair_next = (centre_.h + h) % 2 == 0 ? h + c.row_shift + 3 : -1},
+            is.c);
     }
+  }
+
+  // Whether the pair taps fit (RowJob::pair_k): a 3x3 kernel of dilation 1, whole tensors, the
+  // doubled channels whole chunks, and each output's centre in a 2x2 block that lies inside x
+  // (where x's edges split a block, the reads past them are zeros, not the block's values); then
+  // sets pair_begin_, pair_end_ and centre_.
+  bool plan_pairs() {
+    const ConvShapes& s = s_;
+    const std::int64_t b = s.doubled_begin, e = s.doubled_end;
+    if (!s.doubled_parity || s.w.h != 3 || s.w.w != 3 || dh_ != 1 || dw_ != 1 || s.is_box() ||
+        b >= e || b < 0 || e > s.x.c || b % kChunk != 0 || (e % kChunk != 0 && e != s.x.c))
+      return false;
+    const BoxAt origin = *s.doubled_parity;
+    const auto parity = [](std::int64_t v) { return ((v % 2) + 2) % 2; };
+    // Output 0's centre is x's row (column) 1 - pad; its block starts at the centre less its
+    // parity; the last output's block ends 2 later.
+    const auto inside = [&](std::int64_t first_parity, std::int64_t pad, std::int64_t out,
+                            std::int64_t in) {
+      const std::int64_t first = 1 - pad, last = out - pad;
+      return first - parity(first_parity + first) >= 0 &&
+             last - parity(first_parity + last) + 2 <= in;
+    };
+    if (!inside(origin.h, pad_top_, s.y.h, s.x.h) || !inside(origin.w, pad_left_, s.y.w, s.x.w))
+      return false;
+    pair_begin_ = b;
+    pair_end_ = e;
+    centre_ = {parity(origin.h + 1 - pad_top_), parity(origin.w + 1 - pad_left_)};
+    return true;
+  }
+  bool pairs() const { return pair_end_ > pair_begin_; }
+  // The pair taps' first row for output row h, its centre x's row `centre`: an even centre's
+  // block above is read at its first row (then every block is read at that row alone: half the
+  // rows of the pair channels from memory), else at the row above the centre, which the 3x3 taps
+  // read. The former only from ConvShapes::doubled_ready_row on: a window's rows before it may be
+  // halos that have not arrived while the tile computes (Conv2d's overlap computes again only the
+  // outputs whose 3x3 taps read them; a "valid" conv's window can start two rows above the
+  // rank's own, and reading its row 1 for an interior output gave wrong outputs on 1x4x1).
+  std::int64_t pair_row0(std::int64_t centre, std::int64_t h) const {
+    return (centre_.h + h) % 2 == 0 && centre - 2 >= std::max<std::int64_t>(s_.doubled_ready_row, 1)
+               ? centre - 2
+               : centre - 1;
+  }
+
+  // The pair taps' weights (RowJob::pair_k) of every row parity r and block of 8 output channels:
+  // at ((r * blocks + block) * 2 + pattern) * pairs * 4 * 8 * 2. Tap (A, B) of a centre of row
+  // parity pr and column parity pc sums the taps (a, b) with a in side pr's A, b in side pc's B
+  // (pair_side), in double.
+  std::vector<float> pair_packed(const Tensor<float>& w) const {
+    const Shape4& ws = s_.w;
+    const std::int64_t pairs = pair_end_ - pair_begin_, blocks = (ws.n + kOut - 1) / kOut;
+    std::vector<float> k(static_cast<std::size_t>(2 * blocks * 2 * pairs * 4 * kOut * kPairLanes),
+                         0.0f);
+    for (std::int64_t r = 0; r < 2; ++r)
+      for (std::int64_t o = 0; o < ws.n; ++o)
+        for (std::int64_t q = 0; q < 2; ++q)
+          for (std::int64_t i = 0; i < pairs; ++i)
+            for (std::int64_t t = 0; t < 4; ++t)
+              for (std::int64_t lane = 0; lane < kPairLanes; ++lane) {
+                const std::int64_t pc = (q + lane) % 2;
+                double sum = 0;
+                for (std::int64_t a = 0; a < 3; ++a)
+                  for (std::int64_t b = 0; b < 3; ++b)
+                    if (pair_side(r, a) == t / 2 && pair_side(pc, b) == t % 2)
+                      sum += w.data()[((o * ws.c + pair_begin_ + i) * 3 + a) * 3 + b];
+                k[static_cast<std::size_t>(
+                    (((((r * blocks + o / kOut) * 2 + q) * pairs + i) * 4 + t) * kOut + o % kOut) *
+                        kPairLanes +
+                    lane)] = static_cast<float>(sum);
+              }
+    return k;
   }
 
   ConvShapes s_;
   std::int64_t dh_, dw_, pad_top_, pad_left_;
+  // The pair taps' input channels (none: empty), and the parities of output (0, 0)'s centre.
+  std::int64_t pair_begin_ = 0, pair_end_ = 0;
+  BoxAt centre_{};
   // The AMX kernels (bf16), or none.
   std::unique_ptr<amx::Conv> amx_forward_, amx_data_;
   std::unique_ptr<amx::ConvWeights> amx_weights_;

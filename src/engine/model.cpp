@@ -156,6 +156,17 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
     }
     fusions.push_back(u);
   }
+  // Inputs whose values come in 2x2 blocks (Layer::output_doubled): per input of each node, or
+  // of the concat it took.
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    std::vector<int> in = nodes_[k].inputs;
+    if (in.size() == 1 && in[0] >= 0 && reader(static_cast<std::size_t>(in[0])) == k)
+      in = nodes_[static_cast<std::size_t>(in[0])].inputs;  // a concat this node took
+    std::vector<bool> doubled;
+    for (int i : in)
+      doubled.push_back(i >= 0 && nodes_[static_cast<std::size_t>(i)].layer->output_doubled());
+    nodes_[k].layer->offer_doubled_inputs(std::move(doubled));
+  }
   Allocator& memory = runtime.allocator();
   for (std::size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].layer->allow_blocked_output(blocked_ok[k]);

@@ -185,6 +185,15 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   layouts.emplace_back(x_fast, y_fast);
   if (x_fast != Layout::nchw || y_fast != Layout::nchw)
     layouts.emplace_back(Layout::nchw, Layout::nchw);
+  // The input channels in 2x2 blocks, and the parity of x's first row and column in global
+  // coordinates (the tile's, or the window's, which may start in the padding at -1).
+  const auto [doubled_begin, doubled_end] = doubled_channels();
+  const Box& origin = windowless_ ? this->in_dist().tile() : window;
+  const BoxAt parity{((origin.h.begin % 2) + 2) % 2, ((origin.w.begin % 2) + 2) % 2};
+  // The rank's own rows start there in x (the window's rows above may be halos still travelling
+  // while the tile computes under the overlap).
+  const std::int64_t ready_row =
+      std::max<std::int64_t>(0, this->in_dist().tile().h.begin - origin.h.begin);
   // An activation offered (Layer::offer_output_activation) is taken where a kernel applies it;
   // else the layers compute it apart, as without the offer.
   for (bool fused : {offered_.has_value(), false}) {
@@ -199,7 +208,11 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
                                  .bias = spec_.bias,
                                  .x_layout = xl,
                                  .y_layout = yl,
-                                 .activation = activation_},
+                                 .activation = activation_,
+                                 .doubled_begin = doubled_begin,
+                                 .doubled_end = doubled_end,
+                                 .doubled_parity = parity,
+                                 .doubled_ready_row = ready_row},
                                 windowless_ ? padded_ : geometry_);
       if (kernel_ && (windowless_ ? plan_strips(x, y, xl, yl, backend)
                                   : plan_regions(window, x, y, xl, yl, backend))) {
@@ -220,6 +233,23 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
 }
 
 template <typename T>
+std::pair<std::int64_t, std::int64_t> Conv2d<T>::doubled_channels() const {
+  std::int64_t begin = 0, end = 0;
+  for (std::size_t k = 0; k < doubled_.size(); ++k) {
+    const std::int64_t first = this->concat_taken() ? this->concat_first_channel(k) : 0;
+    const std::int64_t last = first + (this->concat_taken() ? this->concat_inputs()[k].global.c
+                                                            : this->in_dist().global.c);
+    if (!doubled_[k]) {
+      if (end > begin) break;
+      continue;
+    }
+    if (end == begin) begin = first;
+    end = last;
+  }
+  return {begin, end};
+}
+
+template <typename T>
 bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,
                              Layout y_layout, const Backend& backend) {
   regions_.clear();
@@ -234,6 +264,7 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
   const std::optional<std::array<Box, 4>> boxes =
       border_boxes(in, this->out_dist(), map, in.me.i, in.me.j);
   if (!boxes) return true;  // no interior to hide the halos behind
+  const std::pair<std::int64_t, std::int64_t> doubled = doubled_channels();
   for (const Box& b : *boxes) {
     if (b.empty()) continue;
     const Box footprint{map.rows(b.h), map.cols(b.w)};
@@ -251,7 +282,9 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
                                         .y_layout = y_layout,
                                         .x_at = at,
                                         .y_at = out,
-                                        .activation = activation_},
+                                        .activation = activation_,
+                                        .doubled_begin = doubled.first,
+                                        .doubled_end = doubled.second},
                                        geometry_)};
     if (!r.kernel) {
       regions_.clear();
@@ -331,6 +364,7 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
       firsts_.push_back(this->concat_first_channel(k));
     }
   }
+  const std::pair<std::int64_t, std::int64_t> doubled = doubled_channels();
   for (std::size_t s = 0; s < boxes.size(); ++s) {
     if (std::all_of(boxes[s].begin(), boxes[s].end(), [](const Box& b) { return b.empty(); }))
       continue;
@@ -370,14 +404,19 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
                                        .y_layout = y_layout,
                                        .x_at = {},
                                        .y_at = strip.at,
-                                       .activation = activation_},
+                                       .activation = activation_,
+                                       .doubled_begin = doubled.first,
+                                       .doubled_end = doubled.second},
                                       geometry_);
+      // Partial footprints (the tile's own part zeroed for the filter): no doubled_parity.
       strip.backward = backend.conv<T>({.x = fs,
                                         .w = weight_.value.shape(),
                                         .y = bs,
                                         .bias = false,
                                         .x_layout = x_layout,
-                                        .y_layout = y_layout},
+                                        .y_layout = y_layout,
+                                        .doubled_begin = doubled.first,
+                                        .doubled_end = doubled.second},
                                        geometry_);
       if (!strip.forward || !strip.backward) {
         strips_.clear();

@@ -365,6 +365,66 @@ def gradcheck_transposed_patches(env):
 
 
 @scenario
+def gradcheck_doubled_inputs(env):
+    """A 3x3 conv reading a nearest upsampling's output, through a concat (unet-small's d1) or
+    directly, computes those channels with pair taps where the CPU has AVX-512 (one read of each
+    2x2 block: ConvShapes::doubled_begin). float32 gradcheck on grids whose tiles start on odd
+    rows or columns (20 rows over 3 ranks: 0, 7, 14), windowless (odd tiles decline the pair
+    taps) and with windows (TESSERA_WINDOWLESS=0, whose halo rows arrive while the tile computes:
+    a pair tap reading a window's first row early fails this on 1x3x1), and both runs checked
+    against PyTorch in float64 (scripts/check_with_pytorch.py, where torch is at hand); a
+    "valid" conv on 1x4x1, whose windows start two rows above the ranks' own."""
+    write_json(env.path("m.json"), {"input_channels": 3, "layers": [
+        {"name": "c1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+        {"name": "r1", "type": "relu"},
+        {"name": "p1", "type": "maxpool2d", "kernel": 2},
+        {"name": "c2", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+        {"name": "r2", "type": "relu"},
+        {"name": "up", "type": "upsample_nearest", "scale": 2},
+        {"name": "cat", "type": "concat", "inputs": ["up", "r1"]},
+        {"name": "d1", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+        {"name": "r3", "type": "relu"},
+        {"name": "d0", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1,
+         "inputs": "up"},
+        {"name": "cat2", "type": "concat", "inputs": ["r3", "d0"]},
+        {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})
+    torch_here = importlib.util.find_spec("torch") is not None
+    for grid in ("1x3x1", "1x1x3"):
+        for windowless in ("1", "0"):
+            args = ["gradcheck", "--model", env.path("m.json"), "--grid", grid, "--dtype",
+                    "float32", "--height", "20", "--width", "20", "--batch", "2", "--seed", "4051",
+                    "--dump", env.path("g.h5")]
+            r = env.run_cmd([env.mpiexec, "-n", "3", "-genv", "TESSERA_WINDOWLESS", windowless,
+                             env.exe, *args])
+            if r.rc != 0 or "PASS" not in r.output:
+                fail(f"expected PASS on {grid} with TESSERA_WINDOWLESS={windowless}", r)
+            for which in ("sharded", "reference") if torch_here else ():
+                c = env.run_cmd([sys.executable, CHECK_WITH_PYTORCH, env.path("g.h5"), "--which",
+                                 which])
+                if c.rc != 0:
+                    fail(f"expected check_with_pytorch.py to pass ({which}, {grid}, "
+                         f"TESSERA_WINDOWLESS={windowless})", c)
+    # A "valid" conv after the upsampling (found by a review): its output rows split apart from
+    # its input's, so a window on 1x4x1 starts two rows above the rank's own (22 rows: rank 3
+    # owns 17-21, its window starts at 15); an interior output whose pair taps read the window's
+    # row 1 before that halo arrived came out wrong in the sharded run (PyTorch's check fails).
+    write_json(env.path("v.json"), {"input_channels": 3, "layers": [
+        {"name": "up", "type": "upsample_nearest", "scale": 2},
+        {"name": "d", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 0},
+        {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})
+    for height in ("7", "11"):
+        r = env.tessera(4, "gradcheck", "--model", env.path("v.json"), "--grid", "1x4x1",
+                        "--dtype", "float32", "--height", height, "--width", "8", "--batch", "2",
+                        "--seed", "7", "--dump", env.path("v.h5"))
+        expect_ok(r, "PASS")
+        if torch_here:
+            c = env.run_cmd([sys.executable, CHECK_WITH_PYTORCH, env.path("v.h5"), "--which",
+                             "sharded"])
+            if c.rc != 0:
+                fail(f"expected check_with_pytorch.py to pass (a valid conv, height {height})", c)
+
+
+@scenario
 def bad_grid_string(env):
     for grid in ["2x2", "1x0x2", "1x2x2x", "axbxc"]:
         r = env.tessera(2, "gradcheck", "--grid", grid)

@@ -191,6 +191,15 @@ class Layer {
   }
   virtual bool concat_taken() const { return false; }
 
+  // Whether every output value lies in a 2x2 block of equal values that starts at an even global
+  // row and column (a nearest upsampling by an even factor): a consumer's kernel may read each
+  // block once (ConvShapes::doubled_begin). Valid after setup(). Local.
+  virtual bool output_doubled() const { return false; }
+  // Which of this layer's inputs are such outputs (output_doubled): one flag per input, or per
+  // input of the concat it took (offer_concat). The model offers them after the concats and
+  // before bind(), the same on every rank. Local.
+  virtual void offer_doubled_inputs(std::vector<bool> /*doubled*/) {}
+
   // Whether backward() must return dL/dinput. The model clears it for the layers that read only
   // the model's input when nobody asks for its gradient (training): such a layer may then return
   // empty tensors (DistTensor{}) for its inputs and skip the work. Every rank sets the same.

@@ -45,6 +45,20 @@ struct ConvShapes {
   // the backward passes take dy of the conv's own output (the activation's backward is done).
   // Only kernels whose applies_activation() says so take it (Backend::conv).
   std::optional<FusedActivation> activation{};
+  // Input channels [doubled_begin, doubled_end) of the layer's input hold 2x2 blocks of equal
+  // values that start at even global rows and columns (a nearest upsampling by an even factor:
+  // Layer::output_doubled); empty: nothing known. All kernels of a layer are told, so that they
+  // agree on their precision (the narrow kernels compute such a conv in float32 under
+  // --precision bf16). Where x holds those blocks as they are (a tile or a window, not a border
+  // strip's partial footprint), doubled_parity says at which parities of global rows and columns
+  // x's row 0 and column 0 lie, and a kernel may read one row and one column of a block for all
+  // four (the narrow kernel's pair taps: 4 products instead of 9 a 3x3 tap set); it checks that
+  // the blocks its outputs read lie inside x. x's rows before doubled_ready_row may be halos that
+  // arrive while the kernel computes (a window under Conv2d's overlap: the outputs whose taps
+  // read them are computed again): a kernel reads no such row for an output whose taps do not.
+  std::int64_t doubled_begin = 0, doubled_end = 0;
+  std::optional<BoxAt> doubled_parity{};
+  std::int64_t doubled_ready_row = 0;
   bool is_box() const { return x_outer.numel() > 0; }
 };
 

@@ -11,6 +11,14 @@
 // vectors and over rows in double. AVX-512 only (simd_level()); float32, NCHW, stride 1, no
 // groups, zero padding up to the kernel's span on each side (reads outside the planes are zeros,
 // masked at the rows' ends); bias, and a (leaky) ReLU applied as the forward writes y.
+//
+// Pair taps: where input channels come in 2x2 blocks of equal values (ConvShapes::doubled_begin, a
+// nearest upsampling's output: unet-small's d1 reads 16 of its 24 channels so), a 3x3 kernel of
+// dilation 1 reads those channels at its corner taps alone, each weighted by the sum of the taps
+// whose reads it stands for (which, by the parity of the output's centre in global coordinates),
+// and each block at one of its rows: 4 products instead of 9 in the forward and the filter
+// gradient (the name says "pair taps"); in float32 under --precision bf16 too. Backward-data
+// computes all 9 (its output has no blocks).
 #pragma once
 
 #include <memory>

@@ -55,6 +55,9 @@ class Conv2d final : public WindowLayer<T> {
   bool computes_in_nchw(const Backend& backend) const override;
   // (Leaky) ReLU as the kernels' post-op, where they take it (oneDNN). Local.
   void offer_output_activation(const FusedActivation& f) override { offered_ = f; }
+  // The tile's kernel is told which input channels come in 2x2 blocks (ConvShapes::doubled_begin:
+  // the first run of channels of doubled inputs), and where its input lies.
+  void offer_doubled_inputs(std::vector<bool> doubled) override { doubled_ = std::move(doubled); }
   bool output_activation_fused() const override { return activation_.has_value(); }
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
   // tests; null before bind(). Local.
@@ -94,6 +97,9 @@ class Conv2d final : public WindowLayer<T> {
   // Plans strips_ for the layouts; false when some strip kernel declines them.
   bool plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, Layout y_layout,
                    const Backend& backend);
+  // The first run of input channels that come in 2x2 blocks (offer_doubled_inputs), [first,
+  // second): ConvShapes::doubled_begin for every kernel of the layer. Local.
+  std::pair<std::int64_t, std::int64_t> doubled_channels() const;
   DistTensor<T> forward_windowless(const DistTensor<T>& x);
   DistTensor<T> backward_windowless(const DistTensor<T>& dy);
   // Whether backward_windowless may apply a ReLU's f' in the tile's fused backward and again on
@@ -136,6 +142,7 @@ class Conv2d final : public WindowLayer<T> {
   std::vector<std::int64_t> firsts_;  // windowless: each input's first channel in x
   Layout out_layout_ = Layout::nchw;
   std::optional<FusedActivation> offered_, activation_;  // activation_: taken by the kernels
+  std::vector<bool> doubled_;                            // offer_doubled_inputs
 };
 
 }  // namespace tessera

@@ -41,6 +41,8 @@ class UpsampleNearest final : public WindowLayer<T> {
   // input is expected blocked and the kernel converts as it widens
   // (UpsampleKernel::converts_blocked_to_nchw): no conversion pass either way.
   bool takes_blocked() const override { return true; }
+  // An even scale repeats each input value over blocks of scale x scale from even rows and columns.
+  bool output_doubled() const override { return spec_.scale % 2 == 0; }
 
  private:
   void bind_kernel(const Box& window, const Backend& backend) override;
