@@ -48,7 +48,6 @@ struct Split {
 const std::map<std::string, std::string> kRecordedSince = {{"--precision", "float32"},
                                                            {"--val-samples", ""}};
 
-// One line of metrics, to the console and the metrics file.
 // Stragglers and memory over one log window (train lines only): each rank's share of the window's
 // wall time spent waiting for peers (halo messages not yet there, reductions: profile.hpp), and
 // each rank's peak resident memory in the window.
