@@ -1011,25 +1011,28 @@ class NarrowConv final : public ConvKernel<float> {
   std::vector<float> pair_packed(const Tensor<float>& w) const {
     const Shape4& ws = s_.w;
     const std::int64_t pairs = pair_end_ - pair_begin_, blocks = (ws.n + kOut - 1) / kOut;
-    std::vector<float> k(static_cast<std::size_t>(2 * blocks * 2 * pairs * 4 * kOut * kPairLanes),
-                         0.0f);
-    for (std::int64_t r = 0; r < 2; ++r)
-      for (std::int64_t o = 0; o < ws.n; ++o)
-        for (std::int64_t q = 0; q < 2; ++q)
-          for (std::int64_t i = 0; i < pairs; ++i)
+    std::vector<float> k(static_cast<std::size_t>(2 * blocks * 2 * pairs * 4 * kOut * kPairLanes));
+    // Pair tap t's weight at centre parities (pr, pc), from the 3x3 taps of one (o, i).
+    const auto weight = [](const float* taps, std::int64_t pr, std::int64_t pc, std::int64_t t) {
+      double sum = 0;
+      for (std::int64_t a = 0; a < 3; ++a)
+        for (std::int64_t b = 0; b < 3; ++b)
+          if (pair_side(pr, a) == t / 2 && pair_side(pc, b) == t % 2) sum += taps[a * 3 + b];
+      return static_cast<float>(sum);
+    };
+    for (std::int64_t o = 0; o < ws.n; ++o)
+      for (std::int64_t i = 0; i < pairs; ++i) {
+        const float* taps = w.data() + (o * ws.c + pair_begin_ + i) * 9;
+        for (std::int64_t r = 0; r < 2; ++r)
+          for (std::int64_t q = 0; q < 2; ++q) {
+            float* at =
+                k.data() + ((((r * blocks + o / kOut) * 2 + q) * pairs + i) * 4 * kOut + o % kOut) *
+                               kPairLanes;
             for (std::int64_t t = 0; t < 4; ++t)
-              for (std::int64_t lane = 0; lane < kPairLanes; ++lane) {
-                const std::int64_t pc = (q + lane) % 2;
-                double sum = 0;
-                for (std::int64_t a = 0; a < 3; ++a)
-                  for (std::int64_t b = 0; b < 3; ++b)
-                    if (pair_side(r, a) == t / 2 && pair_side(pc, b) == t % 2)
-                      sum += w.data()[((o * ws.c + pair_begin_ + i) * 3 + a) * 3 + b];
-                k[static_cast<std::size_t>(
-                    (((((r * blocks + o / kOut) * 2 + q) * pairs + i) * 4 + t) * kOut + o % kOut) *
-                        kPairLanes +
-                    lane)] = static_cast<float>(sum);
-              }
+              for (std::int64_t lane = 0; lane < kPairLanes; ++lane)
+                at[t * kOut * kPairLanes + lane] = weight(taps, r, (q + lane) % 2, t);
+          }
+      }
     return k;
   }
 

@@ -55,8 +55,9 @@ class Conv2d final : public WindowLayer<T> {
   bool computes_in_nchw(const Backend& backend) const override;
   // (Leaky) ReLU as the kernels' post-op, where they take it (oneDNN). Local.
   void offer_output_activation(const FusedActivation& f) override { offered_ = f; }
-  // The tile's kernel is told which input channels come in 2x2 blocks (ConvShapes::doubled_begin:
-  // the first run of channels of doubled inputs), and where its input lies.
+  // Every kernel of the layer is told which input channels come in 2x2 blocks
+  // (ConvShapes::doubled_begin: the first run of channels of doubled inputs); the tile's kernel
+  // also where its input lies and where its own rows start. Local.
   void offer_doubled_inputs(std::vector<bool> doubled) override { doubled_ = std::move(doubled); }
   bool output_activation_fused() const override { return activation_.has_value(); }
   // The kernel bind() planned for this rank's shapes (oneDNN or the reference), for logs and
