@@ -43,6 +43,7 @@ struct MemoryWalk::Node {
   bool by_producer = false, by_consumer = false;  // an activation fused into its neighbours
   bool windowless = false, narrow = false, pointwise = false, blocked_ok = false;
   bool few = false;          // few channels: the narrow kernels' where they are on
+  bool nchw_out = false;     // its output comes in NCHW whatever its consumers take
   std::int64_t scratch = 0;  // bytes of oneDNN's scratchpad (Winograd)
 };
 
@@ -111,15 +112,25 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
   }
   // The narrow AVX-512 kernels (kernels/cpu/narrow_conv.cpp narrow_conv_fits) and the one-pass
   // pointwise head of few outputs.
+  // In order, as the model decides (Layer::expect_nchw_input): whether a node's output comes in
+  // NCHW whatever its consumers take (the batch, narrow kernels, batch norms and activations of
+  // such, concats of such): 16 -> 16 convolutions from NCHW are narrow too.
   for (Node& n : nodes_) {
+    const auto comes_nchw = [&](int i) {
+      return i < 0 || nodes_[static_cast<std::size_t>(i)].nchw_out;
+    };
+    const bool all = !n.ins.empty() && std::all_of(n.ins.begin(), n.ins.end(), comes_nchw);
+    n.nchw_out =
+        n.type == "concat" || n.type == "batchnorm2d" || is_activation(n.type) ? all : false;
     if (!n.conv || !fast_) continue;
     const Conv2dSpec& c = *n.conv;
     const bool stride1 = c.stride == Pair{1, 1};
     const bool one = c.axis(0).span() == 1 && c.axis(1).span() == 1;
     const std::int64_t i = n.cin, o = c.out_channels;
-    const bool few = o <= 8 ? i <= 64 : o <= 16 && i < 32 && i % 16 != 0;
+    const bool few = o <= 8 ? i <= 64 : o <= 16 && i < 32 && (i % 16 != 0 || all);
     n.few = few;
     n.narrow = engine.narrow_conv && stride1 && !one && few;
+    n.nchw_out = n.narrow;
     n.pointwise = stride1 && one && o <= 8;
     if (c.kernel == Pair{3, 3} && stride1 && c.dilation == Pair{1, 1} && std::min(i, o) >= 16 &&
         std::max(i, o) >= 32)

@@ -85,6 +85,20 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
   for (std::size_t k = 0; k < nodes_.size(); ++k)
     for (int i : nodes_[k].inputs)
       if (i >= 0) consumers[static_cast<std::size_t>(i)].push_back(k);
+  // Which nodes' outputs come in NCHW whatever their consumers take (Layer::expect_nchw_input):
+  // the batch, a layer that computes in NCHW, one that passes the layout of such an input on, a
+  // concat of such. In order, so that each layer is told before it is asked computes_in_nchw.
+  std::vector<bool> nchw_out(nodes_.size(), false);
+  const auto comes_nchw = [&](int i) { return i < 0 || nchw_out[static_cast<std::size_t>(i)]; };
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    const std::vector<int>& in = nodes_[k].inputs;
+    const bool all = !in.empty() && std::all_of(in.begin(), in.end(), comes_nchw);
+    Layer<T>& layer = *nodes_[k].layer;
+    layer.expect_nchw_input(all);
+    nchw_out[k] = spec.layers[k].type == "concat"
+                      ? all
+                      : layer.computes_in_nchw(runtime.backend()) || (layer.passes_layout() && all);
+  }
   // A concat of other layers' outputs whose only consumer computes from the inputs directly
   // (Layer::offer_concat; a halo layer plans an exchange per input at bind()). Offered first: the
   // inputs then go to that consumer, in the layouts it takes.

@@ -141,7 +141,11 @@ bool Conv2d<T>::computes_in_nchw(const Backend& backend) const {
   const Shape4& y = this->out_dist().global;
   const Shape4 x{y.n, this->in_dist().global.c, input_window({0, y.h}, spec_.axis(0)).size(),
                  input_window({0, y.w}, spec_.axis(1)).size()};
-  return backend.conv_in_nchw<T>({.x = x, .w = weight_.value.shape(), .y = y, .bias = spec_.bias},
+  return backend.conv_in_nchw<T>({.x = x,
+                                  .w = weight_.value.shape(),
+                                  .y = y,
+                                  .bias = spec_.bias,
+                                  .x_nchw = this->nchw_input_expected()},
                                  geometry_);
 }
 
@@ -212,7 +216,8 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
                                  .doubled_begin = doubled_begin,
                                  .doubled_end = doubled_end,
                                  .doubled_parity = parity,
-                                 .doubled_ready_row = ready_row},
+                                 .doubled_ready_row = ready_row,
+                                 .x_nchw = this->nchw_input_expected()},
                                 windowless_ ? padded_ : geometry_);
       if (kernel_ && (windowless_ ? plan_strips(x, y, xl, yl, backend)
                                   : plan_regions(window, x, y, xl, yl, backend))) {
@@ -284,7 +289,8 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
                                         .y_at = out,
                                         .activation = activation_,
                                         .doubled_begin = doubled.first,
-                                        .doubled_end = doubled.second},
+                                        .doubled_end = doubled.second,
+                                        .x_nchw = this->nchw_input_expected()},
                                        geometry_)};
     if (!r.kernel) {
       regions_.clear();
@@ -317,11 +323,13 @@ bool Conv2d<T>::windowless_fits(const Backend& backend) const {
   if (in.global.h != out.global.h || in.global.w != out.global.w) return false;
   // A concat's inputs where the kernel reads them as they lie (and never with an input
   // activation: the concat, not this layer, is the activation's consumer).
-  if (this->concat_taken() &&
-      (this->input_activation_offered() ||
-       !backend.conv_takes_parts<T>(
-           {.x = in.global, .w = weight_.value.shape(), .y = out.global, .bias = spec_.bias},
-           padded_)))
+  if (this->concat_taken() && (this->input_activation_offered() ||
+                               !backend.conv_takes_parts<T>({.x = in.global,
+                                                             .w = weight_.value.shape(),
+                                                             .y = out.global,
+                                                             .bias = spec_.bias,
+                                                             .x_nchw = this->nchw_input_expected()},
+                                                            padded_)))
     return false;
   // Decided from every rank's tiles, so the same on every rank: the exchanges differ.
   const WindowMap map = *this->window();
@@ -406,7 +414,8 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
                                        .y_at = strip.at,
                                        .activation = activation_,
                                        .doubled_begin = doubled.first,
-                                       .doubled_end = doubled.second},
+                                       .doubled_end = doubled.second,
+                                       .x_nchw = this->nchw_input_expected()},
                                       geometry_);
       // Partial footprints (the tile's own part zeroed for the filter): no doubled_parity.
       strip.backward = backend.conv<T>({.x = fs,
@@ -416,7 +425,8 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
                                         .x_layout = x_layout,
                                         .y_layout = y_layout,
                                         .doubled_begin = doubled.first,
-                                        .doubled_end = doubled.second},
+                                        .doubled_end = doubled.second,
+                                        .x_nchw = this->nchw_input_expected()},
                                        geometry_);
       if (!strip.forward || !strip.backward) {
         strips_.clear();

@@ -120,6 +120,29 @@ TEST(NarrowConv, MatchesTheReferenceAtEveryRowWidth) {
   expect_both_match(narrow_case(1, 3, 8, 3, 1, 4, 600, false));  // two filter pieces
 }
 
+// 16 -> 16 channels, taken where x comes in NCHW (ConvShapes::x_nchw): two blocks of 8 outputs
+// from two chunks of 8 inputs, at widths around the forward's blocks, "same" padding and none,
+// tiles and boxes.
+TEST(NarrowConv, MatchesTheReferenceForSixteenChannelsFromNchw) {
+  REQUIRE_NARROW_KERNELS();
+  for (const Case& c :
+       {narrow_case(2, 16, 16, 3, 1, 5, 47, true), narrow_case(1, 16, 16, 3, 2, 4, 97, false),
+        same_case(1, 16, 16, 3, 1, 6, 50, true), same_case(2, 16, 16, 5, 1, 3, 17, false)}) {
+    ConvShapes s = c.shapes();
+    s.x_nchw = true;
+    std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(s, c.geometry());
+    ASSERT_NE(k, nullptr) << c.str();
+    EXPECT_EQ(k->name(), "narrow avx512");
+    expect_matches_reference(*k, c);
+    expect_box_kernel_matches(c, [&](ConvShapes b) {
+      b.x_nchw = true;
+      std::unique_ptr<ConvKernel<float>> box = make_narrow_conv(b, c.geometry());
+      EXPECT_NE(box, nullptr) << "box, " << c.str();
+      return box;
+    });
+  }
+}
+
 TEST(NarrowConv, MatchesTheReferenceForEveryKernelExtentAndDilation) {
   REQUIRE_NARROW_KERNELS();
   for (std::int64_t kernel : {2, 3, 4, 5, 7})
@@ -759,6 +782,15 @@ TEST(NarrowConv, DeclinesWhatItDoesNotTake) {
   for (auto [in, out] : {std::pair{16, 16}, {32, 16}, {48, 16}, {65, 8}, {8, 17}})
     declined([&](Case& c) { c.c = in, c.o = out; },
              std::to_string(in) + " -> " + std::to_string(out) + " channels");
+  // 16 -> 16 from an input that comes in NCHW anyway is taken; more inputs are not.
+  for (auto [in, out] : {std::pair{16, 16}, {32, 16}, {48, 16}, {65, 8}, {8, 17}}) {
+    Case c = base;
+    c.c = in, c.o = out;
+    ConvShapes nchw = c.shapes();
+    nchw.x_nchw = true;
+    EXPECT_EQ(make_narrow_conv(nchw, c.geometry()) != nullptr, in == 16)
+        << in << " -> " << out << " channels from NCHW";
+  }
   ConvShapes s = base.shapes();
   s.activation = FusedActivation{.kind = ActivationKind::sigmoid};
   EXPECT_EQ(make_narrow_conv(s, base.geometry()), nullptr) << "a fused sigmoid";

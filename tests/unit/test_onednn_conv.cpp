@@ -445,6 +445,44 @@ TEST(OneDnnConv, EightChannelActivationsGiveTheReferenceResults) {
   }
 }
 
+// A 16 -> 16 conv whose input comes in NCHW whatever it takes (from a narrow conv through batch
+// norm and ReLU, or a concat of two narrow convs' outputs) computes with the narrow kernels; one
+// after a max pooling (oneDNN's, which gives nchw16c) with oneDNN's. Both give the float64
+// reference's loss, logits and gradients, with the narrow kernels on and off.
+TEST(OneDnnConv, SixteenChannelConvsFromNchwComputeNarrow) {
+  const ModelSpec spec = parse_model(
+      R"({"name": "sixteens", "input_channels": 3, "layers": [
+          {"name": "e1", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1,
+           "bias": false},
+          {"name": "e1_bn", "type": "batchnorm2d"},
+          {"name": "e1_relu", "type": "relu"},
+          {"name": "e2", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+          {"name": "e2_relu", "type": "relu"},
+          {"name": "p", "type": "maxpool2d", "kernel": 2},
+          {"name": "e3", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+          {"name": "a", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1,
+           "inputs": ["e3"]},
+          {"name": "b", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1,
+           "inputs": ["e3"]},
+          {"name": "cat", "type": "concat", "inputs": ["a", "b"]},
+          {"name": "c", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1},
+          {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})");
+  const bool avx512 = simd_available(SimdLevel::avx512);
+  for (bool narrow : {true, false}) {
+    const NarrowSwitch scope(narrow);
+    expect_float32_matches_float64(spec, {2, 3, 30, 26}, 9, "16-channel convs");
+    const Runtime& single = test::single_runtime(KernelBackend::onednn);
+    Model<float> f(spec, single, {2, 3, 30, 26});
+    std::map<std::string, std::string> kernels;
+    for (const auto& [layer, kernel] : f.kernel_summaries())
+      kernels[layer] = kernel;
+    const bool on = narrow && avx512;
+    EXPECT_EQ(kernels["e2"].starts_with("narrow"), on) << kernels["e2"];
+    EXPECT_EQ(kernels["c"].starts_with("narrow"), on) << kernels["c"];
+    EXPECT_TRUE(kernels["e3"].starts_with("onednn")) << kernels["e3"];
+  }
+}
+
 // Transposed convs run as the adjoint of a planned conv kernel (oneDNN's backward-data for their
 // forward, and so on), or 2x2 stride 2 to 16 channels on AVX-512 with the patch kernel for the
 // forward and filter gradient (kernels/patch_deconv.hpp): float32 models give the float64

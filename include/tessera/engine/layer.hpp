@@ -128,6 +128,13 @@ class Layer {
   // blocked layout of its channels), not a promise; an input in another layout is converted.
   void expect_blocked_input(bool expected) { blocked_input_expected_ = expected; }
   bool blocked_input_expected() const { return blocked_input_expected_; }
+  // Whether every input (of the concat the layer reads, every input of the concat) comes in NCHW
+  // whatever the layer asks: from the model's batch or a layer that computes in NCHW
+  // (computes_in_nchw), through layers that pass their input's layout on. Set by the model before
+  // bind(), and before it asks computes_in_nchw and offers concats (a conv that knows its input
+  // comes in NCHW may take a kernel that reads NCHW only: ConvShapes::x_nchw). Local.
+  void expect_nchw_input(bool expected) { nchw_input_expected_ = expected; }
+  bool nchw_input_expected() const { return nchw_input_expected_; }
 
   // Activations fused into their neighbours (engine/model.cpp decides before bind(); every rank
   // decides the same). A producer offered f applies it to its output as it computes it (oneDNN's
@@ -251,6 +258,7 @@ class Layer {
   bool input_grad_ = true;
   bool blocked_output_allowed_ = false;
   bool blocked_input_expected_ = false;
+  bool nchw_input_expected_ = false;
   bool input_handed_over_ = false;
   std::vector<bool> concat_handed_;
 };

@@ -59,6 +59,11 @@ struct ConvShapes {
   std::int64_t doubled_begin = 0, doubled_end = 0;
   std::optional<BoxAt> doubled_parity{};
   std::int64_t doubled_ready_row = 0;
+  // x comes in NCHW whichever kernel computes the conv: the layer's input is produced by one that
+  // computes in NCHW (Layer::expect_nchw_input), so a kernel that takes channel blocks would
+  // convert it first. The narrow kernels then also take 16 outputs from 16 inputs, which oneDNN
+  // computes faster only from nchw16c.
+  bool x_nchw = false;
   bool is_box() const { return x_outer.numel() > 0; }
 };
 

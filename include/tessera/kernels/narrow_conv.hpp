@@ -39,7 +39,8 @@ bool narrow_conv_available();
 // Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
 // aside (they take NCHW x and y only): narrow_conv_available(), no groups, stride 1, any
 // dilation, kernels up to 7x7 other than 1x1, up to 8 output channels from up to 64 inputs or up
-// to 16 from fewer than 32 inputs not a multiple of 16, no fused sigmoid. Zero padding as the
+// to 16 from fewer than 32 inputs not a multiple of 16 (or 16 of them where ConvShapes::x_nchw),
+// no fused sigmoid. Zero padding as the
 // reference takes it (input values outside the H x W planes, or outside a box kernel's box, are
 // zeros): pad_top in [0, dilation_h * (KH - 1)], and the rows padded after the input, OH - (H -
 // dilation_h * (KH - 1)) - pad_top, in the same range; columns alike ("same" convs: pad_top =
