@@ -120,8 +120,9 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
       return i < 0 || nodes_[static_cast<std::size_t>(i)].nchw_out;
     };
     const bool all = !n.ins.empty() && std::all_of(n.ins.begin(), n.ins.end(), comes_nchw);
-    n.nchw_out =
-        n.type == "concat" || n.type == "batchnorm2d" || is_activation(n.type) ? all : false;
+    n.nchw_out = (n.type == "concat" || n.type == "batchnorm2d" || is_activation(n.type) ||
+                  n.type == "sigmoid") &&
+                 all;
     if (!n.conv || !fast_) continue;
     const Conv2dSpec& c = *n.conv;
     const bool stride1 = c.stride == Pair{1, 1};
@@ -129,7 +130,9 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
     const std::int64_t i = n.cin, o = c.out_channels;
     const bool few = o <= 8 ? i <= 64 : o <= 16 && i < 32 && (i % 16 != 0 || all);
     n.few = few;
-    n.narrow = engine.narrow_conv && stride1 && !one && few;
+    // (narrow_conv_fits: no groups, kernels up to 7x7.)
+    n.narrow = engine.narrow_conv && stride1 && !one && few && c.groups == 1 && c.kernel[0] <= 7 &&
+               c.kernel[1] <= 7;
     n.nchw_out = n.narrow;
     n.pointwise = stride1 && one && o <= 8;
     if (c.kernel == Pair{3, 3} && stride1 && c.dilation == Pair{1, 1} && std::min(i, o) >= 16 &&
