@@ -111,10 +111,10 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
     n.by_consumer = by_consumer || (by_producer && producer->type == "batchnorm2d");
   }
   // The narrow AVX-512 kernels (kernels/cpu/narrow_conv.cpp narrow_conv_fits) and the one-pass
-  // pointwise head of few outputs.
-  // In order, as the model decides (Layer::expect_nchw_input): whether a node's output comes in
-  // NCHW whatever its consumers take (the batch, narrow kernels, batch norms and activations of
-  // such, concats of such): 16 -> 16 convolutions from NCHW are narrow too.
+  // pointwise head of few outputs; in order, as the model decides (Layer::expect_nchw_input),
+  // whether a node's output comes in NCHW whatever its consumers take (the batch, narrow kernels,
+  // batch norms and activations of such, concats of such): 16 -> 16 convolutions from NCHW are
+  // narrow too.
   for (Node& n : nodes_) {
     const auto comes_nchw = [&](int i) {
       return i < 0 || nodes_[static_cast<std::size_t>(i)].nchw_out;

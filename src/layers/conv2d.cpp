@@ -141,12 +141,7 @@ bool Conv2d<T>::computes_in_nchw(const Backend& backend) const {
   const Shape4& y = this->out_dist().global;
   const Shape4 x{y.n, this->in_dist().global.c, input_window({0, y.h}, spec_.axis(0)).size(),
                  input_window({0, y.w}, spec_.axis(1)).size()};
-  return backend.conv_in_nchw<T>({.x = x,
-                                  .w = weight_.value.shape(),
-                                  .y = y,
-                                  .bias = spec_.bias,
-                                  .x_nchw = this->nchw_input_expected()},
-                                 geometry_);
+  return backend.conv_in_nchw<T>(layer_shapes(x, y, spec_.bias), geometry_);
 }
 
 template <typename T>
@@ -189,9 +184,8 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
   layouts.emplace_back(x_fast, y_fast);
   if (x_fast != Layout::nchw || y_fast != Layout::nchw)
     layouts.emplace_back(Layout::nchw, Layout::nchw);
-  // The input channels in 2x2 blocks, and the parity of x's first row and column in global
-  // coordinates (the tile's, or the window's, which may start in the padding at -1).
-  const auto [doubled_begin, doubled_end] = doubled_channels();
+  // The parity of x's first row and column in global coordinates (the tile's, or the window's,
+  // which may start in the padding at -1), for the input channels in 2x2 blocks.
   const Box& origin = windowless_ ? this->in_dist().tile() : window;
   const BoxAt parity{((origin.h.begin % 2) + 2) % 2, ((origin.w.begin % 2) + 2) % 2};
   // The rank's own rows start there in x (the window's rows above may be halos still travelling
@@ -206,19 +200,13 @@ void Conv2d<T>::bind_kernel(const Box& window, const Backend& backend) {
       if (this->window_is_tile() && xl == Layout::nchw8c && activation_) continue;
       // Windowless, dx is a tile of the strips' exchanges, which never pad blocked channels.
       if (windowless_ && storage_size(x, xl) != x.numel()) continue;
-      kernel_ = backend.conv<T>({.x = x,
-                                 .w = weight_.value.shape(),
-                                 .y = y,
-                                 .bias = spec_.bias,
-                                 .x_layout = xl,
-                                 .y_layout = yl,
-                                 .activation = activation_,
-                                 .doubled_begin = doubled_begin,
-                                 .doubled_end = doubled_end,
-                                 .doubled_parity = parity,
-                                 .doubled_ready_row = ready_row,
-                                 .x_nchw = this->nchw_input_expected()},
-                                windowless_ ? padded_ : geometry_);
+      ConvShapes shapes = layer_shapes(x, y, spec_.bias);
+      shapes.x_layout = xl;
+      shapes.y_layout = yl;
+      shapes.activation = activation_;
+      shapes.doubled_parity = parity;
+      shapes.doubled_ready_row = ready_row;
+      kernel_ = backend.conv<T>(shapes, windowless_ ? padded_ : geometry_);
       if (kernel_ && (windowless_ ? plan_strips(x, y, xl, yl, backend)
                                   : plan_regions(window, x, y, xl, yl, backend))) {
         this->set_window_layout(xl);
@@ -255,6 +243,18 @@ std::pair<std::int64_t, std::int64_t> Conv2d<T>::doubled_channels() const {
 }
 
 template <typename T>
+ConvShapes Conv2d<T>::layer_shapes(const Shape4& x, const Shape4& y, bool bias) const {
+  const auto [doubled_begin, doubled_end] = doubled_channels();
+  return {.x = x,
+          .w = weight_.value.shape(),
+          .y = y,
+          .bias = bias,
+          .doubled_begin = doubled_begin,
+          .doubled_end = doubled_end,
+          .x_nchw = this->nchw_input_expected()};
+}
+
+template <typename T>
 bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y, Layout x_layout,
                              Layout y_layout, const Backend& backend) {
   regions_.clear();
@@ -269,29 +269,21 @@ bool Conv2d<T>::plan_regions(const Box& window, const Shape4& x, const Shape4& y
   const std::optional<std::array<Box, 4>> boxes =
       border_boxes(in, this->out_dist(), map, in.me.i, in.me.j);
   if (!boxes) return true;  // no interior to hide the halos behind
-  const std::pair<std::int64_t, std::int64_t> doubled = doubled_channels();
   for (const Box& b : *boxes) {
     if (b.empty()) continue;
     const Box footprint{map.rows(b.h), map.cols(b.w)};
     const BoxAt at{footprint.h.begin - window.h.begin, footprint.w.begin - window.w.begin};
     const BoxAt out{b.h.begin - tile.h.begin, b.w.begin - tile.w.begin};
-    Region r{.in = at,
-             .out = out,
-             .kernel = backend.conv<T>({.x = {x.n, x.c, footprint.h.size(), footprint.w.size()},
-                                        .w = weight_.value.shape(),
-                                        .y = {y.n, y.c, b.h.size(), b.w.size()},
-                                        .bias = spec_.bias,
-                                        .x_outer = x,
-                                        .y_outer = y,
-                                        .x_layout = x_layout,
-                                        .y_layout = y_layout,
-                                        .x_at = at,
-                                        .y_at = out,
-                                        .activation = activation_,
-                                        .doubled_begin = doubled.first,
-                                        .doubled_end = doubled.second,
-                                        .x_nchw = this->nchw_input_expected()},
-                                       geometry_)};
+    ConvShapes shapes = layer_shapes({x.n, x.c, footprint.h.size(), footprint.w.size()},
+                                     {y.n, y.c, b.h.size(), b.w.size()}, spec_.bias);
+    shapes.x_outer = x;
+    shapes.y_outer = y;
+    shapes.x_layout = x_layout;
+    shapes.y_layout = y_layout;
+    shapes.x_at = at;
+    shapes.y_at = out;
+    shapes.activation = activation_;
+    Region r{.in = at, .out = out, .kernel = backend.conv<T>(shapes, geometry_)};
     if (!r.kernel) {
       regions_.clear();
       return false;  // a box these layouts cannot take: try the next ones
@@ -323,13 +315,9 @@ bool Conv2d<T>::windowless_fits(const Backend& backend) const {
   if (in.global.h != out.global.h || in.global.w != out.global.w) return false;
   // A concat's inputs where the kernel reads them as they lie (and never with an input
   // activation: the concat, not this layer, is the activation's consumer).
-  if (this->concat_taken() && (this->input_activation_offered() ||
-                               !backend.conv_takes_parts<T>({.x = in.global,
-                                                             .w = weight_.value.shape(),
-                                                             .y = out.global,
-                                                             .bias = spec_.bias,
-                                                             .x_nchw = this->nchw_input_expected()},
-                                                            padded_)))
+  if (this->concat_taken() &&
+      (this->input_activation_offered() ||
+       !backend.conv_takes_parts<T>(layer_shapes(in.global, out.global, spec_.bias), padded_)))
     return false;
   // Decided from every rank's tiles, so the same on every rank: the exchanges differ.
   const WindowMap map = *this->window();
@@ -372,7 +360,6 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
       firsts_.push_back(this->concat_first_channel(k));
     }
   }
-  const std::pair<std::int64_t, std::int64_t> doubled = doubled_channels();
   for (std::size_t s = 0; s < boxes.size(); ++s) {
     if (std::all_of(boxes[s].begin(), boxes[s].end(), [](const Box& b) { return b.empty(); }))
       continue;
@@ -402,32 +389,19 @@ bool Conv2d<T>::plan_strips(const Shape4& x, const Shape4& y, Layout x_layout, L
     if (!box.empty()) {
       const Shape4 bs{y.n, y.c, box.h.size(), box.w.size()};
       strip.dy = Tensor<T>(bs, y_layout, uninitialized, this->allocator());
-      strip.forward = backend.conv<T>({.x = fs,
-                                       .w = weight_.value.shape(),
-                                       .y = bs,
-                                       .bias = spec_.bias,
-                                       .x_outer = fs,
-                                       .y_outer = y,
-                                       .x_layout = x_layout,
-                                       .y_layout = y_layout,
-                                       .x_at = {},
-                                       .y_at = strip.at,
-                                       .activation = activation_,
-                                       .doubled_begin = doubled.first,
-                                       .doubled_end = doubled.second,
-                                       .x_nchw = this->nchw_input_expected()},
-                                      geometry_);
+      ConvShapes forward = layer_shapes(fs, bs, spec_.bias);
+      forward.x_outer = fs;
+      forward.y_outer = y;
+      forward.x_layout = x_layout;
+      forward.y_layout = y_layout;
+      forward.y_at = strip.at;
+      forward.activation = activation_;
+      strip.forward = backend.conv<T>(forward, geometry_);
       // Partial footprints (the tile's own part zeroed for the filter): no doubled_parity.
-      strip.backward = backend.conv<T>({.x = fs,
-                                        .w = weight_.value.shape(),
-                                        .y = bs,
-                                        .bias = false,
-                                        .x_layout = x_layout,
-                                        .y_layout = y_layout,
-                                        .doubled_begin = doubled.first,
-                                        .doubled_end = doubled.second,
-                                        .x_nchw = this->nchw_input_expected()},
-                                       geometry_);
+      ConvShapes backward = layer_shapes(fs, bs, false);
+      backward.x_layout = x_layout;
+      backward.y_layout = y_layout;
+      strip.backward = backend.conv<T>(backward, geometry_);
       if (!strip.forward || !strip.backward) {
         strips_.clear();
         return false;  // a strip these layouts cannot take: try the next ones

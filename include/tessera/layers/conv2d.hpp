@@ -101,6 +101,11 @@ class Conv2d final : public WindowLayer<T> {
   // The first run of input channels that come in 2x2 blocks (offer_doubled_inputs), [first,
   // second): ConvShapes::doubled_begin for every kernel of the layer. Local.
   std::pair<std::int64_t, std::int64_t> doubled_channels() const;
+  // The shapes every kernel of the layer is planned with: x, the weights, y and the bias, with
+  // what the model told the layer about its input (doubled_channels, nchw_input_expected), so
+  // that the tile's, the regions' and the strips' kernels agree; each call site adds its layouts,
+  // boxes and activation. Local.
+  ConvShapes layer_shapes(const Shape4& x, const Shape4& y, bool bias) const;
   DistTensor<T> forward_windowless(const DistTensor<T>& x);
   DistTensor<T> backward_windowless(const DistTensor<T>& dy);
   // Whether backward_windowless may apply a ReLU's f' in the tile's fused backward and again on
