@@ -251,7 +251,10 @@ SMALL = ["--model", "unet-small", "--height", "32", "--width", "32", "--samples"
 
 
 def check_requeue(c, exe):
-    steps = 600
+    # Long enough that the stop, handed on by train.sbatch no sooner than 2 s after the launch,
+    # comes well before the end: CI's job ran all of 600 steps (8 ms each) before it did
+    # (2026-11-29); 3000 steps take 15-25 s on 2 cores.
+    steps = 3000
     args = [*SMALL, "--steps", steps, "--log-every", "1"]
     straight = c.run("srun", "-n", "2", "--mpi=pmi2", exe, "train", *args, "--metrics",
                      c.root / "work" / "straight.csv", timeout=300)
