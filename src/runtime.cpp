@@ -75,7 +75,7 @@ RuntimeOptions runtime_options_from_environment() {
   o.windowless = switch_of("TESSERA_WINDOWLESS", true);
   o.batchnorm_alone = switch_of("TESSERA_BN_ALONE", true);
   o.winograd = switch_of("TESSERA_WINOGRAD", true);
-  o.narrow_conv = switch_of("TESSERA_NARROW_CONV", wide_multiplies_pay());
+  o.narrow_conv = switch_of("TESSERA_NARROW_CONV", simd_available(SimdLevel::avx512));
   if (variable("TESSERA_SIMD"))
     o.simd = parsed("TESSERA_SIMD", [](const std::string& v) { return parse_simd_level(v); });
   if (variable("TESSERA_WAIT"))

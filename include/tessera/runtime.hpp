@@ -50,8 +50,9 @@ struct RuntimeOptions {
   // only to compare with direct convolutions.
   bool winograd = true;
   // The narrow convolution kernels for few channels on AVX-512 (set_conv_narrow,
-  // kernels/narrow_conv.hpp); by default where 16-lane multiplies pay (wide_multiplies_pay,
-  // kernels/simd.hpp).
+  // kernels/narrow_conv.hpp); by default wherever the CPU has AVX-512 (simd_available,
+  // kernels/simd.hpp): they beat oneDNN's 8-channel kernels on every such CPU measured (Intel
+  // Xeons, AMD Zen 4 and Zen 5; README "Narrow convolutions").
   bool narrow_conv = true;
   // The threaded CPU loops' instruction set (kernels/simd.hpp); none: the widest the CPU has.
   // make_runtime applies it. The levels give the same results: only to compare their speed.

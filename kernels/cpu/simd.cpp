@@ -1,7 +1,5 @@
 #include "tessera/kernels/simd.hpp"
 
-#include <cpuid.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -61,24 +59,6 @@ SimdLevel parse_simd_level(const std::string& name) {
   if (name == "baseline") return SimdLevel::baseline;
   if (name == "avx512") return SimdLevel::avx512;
   throw Error("unknown instruction set '" + name + "': expected baseline or avx512");
-}
-
-bool wide_multiplies_pay() {
-#if TESSERA_HAS_WIDE_LOOPS
-  if (!cpu_has_avx512()) return false;
-  if (__builtin_cpu_is("intel")) return true;
-  // AMD: Zen 4 (family 19h) splits each 512-bit operation into two 256-bit halves; Zen 5 (family
-  // 1Ah) has 512-bit units in its EPYC parts (unet-small's step on one core of this project's
-  // EPYC Zen 5 VM, 2026-11-27: 2.04-2.06 s with oneDNN's AVX2 8-channel kernels, 1.59-1.60 s with
-  // the narrow ones). GCC 12 knows no "znver5" for __builtin_cpu_is: the family from CPUID.
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__builtin_cpu_is("amd") || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
-  const unsigned base = (eax >> 8) & 0xf;
-  const unsigned family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
-  return family >= 0x1a;
-#else
-  return false;
-#endif
 }
 
 bool simd_available(SimdLevel level) {

@@ -36,8 +36,7 @@ namespace {
 using namespace conv_cases;
 
 // Skips the test where the CPU has no AVX-512 (the narrow kernels decline every case), and
-// switches the kernels on for it (by default they are on only where they pay:
-// wide_multiplies_pay).
+// switches the kernels on for it (whatever TESSERA_NARROW_CONV says).
 #define REQUIRE_NARROW_KERNELS()                                                         \
   if (!simd_available(SimdLevel::avx512))                                                \
     GTEST_SKIP() << "this CPU (or compiler) has no AVX-512: the narrow kernels decline"; \

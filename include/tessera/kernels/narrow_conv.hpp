@@ -57,7 +57,7 @@ std::unique_ptr<ConvKernel<float>> make_narrow_conv(const ConvShapes& shapes,
 // Whether the oneDNN backend computes the convolutions narrow_conv_fits takes with the narrow
 // kernels: on or off (oneDNN's, in its 8-channel blocks). Process-wide like set_conv_winograd
 // (kernels/backend.hpp): make_runtime sets it from RuntimeOptions::narrow_conv (default
-// wide_multiplies_pay(), TESSERA_NARROW_CONV=0|1) before a model plans its kernels. Local.
+// on where the CPU has AVX-512, TESSERA_NARROW_CONV=0|1) before a model plans its kernels. Local.
 void set_conv_narrow(bool on);
 bool conv_narrow();
 

@@ -28,15 +28,6 @@ SimdLevel parse_simd_level(const std::string& name);
 // Whether this build and this CPU can run the loops at `level`. Local.
 bool simd_available(SimdLevel level);
 
-// Whether this CPU multiplies 16-float vectors at twice its rate for 8-float ones: an Intel core
-// with AVX-512 (two 512-bit FMA units on the Xeons measured) or an AMD Zen 5 or later (512-bit
-// units in its EPYC parts; Zen 4 splits each 512-bit operation into two 256-bit halves, so its
-// AVX2 multiplies as fast; the laptop Zen 5 parts split them too: TESSERA_NARROW_CONV=0 there,
-// not measured). There kernels vectorised over 16 lanes beat oneDNN's AVX2 8-channel kernels: the
-// default of the narrow convolutions (kernels/narrow_conv.hpp, TESSERA_NARROW_CONV). Local and
-// pure.
-bool wide_multiplies_pay();
-
 // The level the loops run at: the widest available one unless set_simd_level chose another (as
 // make_runtime does for TESSERA_SIMD). Local.
 SimdLevel simd_level();
