@@ -32,8 +32,8 @@ NodeRank node_rank(const Comm& comm) {
 }
 
 GridShape default_grid(int ranks, int nodes, bool even_blocks) {
-  if (nodes <= 1 || !even_blocks || ranks % nodes != 0) return {1, 1, ranks};
-  return {nodes, 1, ranks / nodes};
+  if (nodes <= 1 || !even_blocks || ranks % nodes != 0) return {1, ranks, 1};
+  return {nodes, ranks / nodes, 1};
 }
 
 GridShape default_grid(const Comm& comm) {

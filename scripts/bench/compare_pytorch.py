@@ -25,7 +25,7 @@ idle machine:
   2. `tessera bench` on 1 rank with `cores` kernel threads (it also measures oneDNN's SGEMM rate
      with the same threads, the yardstick of the conv GFLOP/s);
   3. unless --no-scaling: `tessera bench` on 1 rank x 1 thread and on 2 ranks x 1 thread
-     (grid 1x1x2, the image split in two tiles), for spatial strong scaling; --repeat pairs of
+     (grid 1x2x1, tessera's default: the image split in two bands of rows), for spatial strong scaling; --repeat pairs of
      runs, one after the other, and the median pair (by ratio) is reported with the range, since
      a 2-core machine shared with other work drifts by 10% from run to run.
 
@@ -229,7 +229,7 @@ def tessera_bench(exe, model, ranks, threads, image, steps, sgemm, device="cpu",
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        cmd = ["mpiexec", "-n", str(ranks), exe, "bench", "--model", model, "--grid", f"1x1x{ranks}",
+        cmd = ["mpiexec", "-n", str(ranks), exe, "bench", "--model", model, "--grid", f"1x{ranks}x1",
                "--image", "x".join(map(str, image)), "--steps", str(steps), "--warmup", "1",
                "--sgemm", "1" if sgemm else "0"]
         if device == "cuda":

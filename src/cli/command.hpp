@@ -50,8 +50,9 @@ inline bool is_root(const Comm& world) {
 GridShape grid_or_default(const std::string& text, const GridShape& fallback);
 // --grid's help: what the default is.
 inline constexpr const char* kGridHelp =
-    "process grid NxHxW: N data-parallel groups of HxW spatial ranks; default: 1x1xP for P ranks "
-    "on one node, and on K nodes with P/K ranks each Kx1x(P/K) (halos within a node)";
+    "process grid NxHxW: N data-parallel groups of HxW spatial ranks; default: 1xPx1 for P ranks "
+    "on one node (bands of rows), and on K nodes with P/K ranks each Kx(P/K)x1 (halos within a "
+    "node)";
 
 // "CxHxW": channels, height and width, three positive integers; returned with n = 0. Local; a bad
 // string throws (call it inside agree()).

@@ -28,15 +28,15 @@ def conv_flops(tile_h, tile_w, layers):
 def bench_runs(env):
     out = env.path("b.json")
     r = env.tessera(2, "bench", "--image", "3x32x48", "--steps", "2", "--json", out)
-    expect_ok(r, "tessera bench: model conv-bench", "grid 1x1x2", "c1", "forward", "backward",
+    expect_ok(r, "tessera bench: model conv-bench", "grid 1x2x1", "c1", "forward", "backward",
               "head", "exposed communication", "convolutions:", "sgemm:", "peak memory")
     j = json.loads(out.read_text())
-    if j["grid"] != "1x1x2" or j["ranks"] != 2 or j["image"] != [3, 32, 48]:
+    if j["grid"] != "1x2x1" or j["ranks"] != 2 or j["image"] != [3, 32, 48]:
         fail(f"wrong run settings in the JSON: {j}")
     if len(j["layers"]) != 2 * 9:
         fail(f"expected forward and backward rows for 9 layers, got {len(j['layers'])}")
-    # Rank 0's tile is 32 x 24: the FLOP count is exact.
-    want = conv_flops(32, 24, [(3, 32, 3), (32, 32, 3), (32, 32, 3), (32, 32, 3), (32, 2, 1)])
+    # Rank 0's tile is 16 x 48: the FLOP count is exact.
+    want = conv_flops(16, 48, [(3, 32, 3), (32, 32, 3), (32, 32, 3), (32, 32, 3), (32, 2, 1)])
     if abs(j["conv_gflop_per_step"] * 1e9 - want) > 1e-6 * want:
         fail(f"expected {want / 1e9} GFLOP of convolutions per step, got "
              f"{j['conv_gflop_per_step']}")
@@ -83,7 +83,7 @@ def bench_errors(env):
                  "mpiexec -n 3")
     expect_error(env.tessera(2, "bench", "--image", "3x32"), "bad image '3x32'")
     expect_error(env.tessera(2, "bench", "--model", "nosuch"), "nosuch")
-    expect_error(env.tessera(2, "bench", "--image", "3x32x1"), "cannot be split")
+    expect_error(env.tessera(2, "bench", "--image", "3x1x32"), "cannot be split")  # 1 row, 2 bands
     expect_error(env.tessera(2, "bench", "--json", env.path("no/such/dir/b.json"), "--image",
                              "3x16x16"), "cannot write")
     # A run refused after its options were checked leaves an existing --json file as it was.

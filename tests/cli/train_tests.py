@@ -36,7 +36,7 @@ def losses(path):
 def train_default_runs(env):
     r = env.tessera(2, "train", "--steps", "6", "--log-every", "3", *SMALL[:8],
                     "--progress", "plain", "--metrics", env.path("m.csv"))
-    expect_ok(r, "tessera train: model unet-small", "grid 1x1x2", "step 6/6", "loss",
+    expect_ok(r, "tessera train: model unet-small", "grid 1x2x1", "step 6/6", "loss",
               "mIoU", "done:", "peak memory per rank")
     # The metrics file draws.
     r = env.run_cmd([sys.executable, base.REPO / "scripts" / "plot_metrics.py", env.path("m.csv"),
@@ -51,7 +51,7 @@ def train_default_runs(env):
     # Uneven tiles: the summary gives the smallest and the largest, not only rank 0's.
     r = env.tessera(3, "train", *SMALL[:8], "--steps", "1", "--progress", "plain",
                     "--metrics", env.path("m.jsonl"))
-    expect_ok(r, "grid 1x1x3", "tiles from 32x10 to 32x11")
+    expect_ok(r, "grid 1x3x1", "tiles from 10x32 to 11x32")
     import json
     lr = {row["split"]: row["lr"] for row in map(json.loads, env.path("m.jsonl").open())}
     if lr != {"train": 0.001, "val": 0.001}:

@@ -38,11 +38,11 @@ TEST(Placement, TooFewDevicesOrNoneIsAnErrorNamingTheCounts) {
 }
 
 TEST(Placement, DefaultGridIsOneDataParallelGroupPerNode) {
-  EXPECT_EQ(default_grid(4, 1, true), (GridShape{1, 1, 4}));   // one node: strips, as before
-  EXPECT_EQ(default_grid(8, 2, true), (GridShape{2, 1, 4}));   // a group's halos stay on its node
+  EXPECT_EQ(default_grid(4, 1, true), (GridShape{1, 4, 1}));   // one node: bands of rows
+  EXPECT_EQ(default_grid(8, 2, true), (GridShape{2, 4, 1}));   // a group's halos stay on its node
   EXPECT_EQ(default_grid(6, 6, true), (GridShape{6, 1, 1}));   // one rank per node: data parallel
-  EXPECT_EQ(default_grid(8, 2, false), (GridShape{1, 1, 8}));  // uneven or interleaved nodes
-  EXPECT_EQ(default_grid(7, 2, true), (GridShape{1, 1, 7}));
+  EXPECT_EQ(default_grid(8, 2, false), (GridShape{1, 8, 1}));  // uneven or interleaved nodes
+  EXPECT_EQ(default_grid(7, 2, true), (GridShape{1, 7, 1}));
   EXPECT_EQ(default_grid(1, 1, true), (GridShape{1, 1, 1}));
 }
 
