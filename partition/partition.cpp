@@ -47,12 +47,20 @@ Range input_window(Range out, const WindowAxis& a) {
 void check_splittable(const std::string& what, std::int64_t h, std::int64_t w, int grid_h,
                       int grid_w) {
   if (h >= grid_h && w >= grid_w) return;
+  // The same ranks in another split that fits, the most rows of tiles first (the default grid
+  // cuts bands of rows: a wide, low image needs columns).
+  std::string same_ranks;
+  const std::int64_t ranks = std::int64_t{grid_h} * grid_w;
+  for (std::int64_t rows = std::min(ranks, h); rows >= 1 && same_ranks.empty(); --rows)
+    if (ranks % rows == 0 && ranks / rows <= w)
+      same_ranks = "; " + std::to_string(rows) + "x" + std::to_string(ranks / rows) +
+                   " takes the same " + std::to_string(ranks) + " ranks";
   throw Error(what + " cannot be split over " + std::to_string(grid_h) + "x" +
               std::to_string(grid_w) + " spatial ranks: a tile would have " +
               (h < grid_h ? (w < grid_w ? "no rows and no columns" : "no rows") : "no columns") +
               " (use a spatial grid of at most " +
               std::to_string(std::min<std::int64_t>(h, grid_h)) + "x" +
-              std::to_string(std::min<std::int64_t>(w, grid_w)) + ")");
+              std::to_string(std::min<std::int64_t>(w, grid_w)) + same_ranks + ")");
 }
 
 }  // namespace tessera

@@ -34,7 +34,8 @@ std::int64_t window_output_extent(std::int64_t extent, const WindowAxis& a);
 
 // Checks that an image of h x w splits over the grid's h x w spatial ranks with rows and
 // columns on every rank; otherwise throws an Error "<what> cannot be split over ... a tile would
-// have no rows (use a spatial grid of at most ...)". `what`: "the 17x15 image", "layer 'c2'
+// have no rows (use a spatial grid of at most ...; RxC takes the same P ranks)", the last part
+// where another split of the same ranks fits. `what`: "the 17x15 image", "layer 'c2'
 // (conv2d): its 2x3 output". The one place this rule is written. Local.
 void check_splittable(const std::string& what, std::int64_t h, std::int64_t w, int grid_h,
                       int grid_w);

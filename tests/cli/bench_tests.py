@@ -83,7 +83,9 @@ def bench_errors(env):
                  "mpiexec -n 3")
     expect_error(env.tessera(2, "bench", "--image", "3x32"), "bad image '3x32'")
     expect_error(env.tessera(2, "bench", "--model", "nosuch"), "nosuch")
-    expect_error(env.tessera(2, "bench", "--image", "3x1x32"), "cannot be split")  # 1 row, 2 bands
+    # One row cannot be cut into the default grid's two bands: the columns can.
+    expect_error(env.tessera(2, "bench", "--image", "3x1x32"), "cannot be split",
+                 "at most 1x1; 1x2 takes the same 2 ranks")
     expect_error(env.tessera(2, "bench", "--json", env.path("no/such/dir/b.json"), "--image",
                              "3x16x16"), "cannot write")
     # A run refused after its options were checked leaves an existing --json file as it was.

@@ -67,6 +67,33 @@ TEST(InputWindow, EmptyOutputsNeedNothing) {
   EXPECT_TRUE(input_window({3, 3}, WindowAxis{.kernel = 3}).empty());
 }
 
+// The message of an image too small for the grid names the largest grid that fits and, where
+// one fits, a split of the same ranks (the default grid cuts rows: a low, wide image needs
+// columns).
+TEST(CheckSplittable, NamesTheSameRanksSplitThatFits) {
+  EXPECT_NO_THROW(check_splittable("the image", 4, 4, 4, 1));
+  const auto message = [](std::int64_t h, std::int64_t w, int gh, int gw) {
+    try {
+      check_splittable("the image", h, w, gh, gw);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(1, 32, 2, 1),
+            "the image cannot be split over 2x1 spatial ranks: a tile would have no rows (use a "
+            "spatial grid of at most 1x1; 1x2 takes the same 2 ranks)");
+  // The most rows that fit: 2x3, not 1x6.
+  EXPECT_NE(message(2, 64, 6, 1).find("at most 2x1; 2x3 takes the same 6 ranks)"),
+            std::string::npos);
+  // None fits: the largest grid alone.
+  EXPECT_NE(message(2, 2, 5, 1).find("no rows (use a spatial grid of at most 2x1)"),
+            std::string::npos);
+  EXPECT_NE(message(3, 1, 2, 2).find("no columns (use a spatial grid of at most 2x1)"),
+            std::string::npos)
+      << message(3, 1, 2, 2);
+}
+
 TEST(ParseGrid, AcceptsNxHxW) {
   EXPECT_EQ(parse_grid("1x2x3"), (GridShape{1, 2, 3}));
   EXPECT_EQ(parse_grid("2X1x2"), (GridShape{2, 1, 2}));
