@@ -1047,21 +1047,26 @@ class NarrowConv final : public ConvKernel<float> {
 };
 #endif
 
-// Where the narrow kernels were faster than oneDNN's (one Skylake-SP core, 3x3, the three passes
-// together; README "Narrow convolutions"): up to 8 outputs from up to 64 inputs (24 -> 8: 618
-// against 900 ms at 2048x2048; oneDNN's 8-channel kernels are AVX2), and 16 outputs from fewer
-// than 32 inputs not a multiple of 16 (8 -> 16: 103 against 155 ms at 1024x1024). From 16 or 48
-// inputs to 16 outputs oneDNN's AVX-512 kernels on 16-channel blocks, or Winograd, are faster;
-// from 16 inputs in NCHW (ConvShapes::x_nchw: a narrow conv's output) the narrow kernels are (16
+// narrow_conv_channels: where the narrow kernels were faster than oneDNN's (one Skylake-SP core,
+// 3x3, the three passes together; README "Narrow convolutions"): up to 8 outputs from up to 64
+// inputs (24 -> 8: 618 against 900 ms at 2048x2048; oneDNN's 8-channel kernels are AVX2), and 16
+// outputs from fewer than 32 inputs not a multiple of 16 (8 -> 16: 103 against 155 ms at
+// 1024x1024). From 16 or 48 inputs to 16 outputs oneDNN's AVX-512 kernels on 16-channel blocks, or
+// Winograd, are faster; from 16 inputs in NCHW (ConvShapes::x_nchw: a narrow conv's output) the
+// narrow kernels are (16
 // -> 16 at 1024x1024, 2 threads of the Intel Xeon with AMX, forward / backward-data /
 // backward-filter: 33 / 33-37 / 37-40 ms, oneDNN from NCHW 45-49 / 41-45 / 48-52, from nchw16c
 // 31 / 30 / 33-49).
-bool few_channels(std::int64_t in, std::int64_t out, bool x_nchw) {
+}  // namespace
+
+bool narrow_conv_channels(std::int64_t in, std::int64_t out, bool x_nchw) {
   if (out <= kOut) return in <= kMaxIn;
   return out <= kMaxOut && in < 2 * kMaxOut && (in % kMaxOut != 0 || x_nchw);
 }
 
-}  // namespace
+bool narrow_conv_kernel(std::int64_t groups, std::int64_t kh, std::int64_t kw) {
+  return groups == 1 && kh >= 1 && kw >= 1 && kh <= kMaxExtent && kw <= kMaxExtent && kh * kw > 1;
+}
 
 bool narrow_conv_available() {
   return TESSERA_HAS_WIDE_LOOPS && g_conv_narrow && simd_level() == SimdLevel::avx512;
@@ -1076,11 +1081,11 @@ bool narrow_conv_fits(const ConvShapes& s, const reference::ConvGeometry& g) {
     const std::int64_t after = out - (in - span) - pad;
     return pad >= 0 && pad <= span && after >= 0 && after <= span;
   };
-  return g.groups == 1 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h >= 1 &&
-         g.dilation_w >= 1 && w.h >= 1 && w.w >= 1 && w.h <= kMaxExtent && w.w <= kMaxExtent &&
-         w.h * w.w > 1 && (!s.activation || s.activation->kind != ActivationKind::sigmoid) &&
-         y.c >= 1 && x.c >= 1 && few_channels(x.c, y.c, s.x_nchw) && w.n == y.c && w.c == x.c &&
-         x.n == y.n && y.n > 0 && y.h > 0 && y.w > 0 && x.h > 0 && x.w > 0 &&
+  return narrow_conv_kernel(g.groups, w.h, w.w) && g.stride_h == 1 && g.stride_w == 1 &&
+         g.dilation_h >= 1 && g.dilation_w >= 1 &&
+         (!s.activation || s.activation->kind != ActivationKind::sigmoid) && y.c >= 1 && x.c >= 1 &&
+         narrow_conv_channels(x.c, y.c, s.x_nchw) && w.n == y.c && w.c == x.c && x.n == y.n &&
+         y.n > 0 && y.h > 0 && y.w > 0 && x.h > 0 && x.w > 0 &&
          padded(x.h, y.h, g.dilation_h * (w.h - 1), g.pad_top) &&
          padded(x.w, y.w, g.dilation_w * (w.w - 1), g.pad_left);
 }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "tessera/checked.hpp"
+#include "tessera/kernels/narrow_conv.hpp"
 #include "tessera/layers/conv2d.hpp"
 
 namespace tessera {
@@ -128,11 +129,10 @@ MemoryWalk::MemoryWalk(const ModelSpec& spec, const std::vector<LayerNode<double
     const bool stride1 = c.stride == Pair{1, 1};
     const bool one = c.axis(0).span() == 1 && c.axis(1).span() == 1;
     const std::int64_t i = n.cin, o = c.out_channels;
-    const bool few = o <= 8 ? i <= 64 : o <= 16 && i < 32 && (i % 16 != 0 || all);
+    const bool few = narrow_conv_channels(i, o, all);
     n.few = few;
-    // (narrow_conv_fits: no groups, kernels up to 7x7.)
-    n.narrow = engine.narrow_conv && stride1 && !one && few && c.groups == 1 && c.kernel[0] <= 7 &&
-               c.kernel[1] <= 7;
+    n.narrow = engine.narrow_conv && stride1 && few &&
+               narrow_conv_kernel(c.groups, c.kernel[0], c.kernel[1]);
     n.nchw_out = n.narrow;
     n.pointwise = stride1 && one && o <= 8;
     if (c.kernel == Pair{3, 3} && stride1 && c.dilation == Pair{1, 1} && std::min(i, o) >= 16 &&

@@ -48,6 +48,11 @@ bool narrow_conv_available();
 // (KH - 1). The oneDNN backend plans NCHW windows and outputs for such convolutions
 // (Backend::conv_in_nchw). Local.
 bool narrow_conv_fits(const ConvShapes& shapes, const reference::ConvGeometry& g);
+// narrow_conv_fits' rules on channels (`x_nchw`: ConvShapes::x_nchw) and on groups and kernel
+// extents, whatever the CPU: the memory planner (src/drivers/plan_memory.cpp) asks them of a
+// model's specs. Local; pure.
+bool narrow_conv_channels(std::int64_t in, std::int64_t out, bool x_nchw);
+bool narrow_conv_kernel(std::int64_t groups, std::int64_t kh, std::int64_t kw);
 
 // The narrow kernel for `shapes` (box kernels included), or nullptr where narrow_conv_fits says
 // no or a layout is not NCHW. Never throws for a case it declines. Local.
