@@ -3,12 +3,14 @@
 #include "tessera/kernels/narrow_conv.hpp"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -104,6 +106,51 @@ inline const float* at(const float* p, std::int64_t k) {
                                         static_cast<std::uintptr_t>(k) * sizeof(float));
 }
 
+// A block's sums at its start (RowJob): out's values where `accumulate`, else the bias or 0;
+// `store` the lanes of the output columns [w0, end) (all of them unless kMasked).
+template <int PV, bool kMasked>
+inline void start_block(const RowJob& job, bool accumulate, std::int64_t w0, std::int64_t end,
+                        __mmask16 (&store)[PV], __m512 (&acc)[kOut][PV]) {
+  for (int p = 0; p < PV; ++p)
+    store[p] = kMasked ? columns_within(w0 + kLanes * p, end) : __mmask16(0xffff);
+  for (std::int64_t o = 0; o < kOut; ++o)
+    for (int p = 0; p < PV; ++p) {
+      const float* out = job.out + o * job.out_plane + w0 + kLanes * p;
+      acc[o][p] = o >= job.outs         ? _mm512_setzero_ps()
+                  : accumulate          ? _mm512_maskz_loadu_ps(store[p], out)
+                  : job.init != nullptr ? _mm512_set1_ps(job.init[o])
+                                        : _mm512_setzero_ps();
+    }
+}
+
+// A block's sums written to out: through the activation where `finish` and job.activate,
+// streamed where job.stream and a vector starts a line.
+template <int PV, bool kMasked>
+inline void finish_block(const RowJob& job, bool finish, std::int64_t w0,
+                         const __mmask16 (&store)[PV], __m512 (&acc)[kOut][PV]) {
+  if (finish && job.activate) {
+    // elementwise::leaky_relu: x > 0 ? x : slope * x, NaN and -0 included.
+    const __m512 slope = _mm512_set1_ps(job.slope), zero = _mm512_setzero_ps();
+    for (std::int64_t o = 0; o < kOut; ++o)
+      for (int p = 0; p < PV; ++p) {
+        const __mmask16 positive = _mm512_cmp_ps_mask(acc[o][p], zero, _CMP_GT_OQ);
+        acc[o][p] = _mm512_mask_blend_ps(positive, _mm512_mul_ps(slope, acc[o][p]), acc[o][p]);
+      }
+  }
+  for (std::int64_t o = 0; o < kOut; ++o)
+    for (int p = 0; p < PV; ++p) {
+      float* out = job.out + o * job.out_plane + w0 + kLanes * p;
+      if (o >= job.outs)
+        continue;
+      else if constexpr (kMasked)
+        _mm512_mask_storeu_ps(out, store[p], acc[o][p]);
+      else if (job.stream && reinterpret_cast<std::uintptr_t>(out) % 64 == 0)
+        _mm512_stream_ps(out, acc[o][p]);
+      else
+        _mm512_storeu_ps(out, acc[o][p]);
+    }
+}
+
 // Output columns [w0, end) of a RowJob over input channels [i0, i1) and tap rows [a0, a1), end <=
 // w0 + 16 * PV; kMasked where end is short of that or some of their reads lie outside the input's.
 // KH, KW: the kernel's extent when known at compile time (0: job.kh, job.kw): 3x3 unrolled issues
@@ -115,17 +162,8 @@ void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t
                std::int64_t a1, bool accumulate, bool finish, std::int64_t w0, std::int64_t end) {
   const std::int64_t kh = KH > 0 ? KH : job.kh, kw = KW > 0 ? KW : job.kw;
   __mmask16 store[PV];
-  for (int p = 0; p < PV; ++p)
-    store[p] = kMasked ? columns_within(w0 + kLanes * p, end) : __mmask16(0xffff);
   __m512 acc[kOut][PV];
-  for (std::int64_t o = 0; o < kOut; ++o)
-    for (int p = 0; p < PV; ++p) {
-      const float* out = job.out + o * job.out_plane + w0 + kLanes * p;
-      acc[o][p] = o >= job.outs         ? _mm512_setzero_ps()
-                  : accumulate          ? _mm512_maskz_loadu_ps(store[p], out)
-                  : job.init != nullptr ? _mm512_set1_ps(job.init[o])
-                                        : _mm512_setzero_ps();
-    }
+  start_block<PV, kMasked>(job, accumulate, w0, end, store, acc);
   __mmask16 load[kMaxExtent][PV];
   if constexpr (kMasked)
     for (std::int64_t b = 0; b < kw; ++b)
@@ -172,27 +210,7 @@ void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t
   else
     for (std::int64_t i = i0; i < i1; ++i)
       channel(i, std::false_type{});
-  if (finish && job.activate) {
-    // elementwise::leaky_relu: x > 0 ? x : slope * x, NaN and -0 included.
-    const __m512 slope = _mm512_set1_ps(job.slope), zero = _mm512_setzero_ps();
-    for (std::int64_t o = 0; o < kOut; ++o)
-      for (int p = 0; p < PV; ++p) {
-        const __mmask16 positive = _mm512_cmp_ps_mask(acc[o][p], zero, _CMP_GT_OQ);
-        acc[o][p] = _mm512_mask_blend_ps(positive, _mm512_mul_ps(slope, acc[o][p]), acc[o][p]);
-      }
-  }
-  for (std::int64_t o = 0; o < kOut; ++o)
-    for (int p = 0; p < PV; ++p) {
-      float* out = job.out + o * job.out_plane + w0 + kLanes * p;
-      if (o >= job.outs)
-        continue;
-      else if constexpr (kMasked)
-        _mm512_mask_storeu_ps(out, store[p], acc[o][p]);
-      else if (job.stream && reinterpret_cast<std::uintptr_t>(out) % 64 == 0)
-        _mm512_stream_ps(out, acc[o][p]);
-      else
-        _mm512_storeu_ps(out, acc[o][p]);
-    }
+  finish_block<PV, kMasked>(job, finish, w0, store, acc);
 }
 
 // The whole RowJob over `channels` input channels, kChunk of them per pass over the row: 8
@@ -302,6 +320,20 @@ constexpr std::int64_t kFilterColumns = 512;
 // the piece and for channels past the last). The sums are three arrays rather than one of two
 // dimensions, and dy is one block addressed by constant offsets: GCC 12 at -O3 kept the sums in
 // memory otherwise, short of registers for eight row pointers.
+// partial's sums of taps b0 + g (filter_taps) += the sums s0, s1, s2 of g = 0, 1, 2 (g < NB).
+template <int NB>
+inline void add_partials(const __m512 (&s0)[kOut], const __m512 (&s1)[kOut],
+                         const __m512 (&s2)[kOut], float* partial) {
+  for (std::int64_t o = 0; o < kOut; ++o) {
+    float* p = partial + o * kLanes;
+    constexpr std::int64_t tap = kOut * kLanes;
+    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), s0[o]));
+    if constexpr (NB > 1) _mm512_storeu_ps(p + tap, _mm512_add_ps(_mm512_loadu_ps(p + tap), s1[o]));
+    if constexpr (NB > 2)
+      _mm512_storeu_ps(p + 2 * tap, _mm512_add_ps(_mm512_loadu_ps(p + 2 * tap), s2[o]));
+  }
+}
+
 template <int NB>
 void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int64_t col,
                  std::int64_t in_w, std::int64_t dw, float* partial) {
@@ -345,14 +377,7 @@ void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int
     step(j, std::false_type{});
   for (std::int64_t j = hi; j < vectors; ++j)
     step(j, std::true_type{});
-  for (std::int64_t o = 0; o < kOut; ++o) {
-    float* p = partial + o * kLanes;
-    constexpr std::int64_t tap = kOut * kLanes;
-    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), s0[o]));
-    if constexpr (NB > 1) _mm512_storeu_ps(p + tap, _mm512_add_ps(_mm512_loadu_ps(p + tap), s1[o]));
-    if constexpr (NB > 2)
-      _mm512_storeu_ps(p + 2 * tap, _mm512_add_ps(_mm512_loadu_ps(p + 2 * tap), s2[o]));
-  }
+  add_partials<NB>(s0, s1, s2, partial);
 }
 
 // n values from `from` into `to`, and zeros after them up to `to_length`.
@@ -472,6 +497,238 @@ double row_sum(const float* p, std::int64_t n) {
 
 }  // namespace wide
 #pragma GCC pop_options
+
+// Under --precision bf16 on CPUs with AVX512_BF16 and no AMX (AMD Zen 4 and Zen 5, Intel Cooper
+// Lake): the narrow kernels in bfloat16 dot products (vdpbf16ps: each of 16 float lanes adds two
+// products of bfloat16 pairs, as many multiplies an instruction as two float FMAs). The forward
+// and backward-data put input channels 2q and 2q + 1 of a pixel in a lane: each input row is
+// converted once into a staged row of such pairs, kept while the output rows that read it are
+// computed (a ring of the kernel's rows, in the second-level cache) and zero-padded at both ends,
+// so that no load is masked; every output is then written once, from all its input channels in
+// one pass. The filter gradient puts two neighbouring columns in a lane: dy's and x's pieces of
+// rows converted as they are read.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,prefer-vector-width=512")
+namespace dot {
+
+using wide::at;
+using wide::columns_within;
+using wide::kFilterColumns;
+
+// Two bfloat16 values: channel 2q's in the low half, 2q + 1's in the high one.
+using Pair = std::uint32_t;
+constexpr std::int64_t kPairColumns = 2 * kLanes;  // bfloat16 values in a vector
+
+inline __m512bh bh(const __m512i& v) {
+  return reinterpret_cast<const __m512bh&>(v);
+}
+
+// bfloat16 (round to nearest even) of row[first + j] for j < n (a multiple of 32) into out[j],
+// zero where first + j lies outside [0, limit).
+void to_bf16(const float* row, std::int64_t first, std::int64_t limit, std::int64_t n,
+             std::uint16_t* out) {
+  for (std::int64_t j = 0; j < n; j += kPairColumns) {
+    const std::int64_t c = first + j;
+    const bool inside = c >= 0 && c + kPairColumns <= limit;
+    const __m512 l = inside ? _mm512_loadu_ps(row + c)
+                            : _mm512_maskz_loadu_ps(columns_within(c, limit), at(row, c));
+    const __m512 h =
+        inside ? _mm512_loadu_ps(row + c + kLanes)
+               : _mm512_maskz_loadu_ps(columns_within(c + kLanes, limit), at(row, c + kLanes));
+    const __m512bh v = _mm512_cvtne2ps_pbh(h, l);  // l's 16 values, then h's
+    _mm512_storeu_si512(out + j, reinterpret_cast<const __m512i&>(v));
+  }
+}
+
+// A staged row: out[j] for j < width (a multiple of 16) the pair of lo's and hi's (nullptr: zeros)
+// column j - lpad, zero outside [0, in_w).
+void stage_row(const float* lo, const float* hi, std::int64_t in_w, std::int64_t lpad,
+               std::int64_t width, Pair* out) {
+  // Word 2l of a pair vector from word l of the conversion (lo's), word 2l + 1 from word 16 + l.
+  static constexpr auto kInterleave = [] {
+    std::array<std::uint16_t, kPairColumns> order{};
+    for (std::size_t l = 0; l < order.size() / 2; ++l) {
+      order[2 * l] = static_cast<std::uint16_t>(l);
+      order[2 * l + 1] = static_cast<std::uint16_t>(kLanes + static_cast<std::int64_t>(l));
+    }
+    return order;
+  }();
+  const __m512i interleave = _mm512_loadu_si512(kInterleave.data());
+  for (std::int64_t j = 0; j < width; j += kLanes) {
+    const std::int64_t c = j - lpad;
+    const __mmask16 m = c >= 0 && c + kLanes <= in_w ? __mmask16(0xffff) : columns_within(c, in_w);
+    const __m512 l = _mm512_maskz_loadu_ps(m, at(lo, c));
+    const __m512 h = hi != nullptr ? _mm512_maskz_loadu_ps(m, at(hi, c)) : _mm512_setzero_ps();
+    const __m512bh v = _mm512_cvtne2ps_pbh(h, l);
+    _mm512_storeu_si512(out + j,
+                        _mm512_permutexvar_epi16(interleave, reinterpret_cast<const __m512i&>(v)));
+  }
+}
+
+// The staged rows an output row reads (RowJob's geometry and output): tap row a's at rows[a]
+// (a in [a0, a1): the rows inside the input), pair q's pair_stride further on; output column w's
+// tap b at index first + w + b * dw. k: the weights as pairs, k[((q * kh + a) * kw + b) * 8 + o].
+// ahead: the input row the next output row stages first (its channels' rows; `aheads` of them),
+// asked for into the second-level cache as this row's blocks go (columns from col0 on, of in_w):
+// staging reads the input from memory, unlike the dot products, which read the staged rows.
+struct Staged {
+  std::array<const Pair*, kMaxExtent> rows{};
+  std::int64_t a0 = 0, a1 = 0, pairs = 0, pair_stride = 0, first = 0;
+  const Pair* k = nullptr;
+  std::array<const float*, kMaxIn> ahead{};
+  std::int64_t aheads = 0, col0 = 0, in_w = 0;
+};
+
+// Asks for columns [first, last) of `count` rows into the second-level cache.
+inline void prefetch_rows(const float* const* rows, std::int64_t count, std::int64_t first,
+                          std::int64_t last) {
+  for (std::int64_t i = 0; i < count; ++i)
+    for (std::int64_t c = first; c < last; c += kLanes)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[i] + c), _MM_HINT_T1);
+}
+
+// Output columns [w0, end) of a RowJob from staged rows; end <= w0 + 16 * PV, kMasked where
+// short of that. KH, KW as wide::row_block's.
+template <int PV, bool kMasked, int KH, int KW>
+void row_block(const RowJob& job, const Staged& in, std::int64_t w0, std::int64_t end) {
+  const std::int64_t kh = KH > 0 ? KH : job.kh, kw = KW > 0 ? KW : job.kw;
+  __mmask16 store[PV];
+  __m512 acc[kOut][PV];
+  wide::start_block<PV, kMasked>(job, false, w0, end, store, acc);
+  const auto pair = [&](std::int64_t q, auto all_rows) {
+    for (std::int64_t a = 0; a < kh; ++a) {
+      if constexpr (!decltype(all_rows)::value)
+        if (a < in.a0 || a >= in.a1) continue;
+      const Pair* row = in.rows[static_cast<std::size_t>(a)] + q * in.pair_stride + in.first + w0;
+      const Pair* k = in.k + (q * kh + a) * kw * kOut;
+      for (std::int64_t b = 0; b < kw; ++b, k += kOut) {
+        __m512i v[PV];
+        for (int p = 0; p < PV; ++p)
+          v[p] = _mm512_loadu_si512(row + b * job.dw + kLanes * p);
+        for (std::int64_t o = 0; o < kOut; ++o) {
+          const __m512i weight = _mm512_set1_epi32(static_cast<int>(k[o]));
+          for (int p = 0; p < PV; ++p)
+            acc[o][p] = _mm512_dpbf16_ps(acc[o][p], bh(v[p]), bh(weight));
+        }
+      }
+    }
+  };
+  if (in.a0 == 0 && in.a1 == kh)
+    for (std::int64_t q = 0; q < in.pairs; ++q)
+      pair(q, std::true_type{});
+  else
+    for (std::int64_t q = 0; q < in.pairs; ++q)
+      pair(q, std::false_type{});
+  wide::finish_block<PV, kMasked>(job, true, w0, store, acc);
+}
+
+// One output row of a RowJob (its output fields and geometry) from staged rows, 48 columns a
+// block.
+void correlate_row(const RowJob& job, const Staged& in) {
+  constexpr int kVectors = 3;
+  constexpr std::int64_t kStep = kLanes * kVectors;
+  const bool three = job.kh == 3 && job.kw == 3;
+  for (std::int64_t w0 = 0, end = 0; w0 < job.out_w; w0 = end) {
+    const std::int64_t left = job.out_w - w0;
+    const int vectors = left >= kStep ? kVectors : static_cast<int>((left + kLanes - 1) / kLanes);
+    end = w0 + std::min(kLanes * vectors, left);
+    const bool whole = end == w0 + kLanes * vectors;
+    prefetch_rows(in.ahead.data(), in.aheads, std::max<std::int64_t>(0, w0 + in.col0),
+                  std::min(in.in_w, end + in.col0 + (job.kw - 1) * job.dw));
+    const auto block = [&]<int PV>() {
+      if (whole && three)
+        row_block<PV, false, 3, 3>(job, in, w0, end);
+      else if (whole)
+        row_block<PV, false, 0, 0>(job, in, w0, end);
+      else if (three)
+        row_block<PV, true, 3, 3>(job, in, w0, end);
+      else
+        row_block<PV, true, 0, 0>(job, in, w0, end);
+    };
+    if (vectors == 1)
+      block.template operator()<1>();
+    else if (vectors == 2)
+      block.template operator()<2>();
+    else
+      block.template operator()<kVectors>();
+  }
+}
+
+// wide::filter_taps in bfloat16: partial[(g * 8 + o) * 16 + lane] += the products dy[o][w] *
+// x[w + g * dw] over `vectors` x 32 columns w, lane w % 32 / 2. dy: 8 rows of kFilterColumns
+// bfloat16 values; x: the piece's bfloat16 values from tap b0's first column on.
+template <int NB>
+void filter_taps(const std::uint16_t* dy, std::int64_t vectors, const std::uint16_t* x,
+                 std::int64_t dw, float* partial) {
+  static_assert(NB >= 1 && NB <= 3);
+  __m512 s0[kOut], s1[kOut], s2[kOut];
+  for (std::int64_t o = 0; o < kOut; ++o)
+    s0[o] = s1[o] = s2[o] = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < vectors; ++j) {
+    const std::uint16_t* xj = x + j * kPairColumns;
+    const __m512i v0 = _mm512_loadu_si512(xj);
+    const __m512i v1 = NB > 1 ? _mm512_loadu_si512(xj + dw) : _mm512_setzero_si512();
+    const __m512i v2 = NB > 2 ? _mm512_loadu_si512(xj + 2 * dw) : _mm512_setzero_si512();
+    for (std::int64_t o = 0; o < kOut; ++o) {
+      __m512i d = _mm512_load_si512(dy + o * kFilterColumns + j * kPairColumns);
+      asm("" : "+v"(d));  // one load for the NB products (wide::filter_taps)
+      s0[o] = _mm512_dpbf16_ps(s0[o], bh(d), bh(v0));
+      if constexpr (NB > 1) s1[o] = _mm512_dpbf16_ps(s1[o], bh(d), bh(v1));
+      if constexpr (NB > 2) s2[o] = _mm512_dpbf16_ps(s2[o], bh(d), bh(v2));
+    }
+  }
+  wide::add_partials<NB>(s0, s1, s2, partial);
+}
+
+// wide::filter_row in bfloat16: the same partial sums, each lane two columns' products. dy's 8
+// rows of a piece converted into a block in the first-level cache; x's rows staged (in bfloat16,
+// zero-padded: column w's tap b at rows[a] + c * x_stride + w + b * dw for channel c, tap row a).
+// dy_ahead, x_ahead: the next rows of dy (8, or none) and of x (job.channels, or none) the next
+// call reads, asked for into the second-level cache piece by piece.
+void filter_row(const wide::FilterJob& job,
+                const std::array<const std::uint16_t*, kMaxExtent>& rows, std::int64_t x_stride,
+                float* partial, const float* const* dy_ahead, const float* const* x_ahead) {
+  std::int64_t a0 = 0, a1 = job.kh;  // the tap rows inside x
+  while (a0 < a1 && job.row0 + a0 * job.dh < 0)
+    ++a0;
+  while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
+    --a1;
+  alignas(64) std::uint16_t dy_block[kOut * kFilterColumns];
+  constexpr std::int64_t kTap = kOut * kLanes;  // the partial sums of one tap
+  for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kFilterColumns) {
+    const std::int64_t n = std::min(kFilterColumns, job.out_w - w0);
+    const std::int64_t vectors = (n + kPairColumns - 1) / kPairColumns;
+    for (std::int64_t o = 0; o < kOut; ++o)
+      to_bf16(job.dy + o * job.dy_plane + w0, 0, o < job.outs ? n : 0, vectors * kPairColumns,
+              dy_block + o * kFilterColumns);
+    if (dy_ahead != nullptr) prefetch_rows(dy_ahead, job.outs, w0, w0 + n);
+    if (x_ahead != nullptr)
+      prefetch_rows(x_ahead, job.channels, std::max<std::int64_t>(0, w0 + job.col0),
+                    std::min(job.in_w, w0 + n + job.col0 + (job.kw - 1) * job.dw));
+    for (std::int64_t c = 0; c < job.channels; ++c)
+      for (std::int64_t a = a0; a < a1; ++a) {
+        const std::uint16_t* xr = rows[static_cast<std::size_t>(a)] + c * x_stride + w0;
+        float* pa = partial + (c * job.kh + a) * job.kw * kTap;
+        for (std::int64_t b0 = 0; b0 < job.kw; b0 += 3) {
+          const std::uint16_t* xb = xr + b0 * job.dw;
+          float* pb = pa + b0 * kTap;
+          switch (std::min<std::int64_t>(3, job.kw - b0)) {
+            case 1:
+              filter_taps<1>(dy_block, vectors, xb, job.dw, pb);
+              break;
+            case 2:
+              filter_taps<2>(dy_block, vectors, xb, job.dw, pb);
+              break;
+            default:
+              filter_taps<3>(dy_block, vectors, xb, job.dw, pb);
+          }
+        }
+      }
+  }
+}
+
+}  // namespace dot
+#pragma GCC pop_options
 #endif
 
 #if TESSERA_HAS_WIDE_LOOPS
@@ -499,6 +756,39 @@ ChannelPlanes<F> channel_planes(F* data, const Shape4& outer, BoxAt at) {
 }
 
 #if TESSERA_HAS_WIDE_LOOPS
+// Input rows converted once for the several output rows that read them (namespace dot): `count`
+// slots of `size` values (64-byte aligned), the row `row` of sample n kept in slot row % count
+// until another row of that slot replaces it; count = the rows an output row's taps span, so
+// that an output row's rows never share a slot. Local to one thread.
+template <typename T>
+class RowRing {
+ public:
+  RowRing(std::int64_t count, std::int64_t size)
+      : count_(count),
+        size_(size),
+        buffer_(static_cast<std::size_t>(count * size + 64 / std::int64_t(sizeof(T)))),
+        held_(static_cast<std::size_t>(count), -1) {}
+  // The slot holding row `row` of sample n of a tensor `height` rows high, filled by stage(slot)
+  // unless it holds that row already.
+  template <typename Stage>
+  const T* row(std::int64_t n, std::int64_t height, std::int64_t row, Stage&& stage) {
+    const auto at = static_cast<std::size_t>(row % count_);
+    T* slot = reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(buffer_.data()) + 63) &
+                                   ~std::uintptr_t{63}) +
+              static_cast<std::int64_t>(at) * size_;
+    if (held_[at] != n * height + row) {
+      stage(slot);
+      held_[at] = n * height + row;
+    }
+    return slot;
+  }
+
+ private:
+  std::int64_t count_, size_;
+  std::vector<T> buffer_;
+  std::vector<std::int64_t> held_;  // n * height + row of each slot, or -1
+};
+
 class NarrowConv final : public ConvKernel<float> {
  public:
   NarrowConv(const ConvShapes& shapes, const reference::ConvGeometry& g)
@@ -521,6 +811,14 @@ class NarrowConv final : public ConvKernel<float> {
     // pair taps; backward 189-205 and 184-203); and so the layer's other kernels too (its border
     // strips, a tile whose blocks its edges split): a layer's kernels agree on the precision, or
     // the border outputs of a sharded run would be bf16's products where one rank's are float32's.
+    // Under --precision bf16 on CPUs with AVX512_BF16 and no AMX: bfloat16 dot products
+    // (namespace dot), in every pass of every kernel of the layer, pair taps or not (9 bfloat16
+    // taps take fewer instructions than 4 float pair taps and 5 plain ones; TESSERA_NARROW_BF16=0:
+    // the float32 kernels).
+    if (conv_bf16() && narrow_conv_bf16_dot()) {
+      dot_ = true;
+      return;
+    }
     if (plan_pairs() || s_.doubled_end > s_.doubled_begin) return;
     if (!conv_bf16() || !amx::available() || shapes.x.c * shapes.y.c < 128) return;
     const amx::Correlation c{.in = s_.x,
@@ -595,6 +893,8 @@ class NarrowConv final : public ConvKernel<float> {
     const ChannelPlanes<const float> grad = channel_planes(dy.data(), s_.y);
     const Correlate data =
         correlation(grad, s_.y, channel_planes(dx.data(), s_.x), s_.x, true, w, {}, false);
+    const std::optional<DotCorrelate> dot_data =
+        dot_ ? std::optional(dot_correlation(data, false)) : std::nullopt;
     const float slope =
         f && f->kind == ActivationKind::leaky_relu ? static_cast<float>(f->slope) : 0.0f;
     FilterSums sums(s_, !dbias.empty(), pair_begin_, pair_end_, centre_.w);
@@ -608,12 +908,21 @@ class NarrowConv final : public ConvKernel<float> {
         sums.parts,
         [&](std::int64_t first, std::int64_t last) {
           std::vector<float> partial(sums.partial_size(), 0.0f);
+          std::optional<RowRing<dot::Pair>> data_ring;
+          std::optional<RowRing<std::uint16_t>> x_ring;
+          if (dot_data) {
+            data_ring.emplace(dot_data->ring());
+            x_ring.emplace(dot_filter_ring());
+          }
           for (std::int64_t part = first; part < last; ++part)
             for (std::int64_t r0 = sums.begin(part); r0 < sums.end(part); r0 += band) {
               const std::int64_t r1 = std::min(sums.end(part), r0 + band);
-              correlate_rows(data, r0, r1);
+              if (dot_data)
+                dot_correlate_rows(data, *dot_data, *data_ring, r0, r1);
+              else
+                correlate_rows(data, r0, r1);
               if (f) gate_rows(in, data.out, r0, r1, slope);
-              filter_rows(in, grad, sums, part, r0, r1, partial);
+              filter_rows(in, grad, sums, part, r0, r1, partial, x_ring ? &*x_ring : nullptr);
             }
         },
         1);
@@ -643,6 +952,7 @@ class NarrowConv final : public ConvKernel<float> {
 
   std::string name() const override {
     return amx_forward_ ? "narrow tessera amx"
+           : dot_       ? "narrow avx512 bf16"
            : pairs()    ? "narrow avx512, pair taps"
                         : "narrow avx512";
   }
@@ -661,8 +971,11 @@ class NarrowConv final : public ConvKernel<float> {
         f.parts,
         [&](std::int64_t first, std::int64_t last) {
           std::vector<float> partial(f.partial_size(), 0.0f);
+          std::optional<RowRing<std::uint16_t>> ring;
+          if (dot_) ring.emplace(dot_filter_ring());
           for (std::int64_t part = first; part < last; ++part)
-            filter_rows(in, grad, f, part, f.begin(part), f.end(part), partial);
+            filter_rows(in, grad, f, part, f.begin(part), f.end(part), partial,
+                        ring ? &*ring : nullptr);
         },
         1);
     f.add_into(dw, dbias);
@@ -737,37 +1050,65 @@ class NarrowConv final : public ConvKernel<float> {
   };
 
   // Part `part`'s filter sums over dy's rows [r0, r1), a range of the part's rows (which must be
-  // summed in order, each once); `partial` zero at the part's start (each flush zeroes it).
+  // summed in order, each once); `partial` zero at the part's start (each flush zeroes it);
+  // `ring` where dot_: x's rows in bfloat16, s_.x.c x dot_filter_width() values a slot.
   void filter_rows(const ChannelPlanes<const float>& in, const ChannelPlanes<const float>& grad,
                    FilterSums& f, std::int64_t part, std::int64_t r0, std::int64_t r1,
-                   std::vector<float>& partial) const {
+                   std::vector<float>& partial, RowRing<std::uint16_t>* ring) const {
     const Shape4 &xs = f.xs, &ys = f.ys, &ws = f.ws;
     const std::int64_t begin = f.begin(part), end = f.end(part);
     double* part_sums = f.sums.data() + part * f.blocks * f.per_block;
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / ys.h, h = r % ys.h;
-      for (std::int64_t block = 0; block < f.blocks; ++block)
-        wide::filter_row({.dy = grad.at(n, block * kOut, h),
-                          .dy_plane = grad.plane,
-                          .outs = std::min(kOut, ys.c - block * kOut),
-                          .out_w = ys.w,
-                          .x = chunks_of(in, n, xs.c),
-                          .x_plane = in.plane,
-                          .x_row = in.row,
-                          .in_h = xs.h,
-                          .in_w = xs.w,
-                          .channels = xs.c,
-                          .row0 = h - pad_top_,
-                          .col0 = -pad_left_,
-                          .kh = ws.h,
-                          .kw = ws.w,
-                          .dh = dh_,
-                          .dw = dw_,
-                          .pair_begin = pair_begin_,
-                          .pair_end = pair_end_,
-                          .pair_row = (centre_.h + h) % 2,
-                          .pair_row0 = pair_row0(h - pad_top_ + 1, h)},
-                         partial.data() + block * f.per_block);
+      std::array<const std::uint16_t*, kMaxExtent> x_rows{};  // dot_: the rows the taps read
+      // dot_: the next dy row's channels and the x row the next dy row stages first, where this
+      // part goes on in the same sample (dot::filter_row).
+      std::array<const float*, kMaxOut> dy_ahead{};
+      std::array<const float*, kMaxIn> x_ahead{};
+      if (ring != nullptr && r + 1 < r1 && (r + 1) % ys.h != 0) {
+        for (std::int64_t o = 0; o < ys.c; ++o)
+          dy_ahead[static_cast<std::size_t>(o)] = grad.at(n, o, h + 1);
+        if (const std::int64_t next = h + 1 - pad_top_ + (ws.h - 1) * dh_; next >= 0 && next < xs.h)
+          for (std::int64_t c = 0; c < xs.c; ++c)
+            x_ahead[static_cast<std::size_t>(c)] = in.at(n, c, next);
+      }
+      if (ring != nullptr) {
+        const std::int64_t width = dot_filter_width();
+        for (std::int64_t a = 0; a < ws.h; ++a)
+          if (const std::int64_t row = h - pad_top_ + a * dh_; row >= 0 && row < xs.h)
+            x_rows[static_cast<std::size_t>(a)] = ring->row(n, xs.h, row, [&](std::uint16_t* x) {
+              for (std::int64_t c = 0; c < xs.c; ++c)
+                dot::to_bf16(in.at(n, c, row), -pad_left_, xs.w, width, x + c * width);
+            });
+      }
+      for (std::int64_t block = 0; block < f.blocks; ++block) {
+        const wide::FilterJob job{.dy = grad.at(n, block * kOut, h),
+                                  .dy_plane = grad.plane,
+                                  .outs = std::min(kOut, ys.c - block * kOut),
+                                  .out_w = ys.w,
+                                  .x = chunks_of(in, n, xs.c),
+                                  .x_plane = in.plane,
+                                  .x_row = in.row,
+                                  .in_h = xs.h,
+                                  .in_w = xs.w,
+                                  .channels = xs.c,
+                                  .row0 = h - pad_top_,
+                                  .col0 = -pad_left_,
+                                  .kh = ws.h,
+                                  .kw = ws.w,
+                                  .dh = dh_,
+                                  .dw = dw_,
+                                  .pair_begin = pair_begin_,
+                                  .pair_end = pair_end_,
+                                  .pair_row = (centre_.h + h) % 2,
+                                  .pair_row0 = pair_row0(h - pad_top_ + 1, h)};
+        if (dot_)
+          dot::filter_row(job, x_rows, dot_filter_width(), partial.data() + block * f.per_block,
+                          dy_ahead[0] != nullptr ? dy_ahead.data() + block * kOut : nullptr,
+                          block == 0 && x_ahead[0] != nullptr ? x_ahead.data() : nullptr);
+        else
+          wide::filter_row(job, partial.data() + block * f.per_block);
+      }
       if ((r - begin) % f.flush_rows == f.flush_rows - 1 || r == end - 1)
         wide::flush(partial.data(), part_sums, f.blocks * f.per_block);
       if (!f.bias_sums.empty())
@@ -874,6 +1215,10 @@ class NarrowConv final : public ConvKernel<float> {
       return;
     }
     const Correlate c = correlation(in, is, out, os, adjoint, w, bias, true);
+    if (dot_) {
+      dot_correlate_all(c);
+      return;
+    }
     parallel_for(
         os.n * os.h,
         [&](std::int64_t first, std::int64_t last) {
@@ -921,6 +1266,34 @@ class NarrowConv final : public ConvKernel<float> {
             .row_shift = adjoint ? pad_top_ - (ws.h - 1) * dh_ : -pad_top_,
             .col0 = adjoint ? pad_left_ - (ws.w - 1) * dw_ : -pad_left_};
   }
+  // The RowJob of `c`'s output row h of sample n, its block of 8 output channels `block`: the
+  // geometry, the output and its epilogue; where it reads x and the weights is the caller's
+  // (correlate_rows: the planes; dot_correlate_rows: staged rows).
+  RowJob row_job(const Correlate& c, std::int64_t n, std::int64_t h, std::int64_t block,
+                 bool stream) const {
+    const Shape4 &ws = s_.w, &is = c.is, &os = c.os;
+    return {.in = {},
+            .in_plane = c.in.plane,
+            .in_row = c.in.row,
+            .in_h = is.h,
+            .in_w = is.w,
+            .row0 = h + c.row_shift,
+            .col0 = c.col0,
+            .k = nullptr,
+            .kh = ws.h,
+            .kw = ws.w,
+            .dh = dh_,
+            .dw = dw_,
+            .out = c.out.at(n, block * kOut, h),
+            .out_plane = c.out.plane,
+            .out_w = os.w,
+            .outs = std::min(kOut, os.c - block * kOut),
+            .init = c.bias.empty() ? nullptr : c.bias.data() + block * kOut,
+            .activate = !c.adjoint && s_.activation.has_value(),
+            .slope = activation_slope(),
+            .stream = stream};
+  }
+
   // Output rows [r0, r1) of `c` (row r: sample r / os.h, row r % os.h).
   void correlate_rows(const Correlate& c, std::int64_t r0, std::int64_t r1) const {
     const Shape4 &ws = s_.w, &is = c.is, &os = c.os;
@@ -928,39 +1301,131 @@ class NarrowConv final : public ConvKernel<float> {
     const std::int64_t pattern = (pair_end_ - pair_begin_) * 4 * kOut * kPairLanes;
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / os.h, h = r % os.h;
-      for (std::int64_t block = 0; block < blocks; ++block)
-        wide::correlate_row(
-            {.in = chunks_of(c.in, n, is.c),
-             .in_plane = c.in.plane,
-             .in_row = c.in.row,
-             .in_h = is.h,
-             .in_w = is.w,
-             .row0 = h + c.row_shift,
-             .col0 = c.col0,
-             .k = c.k.data() + block * is.c * taps * kOut,
-             .kh = ws.h,
-             .kw = ws.w,
-             .dh = dh_,
-             .dw = dw_,
-             .out = c.out.at(n, block * kOut, h),
-             .out_plane = c.out.plane,
-             .out_w = os.w,
-             .outs = std::min(kOut, os.c - block * kOut),
-             .init = c.bias.empty() ? nullptr : c.bias.data() + block * kOut,
-             .activate = !c.adjoint && s_.activation.has_value(),
-             .slope = activation_slope(),
-             .stream = c.stream,
-             .pair_k =
-                 c.pair_k.empty()
-                     ? nullptr
-                     : c.pair_k.data() + (((centre_.h + h) % 2) * blocks + block) * 2 * pattern,
-             .pair_begin = pair_begin_,
-             .pair_end = pair_end_,
-             .pair_parity = centre_.w,
-             .pair_row0 = pair_row0(h + c.row_shift + 1, h),
-             .pair_next = (centre_.h + h) % 2 == 0 ? h + c.row_shift + 3 : -1},
-            is.c);
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        RowJob job = row_job(c, n, h, block, c.stream);
+        job.in = chunks_of(c.in, n, is.c);
+        job.k = c.k.data() + block * is.c * taps * kOut;
+        if (!c.pair_k.empty()) {
+          job.pair_k = c.pair_k.data() + (((centre_.h + h) % 2) * blocks + block) * 2 * pattern;
+          job.pair_begin = pair_begin_;
+          job.pair_end = pair_end_;
+          job.pair_parity = centre_.w;
+          job.pair_row0 = pair_row0(h + c.row_shift + 1, h);
+          job.pair_next = (centre_.h + h) % 2 == 0 ? h + c.row_shift + 3 : -1;
+        }
+        wide::correlate_row(job, is.c);
+      }
     }
+  }
+
+  // correlate_all in bfloat16 dot products (dot::correlate_row): each thread stages the input
+  // rows its output rows read, all channel pairs of a row at once, in a ring of the (kh - 1) * dh
+  // + 1 rows an output row's taps span, so that each row is converted once (a new one an output
+  // row). Each output is written once, streamed where one too large for the caches starts on
+  // lines.
+  void dot_correlate_all(const Correlate& c) const {
+    const DotCorrelate d = dot_correlation(c, true);
+    parallel_for(
+        c.os.n * c.os.h,
+        [&](std::int64_t r0, std::int64_t r1) {
+          RowRing<dot::Pair> ring = d.ring();
+          dot_correlate_rows(c, d, ring, r0, r1);
+          if (d.stream) _mm_sfence();
+        },
+        grain_for(c.os.w * c.is.c * s_.w.h * s_.w.w));
+  }
+
+  // A Correlate's bfloat16 side: the weights as pairs, the staged rows' geometry (a staged row's
+  // columns: from the first the taps read, lpad before column 0, to past the last the last block's
+  // vectors read; pairs x width values a row, ring_rows of them a thread), streaming or not.
+  struct DotCorrelate {
+    std::vector<dot::Pair> k;
+    std::int64_t pairs = 0, lpad = 0, first = 0, width = 0, ring_rows = 0;
+    bool stream = false;
+    RowRing<dot::Pair> ring() const { return RowRing<dot::Pair>(ring_rows, pairs * width); }
+  };
+  DotCorrelate dot_correlation(const Correlate& c, bool may_stream) const {
+    const Shape4 &ws = s_.w, &os = c.os;
+    const auto up16 = [](std::int64_t v) { return (v + kLanes - 1) / kLanes * kLanes; };
+    DotCorrelate d{.k = dot_pairs(c.k, c.is.c, (os.c + kOut - 1) / kOut),
+                   .pairs = (c.is.c + 1) / 2,
+                   .lpad = std::max<std::int64_t>(0, -c.col0),
+                   .ring_rows = (ws.h - 1) * dh_ + 1,
+                   .stream = may_stream &&
+                             os.numel() * std::int64_t(sizeof(float)) >= streaming_store_bytes() &&
+                             c.out.lines_aligned()};
+    d.first = d.lpad + c.col0;
+    d.width = up16(d.first + up16(os.w) + (ws.w - 1) * dw_);
+    return d;
+  }
+
+  // Output rows [r0, r1) of `c` (correlate_rows' rows) in bfloat16 dot products, their input rows
+  // staged in `ring` (d.ring(), this thread's).
+  void dot_correlate_rows(const Correlate& c, const DotCorrelate& d, RowRing<dot::Pair>& ring,
+                          std::int64_t r0, std::int64_t r1) const {
+    const Shape4 &ws = s_.w, &is = c.is, &os = c.os;
+    const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / os.h, h = r % os.h, row0 = h + c.row_shift;
+      dot::Staged in{
+          .a0 = 0, .a1 = ws.h, .pairs = d.pairs, .pair_stride = d.width, .first = d.first};
+      while (in.a0 < in.a1 && row0 + in.a0 * dh_ < 0)
+        ++in.a0;
+      while (in.a1 > in.a0 && row0 + (in.a1 - 1) * dh_ >= is.h)
+        --in.a1;
+      // The row the next output row reads that this one does not (dilation 1).
+      const std::int64_t next = row0 + 1 + (ws.h - 1) * dh_;
+      in.aheads = r + 1 < r1 && (r + 1) % os.h != 0 && next >= 0 && next < is.h ? is.c : 0;
+      for (std::int64_t i = 0; i < in.aheads; ++i)
+        in.ahead[static_cast<std::size_t>(i)] = c.in.at(n, i, next);
+      in.col0 = c.col0;
+      in.in_w = is.w;
+      for (std::int64_t a = in.a0; a < in.a1; ++a) {
+        const std::int64_t row = row0 + a * dh_;
+        in.rows[static_cast<std::size_t>(a)] = ring.row(n, is.h, row, [&](dot::Pair* staged) {
+          for (std::int64_t q = 0; q < d.pairs; ++q)
+            dot::stage_row(c.in.at(n, 2 * q, row),
+                           2 * q + 1 < is.c ? c.in.at(n, 2 * q + 1, row) : nullptr, is.w, d.lpad,
+                           d.width, staged + q * d.width);
+        });
+      }
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        in.k = d.k.data() + block * d.pairs * taps * kOut;
+        if (block > 0) in.aheads = 0;
+        dot::correlate_row(row_job(c, n, h, block, d.stream), in);
+      }
+    }
+  }
+
+  // x's rows as the filter gradient stages them (filter_rows), a thread's.
+  RowRing<std::uint16_t> dot_filter_ring() const {
+    return RowRing<std::uint16_t>((s_.w.h - 1) * dh_ + 1, s_.x.c * dot_filter_width());
+  }
+
+  // The values of one channel's row of x as the filter gradient stages it in bfloat16
+  // (dot::filter_row): from column -pad_left to past the last the taps of its pieces' vectors read.
+  std::int64_t dot_filter_width() const {
+    const auto up32 = [](std::int64_t v) { return (v + 31) / 32 * 32; };
+    return up32(up32(s_.y.w) + (s_.w.w - 1) * dw_);
+  }
+
+  // The packed weights (packed(): k[block][i][tap][j], `channels` i) as dot::Pair values of input
+  // channels 2q and 2q + 1 rounded to bfloat16: [block][q][tap][j], the high half 0 past the last
+  // channel.
+  static std::vector<dot::Pair> dot_pairs(const std::vector<float>& k, std::int64_t channels,
+                                          std::int64_t blocks) {
+    const auto size = static_cast<std::int64_t>(k.size());
+    const std::int64_t taps = size / (blocks * channels * kOut), pairs = (channels + 1) / 2;
+    std::vector<std::uint16_t> r(static_cast<std::size_t>((size + 31) / 32 * 32));
+    dot::to_bf16(k.data(), 0, size, static_cast<std::int64_t>(r.size()), r.data());
+    std::vector<dot::Pair> out(static_cast<std::size_t>(blocks * pairs * taps * kOut), 0);
+    for (std::int64_t block = 0; block < blocks; ++block)
+      for (std::int64_t i = 0; i < channels; ++i)
+        for (std::int64_t e = 0; e < taps * kOut; ++e)
+          out[static_cast<std::size_t>((block * pairs + i / 2) * taps * kOut + e)] |=
+              dot::Pair{r[static_cast<std::size_t>((block * channels + i) * taps * kOut + e)]}
+              << (16 * (i % 2));
+    return out;
   }
 
   // Whether the pair taps fit (RowJob::pair_k): a 3x3 kernel of dilation 1, whole tensors, the
@@ -1041,6 +1506,8 @@ class NarrowConv final : public ConvKernel<float> {
   // The pair taps' input channels (none: empty), and the parities of output (0, 0)'s centre.
   std::int64_t pair_begin_ = 0, pair_end_ = 0;
   BoxAt centre_{};
+  // bfloat16 dot products (namespace dot) in every pass.
+  bool dot_ = false;
   // The AMX kernels (bf16), or none.
   std::unique_ptr<amx::Conv> amx_forward_, amx_data_;
   std::unique_ptr<amx::ConvWeights> amx_weights_;
@@ -1066,6 +1533,19 @@ bool narrow_conv_channels(std::int64_t in, std::int64_t out, bool x_nchw) {
 
 bool narrow_conv_kernel(std::int64_t groups, std::int64_t kh, std::int64_t kw) {
   return groups == 1 && kh >= 1 && kw >= 1 && kh <= kMaxExtent && kw <= kMaxExtent && kh * kw > 1;
+}
+
+bool narrow_conv_bf16_dot() {
+#if TESSERA_HAS_WIDE_LOOPS
+  static const bool cpu = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1) != 0;  // AVX512_BF16
+  }();
+  const char* env = std::getenv("TESSERA_NARROW_BF16");
+  return cpu && !(env != nullptr && std::string(env) == "0") && !amx::available();
+#else
+  return false;
+#endif
 }
 
 bool narrow_conv_available() {

@@ -48,11 +48,12 @@ po::options_description device_options() {
       "with cuda: only algorithms that give bitwise the same result every run")(
       "precision", po::value<std::string>()->default_value("float32"),
       "float32, or bf16: convolutions with bfloat16 products and float32 sums on CPUs that have "
-      "bfloat16 instructions (AVX512_BF16: oneDNN's kernels; AMX: Tessera's for stride-1 "
-      "convolutions between 16-channel blocks, TESSERA_AMX=0 leaves them to oneDNN); "
-      "activations, weights, gradients, 1x1 heads to fewer than 16 channels, convolutions "
-      "reading fewer than 16 channels and the narrow AVX-512 convolutions in float32; with "
-      "--dtype float32 and --device cpu")(
+      "bfloat16 instructions (AVX512_BF16: oneDNN's kernels, and the narrow AVX-512 "
+      "convolutions in bfloat16 dot products, TESSERA_NARROW_BF16=0 keeps those float32; AMX: "
+      "Tessera's for stride-1 convolutions between 16-channel blocks and for the wider narrow "
+      "ones, TESSERA_AMX=0 leaves them to oneDNN); activations, weights, gradients, 1x1 heads "
+      "to fewer than 16 channels and oneDNN's convolutions reading fewer than 16 channels in "
+      "float32; with --dtype float32 and --device cpu")(
       "transport", po::value<std::string>()->default_value("auto"),
       "how halos and gradient sums travel between GPUs: nccl (device buffers, one GPU per "
       "rank); mpi (staged through host memory; works everywhere, also with --share-devices); "

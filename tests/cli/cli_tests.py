@@ -233,6 +233,17 @@ def read_group(f, group):
 SCENARIOS = {}
 
 
+def cpu_flags():
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo), or none where it does not."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def scenario(fn):
     SCENARIOS[fn.__name__] = fn
     return fn
@@ -722,6 +733,18 @@ def precision_bf16(env):
         fail("expected c2's bf16 backward-weights in strips at 2x3x1024x1024", r)
     expect_ok(env.tessera(2, "gradcheck", *big, "--height", "1024", "--width", "1024", "--dtype",
                           "float32"), "PASS")
+    # CPUs with AVX512_BF16 and no AMX (AMD Zen 4 and 5): the narrow convolutions compute in
+    # bfloat16 dot products, pair taps or not (the gradchecks above ran them);
+    # TESSERA_NARROW_BF16=0 keeps them float32.
+    flags = cpu_flags()
+    if "avx512_bf16" in flags and "amx_tile" not in flags:
+        small = ["bench", "--model", "unet-small", "--image", "3x256x256", "--precision", "bf16",
+                 "--steps", "1", "--warmup", "1", "--sgemm", "0", "--membw", "0"]
+        expect_ok(env.tessera(1, *small), "e1b narrow avx512 bf16,", "d1 narrow avx512 bf16,")
+        r = env.run_cmd([env.mpiexec, "-n", "1", "-genv", "TESSERA_NARROW_BF16", "0", env.exe,
+                         *small])
+        if r.rc != 0 or "e1b narrow avx512," not in r.output or "avx512 bf16" in r.output:
+            fail("expected the float32 narrow kernels with TESSERA_NARROW_BF16=0", r)
     # What it does not go with.
     expect_error(env.tessera(2, *args[:-2], "--precision", "bf16"), "--dtype float32",
                  "not float64")

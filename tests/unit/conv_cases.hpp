@@ -1,10 +1,12 @@
 // Convolution cases for the kernel tests (tests/unit/test_onednn_conv.cpp,
-// tests/unit/test_narrow_conv.cpp): a sweep of shapes and geometries, and the checks of a kernel's
-// three passes and of its box kernels against the float64 reference. Single process.
+// tests/unit/test_narrow_conv.cpp, tests/unit/test_amx_conv.cpp): a sweep of shapes and geometries,
+// and the checks of a kernel's three passes and of its box kernels against the float64 reference.
+// Single process.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +36,21 @@ inline Tensor<double> to_double(const Tensor<float>& t) {
   Tensor<double> out(t.shape());
   for (std::int64_t k = 0; k < t.numel(); ++k)
     out.data()[k] = t.data()[k];
+  return out;
+}
+
+// bfloat16 rounding (to nearest, ties to even) of a finite float, as the kernels' conversions
+// (vcvtneps2bf16); and of every value of a tensor.
+inline double bf16(float v) {
+  const auto bits = std::bit_cast<std::uint32_t>(v);
+  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  return std::bit_cast<float>(rounded);
+}
+
+inline Tensor<double> rounded(const Tensor<float>& t) {
+  Tensor<double> out(t.shape());
+  for (std::int64_t k = 0; k < t.numel(); ++k)
+    out.data()[k] = bf16(t.data()[k]);
   return out;
 }
 

@@ -3,7 +3,6 @@
 // --precision bf16. Skipped on CPUs without AMX. Single process.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -24,21 +23,8 @@ namespace tessera {
 namespace {
 
 using conv_cases::random_tensor;
+using conv_cases::rounded;
 using test::rel_error;
-
-// bfloat16 rounding (to nearest, ties to even) of a finite float, as the kernel's conversions.
-double bf16(float v) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
-  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  return std::bit_cast<float>(rounded);
-}
-
-Tensor<double> rounded(const Tensor<float>& t) {
-  Tensor<double> out(t.shape());
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    out.data()[k] = bf16(t.data()[k]);
-  return out;
-}
 
 struct AmxCase {
   std::int64_t n, in_c, out_c, kh, kw, dil, pad_top, pad_left, pad_bottom, pad_right, out_h, out_w;

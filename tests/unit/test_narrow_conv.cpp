@@ -5,12 +5,14 @@
 // "same" and asymmetric, at row widths around the blocks and the filter's pieces); that the
 // filter gradients are the same on every run and add into dw; streaming stores give the same
 // bits; the cases they decline (padding
-// past the kernel's span among them); and that the oneDNN backend plans NCHW for them.
+// past the kernel's span among them); and that the oneDNN backend plans NCHW for them. Under
+// --precision bf16: Tessera's AMX kernels (CPUs with AMX) or bfloat16 dot products (AVX512_BF16).
 // Skipped where the CPU has no AVX-512. Single process.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -415,7 +417,8 @@ bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
 // one thread and on two (the filter sums' parts are the thread count's either way): without an
 // activation, with ReLU and leaky ReLU (x with zeros, negatives and a NaN), bias or none, "same"
 // padding with row widths and heights that split into several bands and a part boundary inside a
-// sample. It declines where the heights of x and y differ, and for sigmoid.
+// sample; in float32 and, where the CPU has them, in bfloat16 dot products under --precision bf16
+// (narrow_conv_bf16_dot). It declines where the heights of x and y differ, and for sigmoid.
 TEST(NarrowConv, FusedBackwardIsTheSeparatePassesBitForBit) {
   REQUIRE_NARROW_KERNELS();
   const std::optional<FusedActivation> activations[] = {
@@ -424,37 +427,45 @@ TEST(NarrowConv, FusedBackwardIsTheSeparatePassesBitForBit) {
   const Case cases[] = {
       same_case(2, 8, 8, 3, 1, 37, 2048, false), same_case(2, 8, 16, 3, 1, 29, 1030, true),
       same_case(1, 3, 8, 5, 2, 70, 61, true), same_case(3, 24, 8, 3, 1, 9, 300, false)};
-  for (const Case& c : cases) {
-    std::unique_ptr<ConvKernel<float>> k = make(c);
-    ASSERT_NE(k, nullptr) << c.str();
-    Tensor<float> x = random_tensor(c.x(), 21);
-    for (std::int64_t i = 0; i < x.numel(); i += 7)
-      x.data()[i] = i % 3 == 0 ? 0.0f : -std::abs(x.data()[i]);
-    x.data()[11] = std::numeric_limits<float>::quiet_NaN();
-    const Tensor<float> w = random_tensor(c.w(), 22), dy = random_tensor(c.y(), 23);
-    for (const std::optional<FusedActivation>& f : activations) {
-      const float slope = f && f->kind == ActivationKind::leaky_relu ? 0.1f : 0.0f;
-      for (int threads : {1, 2}) {
-        const Threads scope(threads);
-        Tensor<float> dx(c.x()), dw(c.w(), 0.5f), db({c.o, 1, 1, 1}, 0.25f);
-        Tensor<float> dx_fused(c.x(), 3.0f), dw_fused = dw, db_fused = db;
-        const std::span<float> bias = c.bias ? db.span() : std::span<float>();
-        const std::span<float> bias_fused = c.bias ? db_fused.span() : std::span<float>();
-        k->backward_data(dy, w, dx);
-        if (f)
-          for (std::int64_t i = 0; i < dx.numel(); ++i)
-            dx.data()[i] = elementwise::leaky_relu_grad(x.data()[i] > 0.0f, dx.data()[i], slope);
-        k->backward_filter(x, dy, dw, bias);
-        ASSERT_TRUE(k->backward_fused(x, dy, w, f, dx_fused, dw_fused, bias_fused)) << c.str();
-        const std::string what =
-            c.str() + (f ? f->kind == ActivationKind::relu ? ", relu" : ", leaky relu" : "") +
-            ", " + std::to_string(threads) + " threads";
-        EXPECT_TRUE(same_bits(dx_fused, dx)) << "dx, " << what;
-        EXPECT_TRUE(same_bits(dw_fused, dw)) << "dw, " << what;
-        EXPECT_TRUE(same_bits(db_fused, db)) << "dbias, " << what;
+  struct Float32After {
+    ~Float32After() { set_conv_bf16(false); }
+  } float32_after;
+  for (const bool bf16 : {false, true})
+    for (const Case& c : cases) {
+      if (bf16 && !narrow_conv_bf16_dot()) break;
+      set_conv_bf16(bf16);
+      std::unique_ptr<ConvKernel<float>> k = make(c);
+      ASSERT_NE(k, nullptr) << c.str();
+      EXPECT_EQ(k->name(), bf16 ? "narrow avx512 bf16" : "narrow avx512") << c.str();
+      Tensor<float> x = random_tensor(c.x(), 21);
+      for (std::int64_t i = 0; i < x.numel(); i += 7)
+        x.data()[i] = i % 3 == 0 ? 0.0f : -std::abs(x.data()[i]);
+      x.data()[11] = std::numeric_limits<float>::quiet_NaN();
+      const Tensor<float> w = random_tensor(c.w(), 22), dy = random_tensor(c.y(), 23);
+      for (const std::optional<FusedActivation>& f : activations) {
+        const float slope = f && f->kind == ActivationKind::leaky_relu ? 0.1f : 0.0f;
+        for (int threads : {1, 2}) {
+          const Threads scope(threads);
+          Tensor<float> dx(c.x()), dw(c.w(), 0.5f), db({c.o, 1, 1, 1}, 0.25f);
+          Tensor<float> dx_fused(c.x(), 3.0f), dw_fused = dw, db_fused = db;
+          const std::span<float> bias = c.bias ? db.span() : std::span<float>();
+          const std::span<float> bias_fused = c.bias ? db_fused.span() : std::span<float>();
+          k->backward_data(dy, w, dx);
+          if (f)
+            for (std::int64_t i = 0; i < dx.numel(); ++i)
+              dx.data()[i] = elementwise::leaky_relu_grad(x.data()[i] > 0.0f, dx.data()[i], slope);
+          k->backward_filter(x, dy, dw, bias);
+          ASSERT_TRUE(k->backward_fused(x, dy, w, f, dx_fused, dw_fused, bias_fused)) << c.str();
+          const std::string what =
+              c.str() + (f ? f->kind == ActivationKind::relu ? ", relu" : ", leaky relu" : "") +
+              ", " + std::to_string(threads) + " threads" + (bf16 ? ", bf16" : "");
+          EXPECT_TRUE(same_bits(dx_fused, dx)) << "dx, " << what;
+          EXPECT_TRUE(same_bits(dw_fused, dw)) << "dw, " << what;
+          EXPECT_TRUE(same_bits(db_fused, db)) << "dbias, " << what;
+        }
       }
     }
-  }
+  set_conv_bf16(false);
   Case shorter = narrow_case(1, 8, 8, 3, 1, 7, 40, false);  // no padding: x two rows taller
   std::unique_ptr<ConvKernel<float>> k = make(shorter);
   ASSERT_NE(k, nullptr);
@@ -511,6 +522,57 @@ TEST(NarrowConv, ReadsAConcatsPartsWhereTheyLie) {
   }
 }
 
+// The case's box kernels (expect_box_kernel_matches, within `tolerance`), each named `name`.
+void expect_box_kernels_named(const Case& c, const std::string& name, double tolerance) {
+  expect_box_kernel_matches(
+      c,
+      [&](const ConvShapes& s) {
+        std::unique_ptr<ConvKernel<float>> box = make_narrow_conv(s, c.geometry());
+        EXPECT_NE(box, nullptr) << "box, " << c.str();
+        if (box) {
+          EXPECT_EQ(box->name(), name) << "box, " << c.str();
+        }
+        return box;
+      },
+      tolerance);
+}
+
+// A kernel planned with a fused ReLU or leaky ReLU: its forward bit for bit the plain kernel's
+// through elementwise::leaky_relu.
+void expect_fused_activation_bit_for_bit(const Case& c) {
+  for (const FusedActivation f :
+       {FusedActivation{.kind = ActivationKind::relu},
+        FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.1}}) {
+    ConvShapes fused = c.shapes();
+    fused.activation = f;
+    std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(fused, c.geometry()), plain = make(c);
+    ASSERT_NE(k, nullptr);
+    EXPECT_TRUE(k->applies_activation());
+    const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+    const Tensor<float> b = random_tensor({c.o, 1, 1, 1}, 4);
+    Tensor<float> y(c.y()), want(c.y());
+    k->forward(x, w, b.span(), y);
+    plain->forward(x, w, b.span(), want);
+    for (float& v : want.span())
+      v = elementwise::leaky_relu(v, static_cast<float>(f.slope));
+    EXPECT_TRUE(same_bits(y, want)) << "fused activation " << f.slope << ", " << c.str();
+  }
+}
+
+// A concat's parts (unet-small's d1, and three parts whose last fills no chunk of 8) on a kernel
+// named `name`: bit for bit the whole tensor's passes.
+void expect_parts_bit_for_bit(const std::string& name) {
+  const std::pair<Case, std::vector<std::int64_t>> parts[] = {
+      {same_case(2, 24, 8, 3, 1, 9, 70, false), {16, 8}},
+      {narrow_case(2, 37, 5, 3, 1, 4, 21, true), {16, 16, 5}}};
+  for (const auto& [c, split_at] : parts) {
+    std::unique_ptr<ConvKernel<float>> k = make(c);
+    ASSERT_NE(k, nullptr) << c.str();
+    EXPECT_EQ(k->name(), name) << c.str();
+    expect_parts_match(*k, c, split_at);
+  }
+}
+
 // Under --precision bf16 on CPUs with AMX the narrow convolutions run on Tessera's AMX kernels
 // (include/tessera/kernels/amx_conv.hpp), which read and write the planes as they lie: whole
 // tensors, boxes (the forward) and a concat's parts (bit for bit the whole tensor's), at row widths
@@ -530,17 +592,7 @@ TEST(NarrowConv, RunsOnAmxUnderBf16) {
     ASSERT_NE(k, nullptr) << c.str();
     EXPECT_EQ(k->name(), "narrow tessera amx") << c.str();
     expect_matches_reference(*k, c, Layout::nchw, kBf16);
-    expect_box_kernel_matches(
-        c,
-        [&](const ConvShapes& s) {
-          std::unique_ptr<ConvKernel<float>> box = make_narrow_conv(s, c.geometry());
-          EXPECT_NE(box, nullptr) << "box, " << c.str();
-          if (box) {
-            EXPECT_EQ(box->name(), "narrow tessera amx") << "box, " << c.str();
-          }
-          return box;
-        },
-        kBf16);
+    expect_box_kernels_named(c, "narrow tessera amx", kBf16);
   };
   // (At least 128 products a pixel and tap: fewer stay on the float32 kernels.)
   const std::int64_t channels[][2] = {{13, 12}, {16, 8}, {24, 8}, {8, 16},
@@ -560,34 +612,138 @@ TEST(NarrowConv, RunsOnAmxUnderBf16) {
        {same_case(1, 8, 8, 3, 1, 3, 20, false), same_case(1, 3, 8, 3, 1, 3, 20, false)})
     EXPECT_EQ(make(c)->name(), "narrow avx512") << c.str();
 
+  expect_fused_activation_bit_for_bit(same_case(2, 19, 8, 3, 1, 7, 61, true));
+  expect_parts_bit_for_bit("narrow tessera amx");
+}
+
+// The three passes against the float64 reference on bfloat16-rounded factors (x, w, dy; not the
+// bias), within float32 sums' rounding of the largest value (the bias gradient from dy as it is),
+// the forward through the fused activation `f` if any; dw and dbias added into.
+void expect_matches_rounded_reference(ConvKernel<float>& k, const Case& c,
+                                      const std::optional<FusedActivation>& f) {
+  constexpr double kSums = 1e-5;
+  const ConvGeometry g = c.geometry();
+  const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+  const Tensor<float> dy = random_tensor(c.y(), 3);
+  const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
+  const Tensor<double> xr = rounded(x), wr = rounded(w), dyr = rounded(dy), bd = to_double(b);
+
+  Tensor<float> y(c.y(), 7.0f);
+  k.forward(x, w, b.span(), y);
+  Tensor<double> yd(c.y());
+  reference::conv2d_forward(xr, wr, bd.span(), yd, g);
+  if (f)
+    for (double& v : yd.span())
+      v = v > 0 ? v : f->kind == ActivationKind::leaky_relu ? f->slope * v : 0.0;
+  EXPECT_LE(rel_error(y.span(), yd.span()), kSums) << "forward, " << c.str();
+
+  Tensor<float> dx(c.x(), 7.0f);
+  k.backward_data(dy, w, dx);
+  Tensor<double> dxd(c.x());
+  reference::conv2d_backward_data(dyr, wr, dxd, g);
+  EXPECT_LE(rel_error(dx.span(), dxd.span()), kSums) << "backward-data, " << c.str();
+
+  Tensor<float> dw = random_tensor(c.w(), 5);
+  Tensor<double> dwd = to_double(dw), unused(c.w());
+  Tensor<float> db = c.bias ? random_tensor({c.o, 1, 1, 1}, 6) : Tensor<float>();
+  Tensor<double> dbd = to_double(db);
+  k.backward_filter(x, dy, dw, db.span());
+  reference::conv2d_backward_filter(xr, dyr, dwd, {}, g);
+  reference::conv2d_backward_filter(to_double(x), to_double(dy), unused, dbd.span(), g);
+  EXPECT_LE(rel_error(dw.span(), dwd.span()), kSums) << "backward-weights, " << c.str();
+  EXPECT_LE(rel_error(db.span(), dbd.span()), kSums) << "backward-bias, " << c.str();
+}
+
+// Under --precision bf16 on CPUs with AVX512_BF16 and no AMX the narrow kernels compute in
+// bfloat16 dot products (narrow_conv_bf16_dot): every pass within float32 sums' rounding of the
+// float64 reference on bfloat16-rounded factors (the conversions round to nearest even): row
+// widths around the 16-lane vectors, the 48-column blocks and the filter's 512-column pieces, odd
+// channel counts (a pair half empty), one input channel, two blocks of outputs, every kernel
+// extent and dilation with padding in the kernel, several samples and a tall tile on 1 and 2
+// threads (the rows' ring), a fused (leaky) ReLU (bit for bit the plain forward's through
+// elementwise::leaky_relu); boxes (within bfloat16's tolerance of the unrounded reference), a
+// concat's parts and streamed outputs bit for bit the whole tensor's; a layer of doubled channels
+// too (no pair taps). TESSERA_NARROW_BF16=0 or --precision float32: the float32 kernels.
+TEST(NarrowConv, DotProductsUnderBf16MatchTheReferenceOnRoundedInputs) {
+  REQUIRE_NARROW_KERNELS();
+#if defined(__x86_64__)
+  const bool has_bf16 = __builtin_cpu_supports("avx512bf16");
+#else
+  const bool has_bf16 = false;
+#endif
+  if (!has_bf16 || amx::available())
+    GTEST_SKIP() << "the CPU has no AVX512_BF16, or has AMX (the AMX kernels take bf16)";
+  const char* env = std::getenv("TESSERA_NARROW_BF16");
+  if (env != nullptr && std::string(env) == "0") GTEST_SKIP() << "TESSERA_NARROW_BF16=0";
+  EXPECT_TRUE(narrow_conv_bf16_dot());
+  EXPECT_EQ(make(same_case(1, 8, 8, 3, 1, 3, 20, false))->name(), "narrow avx512");  // float32
+  struct Bf16 {
+    Bf16() { set_conv_bf16(true); }
+    ~Bf16() { set_conv_bf16(false); }
+  } bf16_scope;
+  const auto check = [&](const Case& c, const std::optional<FusedActivation>& f = std::nullopt) {
+    ConvShapes shapes = c.shapes();
+    shapes.activation = f;
+    std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(shapes, c.geometry());
+    ASSERT_NE(k, nullptr) << c.str();
+    EXPECT_EQ(k->name(), "narrow avx512 bf16") << c.str();
+    expect_matches_rounded_reference(*k, c, f);
+    if (f) return;
+    expect_box_kernels_named(c, "narrow avx512 bf16", 1e-2);
+  };
+  const std::int64_t channels[][2] = {{13, 12}, {16, 8}, {24, 8}, {8, 16}, {3, 8}, {1, 3}, {64, 8}};
+  for (std::int64_t w = 1; w <= 100; w += 3) {
+    const auto [c, o] = channels[w % 7];
+    check(narrow_case(1 + w % 2, c, o, 3, 1, 2 + w % 3, w, w % 3 == 0));
+    check(same_case(1, c, o, 3, 1, 3, w, w % 2 == 0));
+  }
+  check(narrow_case(1, 3, 8, 3, 1, 4, 600, false));  // two filter pieces
+  check(same_case(1, 5, 8, 3, 1, 3, 530, true));
+  for (std::int64_t kernel : {2, 3, 5, 7})
+    for (std::int64_t dilation : {1, 2})
+      check(padded_case(2, 11, 5, kernel, dilation, 5, 19 + 4 * kernel, kernel % 2, dilation,
+                        dilation * (kernel - 1) - dilation));
+  check(same_case(3, 24, 8, 3, 1, 21, 40, false));
+  {
+    const Threads two(2);
+    check(same_case(2, 24, 8, 3, 1, 21, 70, true));
+    check(same_case(1, 12, 16, 3, 2, 13, 50, false));
+  }
   for (const FusedActivation f :
        {FusedActivation{.kind = ActivationKind::relu},
-        FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.1}}) {
-    const Case c = same_case(2, 19, 8, 3, 1, 7, 61, true);
-    ConvShapes fused = c.shapes();
-    fused.activation = f;
-    std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(fused, c.geometry()), plain = make(c);
-    ASSERT_NE(k, nullptr);
-    EXPECT_TRUE(k->applies_activation());
+        FusedActivation{.kind = ActivationKind::leaky_relu, .slope = 0.1}})
+    check(same_case(2, 19, 8, 3, 1, 7, 61, true), f);
+  expect_fused_activation_bit_for_bit(same_case(2, 19, 8, 3, 1, 7, 61, true));
+  expect_parts_bit_for_bit("narrow avx512 bf16");
+  {
+    struct Restore {
+      std::int64_t bytes = streaming_store_bytes();
+      ~Restore() { set_streaming_store_bytes(bytes); }
+    } restore;
+    const Case c = same_case(2, 24, 8, 3, 1, 5, 96, true);
     const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
-    const Tensor<float> b = random_tensor({c.o, 1, 1, 1}, 4);
-    Tensor<float> y(c.y()), want(c.y());
-    k->forward(x, w, b.span(), y);
-    plain->forward(x, w, b.span(), want);
-    for (float& v : want.span())
-      v = elementwise::leaky_relu(v, static_cast<float>(f.slope));
-    EXPECT_TRUE(same_bits(y, want)) << "fused activation " << f.slope;
+    const Tensor<float> dy = random_tensor(c.y(), 3), b = random_tensor({c.o, 1, 1, 1}, 4);
+    Tensor<float> y[2] = {Tensor<float>(c.y()), Tensor<float>(c.y())};
+    Tensor<float> dx[2] = {Tensor<float>(c.x()), Tensor<float>(c.x())};
+    for (int streaming = 0; streaming < 2; ++streaming) {
+      set_streaming_store_bytes(streaming ? 0 : std::int64_t{1} << 40);
+      std::unique_ptr<ConvKernel<float>> k = make(c);
+      k->forward(x, w, b.span(), y[streaming]);
+      k->backward_data(dy, w, dx[streaming]);
+    }
+    EXPECT_TRUE(same_bits(y[0], y[1])) << "streamed forward";
+    EXPECT_TRUE(same_bits(dx[0], dx[1])) << "streamed backward-data";
   }
-
-  const std::pair<Case, std::vector<std::int64_t>> parts[] = {
-      {same_case(2, 24, 8, 3, 1, 9, 70, false), {16, 8}},
-      {narrow_case(2, 37, 5, 3, 1, 4, 21, true), {16, 16, 5}}};
-  for (const auto& [c, split_at] : parts) {
-    std::unique_ptr<ConvKernel<float>> k = make(c);
-    ASSERT_NE(k, nullptr) << c.str();
-    EXPECT_EQ(k->name(), "narrow tessera amx") << c.str();
-    expect_parts_match(*k, c, split_at);
-  }
+  // Doubled channels (an upsampling's output, ConvShapes::doubled_begin): all 9 taps in bfloat16.
+  const Case d = same_case(1, 24, 8, 3, 1, 6, 40, false);
+  ConvShapes doubled = d.shapes();
+  doubled.doubled_begin = 0;
+  doubled.doubled_end = 16;
+  doubled.doubled_parity = BoxAt{0, 0};
+  std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(doubled, d.geometry());
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->name(), "narrow avx512 bf16");
+  expect_matches_rounded_reference(*k, d, std::nullopt);
 }
 
 // An input of case c whose channels [begin, end) hold 2x2 blocks of equal values starting at even

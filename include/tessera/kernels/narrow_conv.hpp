@@ -17,7 +17,9 @@
 // dilation 1 reads those channels at its corner taps alone, each weighted by the sum of the taps
 // whose reads it stands for (which, by the parity of the output's centre in global coordinates),
 // and each block at one of its rows: 4 products instead of 9 in the forward and the filter
-// gradient (the name says "pair taps"); in float32 under --precision bf16 too. Backward-data
+// gradient (the name says "pair taps"); in float32 under --precision bf16 too, but where the
+// bfloat16 dot products take the layer (narrow_conv_bf16_dot: 9 bfloat16 taps are fewer
+// instructions than 4 float pair taps and 5 plain ones). Backward-data
 // computes all 9 (its output has no blocks).
 #pragma once
 
@@ -29,12 +31,22 @@ namespace tessera {
 
 // Whether the narrow kernels may compute any convolution here: built with the AVX-512 loops,
 // AVX-512 chosen (simd_level()), switched on (set_conv_narrow). Under --precision bf16 too, where
-// they compute in float32: oneDNN's bf16 kernels take 16-channel blocks, half of them padding for
-// 8 channels (unet-small's 1-rank step 1.15 s with its 8-channel convs in oneDNN's bf16 kernels,
-// 0.67 s with them narrow; float32 0.71 s; AMD EPYC Zen 5, 2026-11-28); on CPUs with AMX a
-// narrow kernel of at least 128 products a pixel and tap computes in bfloat16 on Tessera's AMX
-// kernels (amx::Conv::plan_nchw; its name() says "narrow tessera amx"). Local.
+// they compute in float32 or bfloat16 (below): oneDNN's bf16 kernels take 16-channel blocks, half
+// of them padding for 8 channels (unet-small's 1-rank step 1.15 s with its 8-channel convs in
+// oneDNN's bf16 kernels, 0.67 s with them narrow; float32 0.71 s; AMD EPYC Zen 5, 2026-11-28); on
+// CPUs with AMX a narrow kernel of at least 128 products a pixel and tap computes in bfloat16 on
+// Tessera's AMX kernels (amx::Conv::plan_nchw; its name() says "narrow tessera amx"). Local.
 bool narrow_conv_available();
+
+// Whether the narrow kernels compute in bfloat16 dot products (vdpbf16ps: each float lane adds
+// two products of bfloat16 pairs) under --precision bf16, in all three passes of every layer
+// they take (pair taps too; name() says "narrow avx512 bf16"): built with the wide loops, the CPU
+// has AVX512_BF16 (AMD Zen 4 and Zen 5, Intel Cooper Lake) and no AMX (amx::available(): Tessera's
+// AMX kernels take the wider ones there), and TESSERA_NARROW_BF16 is not 0 (then they compute in
+// float32). The forward and backward-data pair input channels 2q and 2q + 1 in a lane, read from
+// rows converted once into a ring of zero-padded rows of such pairs; the filter gradient pairs
+// neighbouring columns. Float32 sums of bfloat16-rounded factors, as the AMX kernels. Local.
+bool narrow_conv_bf16_dot();
 
 // Whether the narrow kernels compute convolutions of these shapes and geometry, their layouts
 // aside (they take NCHW x and y only): narrow_conv_available(), no groups, stride 1, any
