@@ -812,9 +812,11 @@ class NarrowConv final : public ConvKernel<float> {
     // strips, a tile whose blocks its edges split): a layer's kernels agree on the precision, or
     // the border outputs of a sharded run would be bf16's products where one rank's are float32's.
     // Under --precision bf16 on CPUs with AVX512_BF16 and no AMX: bfloat16 dot products
-    // (namespace dot), in every pass of every kernel of the layer, pair taps or not (9 bfloat16
-    // taps take fewer instructions than 4 float pair taps and 5 plain ones; TESSERA_NARROW_BF16=0:
-    // the float32 kernels).
+    // (namespace dot) in every pass of every kernel of the layer, the 9 taps where pair taps would
+    // fit: their weights, sums of taps rounded to bfloat16, differ from the border strips' (box
+    // kernels, each tap rounded alone), which put a sharded run's borders apart from one rank's
+    // (gradcheck --precision bf16 on 1x1x2: d1's weight gradient 3.7e-2 apart; without pair taps
+    // the output is the same bit for bit). TESSERA_NARROW_BF16=0: the float32 kernels.
     if (conv_bf16() && narrow_conv_bf16_dot()) {
       dot_ = true;
       return;

@@ -18,8 +18,10 @@
 // whose reads it stands for (which, by the parity of the output's centre in global coordinates),
 // and each block at one of its rows: 4 products instead of 9 in the forward and the filter
 // gradient (the name says "pair taps"); in float32 under --precision bf16 too, but where the
-// bfloat16 dot products take the layer (narrow_conv_bf16_dot: 9 bfloat16 taps are fewer
-// instructions than 4 float pair taps and 5 plain ones). Backward-data
+// bfloat16 dot products take the layer (narrow_conv_bf16_dot), which computes the 9 taps: pair
+// weights (sums of taps) rounded to bfloat16 would differ from the border strips' weights, each
+// rounded alone (box kernels have no pair taps), and a sharded run's borders would then differ
+// from one rank's at bfloat16's rounding. Backward-data
 // computes all 9 (its output has no blocks).
 #pragma once
 
@@ -40,7 +42,8 @@ bool narrow_conv_available();
 
 // Whether the narrow kernels compute in bfloat16 dot products (vdpbf16ps: each float lane adds
 // two products of bfloat16 pairs) under --precision bf16, in all three passes of every layer
-// they take (pair taps too; name() says "narrow avx512 bf16"): built with the wide loops, the CPU
+// they take (doubled channels too, without pair taps; name() says "narrow avx512 bf16"), so that
+// a sharded run's tiles and border strips round alike: built with the wide loops, the CPU
 // has AVX512_BF16 (AMD Zen 4 and Zen 5, Intel Cooper Lake) and no AMX (amx::available(): Tessera's
 // AMX kernels take the wider ones there), and TESSERA_NARROW_BF16 is not 0 (then they compute in
 // float32). The forward and backward-data pair input channels 2q and 2q + 1 in a lane, read from
