@@ -109,8 +109,9 @@ inline const float* at(const float* p, std::int64_t k) {
 // A block's sums at its start (RowJob): out's values where `accumulate`, else the bias or 0;
 // `store` the lanes of the output columns [w0, end) (all of them unless kMasked).
 template <int PV, bool kMasked>
-inline void start_block(const RowJob& job, bool accumulate, std::int64_t w0, std::int64_t end,
-                        __mmask16 (&store)[PV], __m512 (&acc)[kOut][PV]) {
+[[gnu::always_inline]] inline void start_block(const RowJob& job, bool accumulate, std::int64_t w0,
+                                               std::int64_t end, __mmask16 (&store)[PV],
+                                               __m512 (&acc)[kOut][PV]) {
   for (int p = 0; p < PV; ++p)
     store[p] = kMasked ? columns_within(w0 + kLanes * p, end) : __mmask16(0xffff);
   for (std::int64_t o = 0; o < kOut; ++o)
@@ -126,8 +127,9 @@ inline void start_block(const RowJob& job, bool accumulate, std::int64_t w0, std
 // A block's sums written to out: through the activation where `finish` and job.activate,
 // streamed where job.stream and a vector starts a line.
 template <int PV, bool kMasked>
-inline void finish_block(const RowJob& job, bool finish, std::int64_t w0,
-                         const __mmask16 (&store)[PV], __m512 (&acc)[kOut][PV]) {
+[[gnu::always_inline]] inline void finish_block(const RowJob& job, bool finish, std::int64_t w0,
+                                                const __mmask16 (&store)[PV],
+                                                __m512 (&acc)[kOut][PV]) {
   if (finish && job.activate) {
     // elementwise::leaky_relu: x > 0 ? x : slope * x, NaN and -0 included.
     const __m512 slope = _mm512_set1_ps(job.slope), zero = _mm512_setzero_ps();
@@ -322,8 +324,8 @@ constexpr std::int64_t kFilterColumns = 512;
 // memory otherwise, short of registers for eight row pointers.
 // partial's sums of taps b0 + g (filter_taps) += the sums s0, s1, s2 of g = 0, 1, 2 (g < NB).
 template <int NB>
-inline void add_partials(const __m512 (&s0)[kOut], const __m512 (&s1)[kOut],
-                         const __m512 (&s2)[kOut], float* partial) {
+[[gnu::always_inline]] inline void add_partials(const __m512 (&s0)[kOut], const __m512 (&s1)[kOut],
+                                                const __m512 (&s2)[kOut], float* partial) {
   for (std::int64_t o = 0; o < kOut; ++o) {
     float* p = partial + o * kLanes;
     constexpr std::int64_t tap = kOut * kLanes;
