@@ -49,7 +49,9 @@ int bench_command(const std::vector<std::string>& args, const Comm& world, Runti
              "activations apart from their neighbouring layers;\nTESSERA_WINDOWLESS=0 assembles "
              "every convolution's input window;\nTESSERA_WINOGRAD=0 computes "
              "every convolution with the direct kernel;\nTESSERA_NARROW_CONV=0 computes "
-             "convolutions of few channels with oneDNN's kernels.",
+             "convolutions of few channels with oneDNN's kernels;\nTESSERA_NARROW_BF16=0 "
+             "computes them in float32 under --precision bf16 (AVX512_BF16, no AMX);\n"
+             "TESSERA_AMX=0 leaves bf16 convolutions to oneDNN on CPUs with AMX.",
              d, args, vm, world, runtime))
     return 0;
   const std::unique_ptr<Comm> timed = command_world(world, runtime);

@@ -251,10 +251,12 @@ SMALL = ["--model", "unet-small", "--height", "32", "--width", "32", "--samples"
 
 
 def check_requeue(c, exe):
-    # Long enough that the stop, handed on by train.sbatch no sooner than 2 s after the launch,
-    # comes well before the end: CI's job ran all of 600 steps (8 ms each) before it did
-    # (2026-11-29); 3000 steps take 15-25 s on 2 cores.
-    steps = 3000
+    # Long enough that the stop, handed on by train.sbatch no sooner than 2 s after the launch and
+    # again every 10 s, comes well before the end: CI's job ran all of 600 steps (8 ms each)
+    # before it did (2026-11-29); then a 3000-step job (4 ms a step here) ended at 13 s with its
+    # first USR1 lost by srun and the repeat not yet sent (session 36). 6000 steps take 25-50 s
+    # on 2 cores: the repeat at 13 s comes in time.
+    steps = 6000
     args = [*SMALL, "--steps", steps, "--log-every", "1"]
     straight = c.run("srun", "-n", "2", "--mpi=pmi2", exe, "train", *args, "--metrics",
                      c.root / "work" / "straight.csv", timeout=300)
