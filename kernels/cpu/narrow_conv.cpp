@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -42,6 +43,35 @@ constexpr std::int64_t kChunk = 8;  // input channels summed per pass over a row
 // chunks[q] + (i % kChunk) * plane. One tensor's chunks are kChunk planes apart; a concat's parts
 // (ConvKernel::forward_parts) each hold whole chunks but the last.
 using Chunks = std::array<const float*, kMaxIn / kChunk>;
+
+#if TESSERA_HAS_WIDE_LOOPS
+// The tap rows [a0, a1) of a kernel of kh rows, dilation dh, whose first reads row `row0` of an
+// input in_h rows high, that lie inside it (a0 == a1: none).
+struct TapRows {
+  std::int64_t a0, a1;
+};
+inline TapRows tap_rows_inside(std::int64_t row0, std::int64_t kh, std::int64_t dh,
+                               std::int64_t in_h) {
+  std::int64_t a0 = 0, a1 = kh;
+  while (a0 < a1 && row0 + a0 * dh < 0)
+    ++a0;
+  while (a1 > a0 && row0 + (a1 - 1) * dh >= in_h)
+    --a1;
+  return {a0, a1};
+}
+
+// calls block.template operator()<PV>() for PV = `vectors` (1, 2 or 3): a row's blocks of 1 to 3
+// vectors with their count known at compile time.
+template <typename Block>
+inline void with_vectors(int vectors, Block&& block) {
+  if (vectors == 1)
+    block.template operator()<1>();
+  else if (vectors == 2)
+    block.template operator()<2>();
+  else
+    block.template operator()<3>();
+}
+#endif
 
 // One output row's sums over the taps of some input channels: for w < out_w and o < outs,
 // out[o][w] = start + sum over input channels i, taps (a, b) of
@@ -221,11 +251,8 @@ void row_block(const RowJob& job, std::int64_t i0, std::int64_t i1, std::int64_t
 void correlate_row(const RowJob& job, std::int64_t channels) {
   constexpr int kVectors = 3;  // 8 x 3 sums, 3 inputs and a weight: 28 of 32 registers
   constexpr std::int64_t kStep = kLanes * kVectors;
-  std::int64_t a0 = 0, a1 = job.kh;  // the tap rows inside the input
-  while (a0 < a1 && job.row0 + a0 * job.dh < 0)
-    ++a0;
-  while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
-    --a1;
+  // the tap rows inside the input
+  const auto [a0, a1] = tap_rows_inside(job.row0, job.kh, job.dh, job.in_h);
   const std::int64_t reach = job.col0 + (job.kw - 1) * job.dw;  // the last tap's column offset
   const bool three = job.kh == 3 && job.kw == 3;
   // The pair taps' job (RowJob::pair_k): 2x2 taps 2 apart from the same first row and column, so
@@ -301,27 +328,13 @@ void correlate_row(const RowJob& job, std::int64_t channels) {
         else
           row_block<PV, true, 0, 0>(job, i0, i1, a0, a1, i0 > 0, finish, w0, end);
       };
-      if (vectors == 1)
-        block.template operator()<1>();
-      else if (vectors == 2)
-        block.template operator()<2>();
-      else
-        block.template operator()<kVectors>();
+      with_vectors(vectors, block);
     }
   }
 }
 
 constexpr std::int64_t kFilterColumns = 512;
 
-// partial[o][g][lane] += the products dy[o][w] * x[col + w + (b0 + g) * dw] over the `vectors` x
-// 16 columns w of a piece of a row (dy's column 0 the piece's first), g < NB, summed per lane
-// (w % 16) in float: those of tap b0 + g of output channel o at partial + (g * 8 + o) * 16, one
-// contiguous block. x: the row of x (its column 0), `col` the piece's first column for tap b0
-// (< 0 in the left padding); columns outside [0, in_w) read as zero: the vectors at the row's
-// ends with masked loads, the others as they lie. dy: 8 rows of kFilterColumns, copies (zeros past
-// the piece and for channels past the last). The sums are three arrays rather than one of two
-// dimensions, and dy is one block addressed by constant offsets: GCC 12 at -O3 kept the sums in
-// memory otherwise, short of registers for eight row pointers.
 // partial's sums of taps b0 + g (filter_taps) += the sums s0, s1, s2 of g = 0, 1, 2 (g < NB).
 template <int NB>
 [[gnu::always_inline]] inline void add_partials(const __m512 (&s0)[kOut], const __m512 (&s1)[kOut],
@@ -336,6 +349,15 @@ template <int NB>
   }
 }
 
+// partial[o][g][lane] += the products dy[o][w] * x[col + w + (b0 + g) * dw] over the `vectors` x
+// 16 columns w of a piece of a row (dy's column 0 the piece's first), g < NB, summed per lane
+// (w % 16) in float: those of tap b0 + g of output channel o at partial + (g * 8 + o) * 16, one
+// contiguous block. x: the row of x (its column 0), `col` the piece's first column for tap b0
+// (< 0 in the left padding); columns outside [0, in_w) read as zero: the vectors at the row's
+// ends with masked loads, the others as they lie. dy: 8 rows of kFilterColumns, copies (zeros past
+// the piece and for channels past the last). The sums are three arrays rather than one of two
+// dimensions, and dy is one block addressed by constant offsets: GCC 12 at -O3 kept the sums in
+// memory otherwise, short of registers for eight row pointers.
 template <int NB>
 void filter_taps(const float* dy, std::int64_t vectors, const float* x, std::int64_t col,
                  std::int64_t in_w, std::int64_t dw, float* partial) {
@@ -414,11 +436,7 @@ struct FilterJob {
 // past a last piece that is not whole vectors) as zeros by masked loads of the vectors at the
 // row's ends (filter_taps).
 void filter_row(const FilterJob& job, float* partial) {
-  std::int64_t a0 = 0, a1 = job.kh;  // the tap rows inside x
-  while (a0 < a1 && job.row0 + a0 * job.dh < 0)
-    ++a0;
-  while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
-    --a1;
+  const auto [a0, a1] = tap_rows_inside(job.row0, job.kh, job.dh, job.in_h);  // inside x
   alignas(64) float dy_block[kOut * kFilterColumns];
   for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kFilterColumns) {
     const std::int64_t n = std::min(kFilterColumns, job.out_w - w0);
@@ -507,8 +525,8 @@ double row_sum(const float* p, std::int64_t n) {
 // converted once into a staged row of such pairs, kept while the output rows that read it are
 // computed (a ring of the kernel's rows, in the second-level cache) and zero-padded at both ends,
 // so that no load is masked; every output is then written once, from all its input channels in
-// one pass. The filter gradient puts two neighbouring columns in a lane: dy's and x's pieces of
-// rows converted as they are read.
+// one pass. The filter gradient puts two neighbouring columns in a lane: dy's pieces of rows
+// converted as they are read, x's rows staged in bfloat16 in the same kind of ring.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,prefer-vector-width=512")
 namespace dot {
@@ -569,13 +587,13 @@ void stage_row(const float* lo, const float* hi, std::int64_t in_w, std::int64_t
 
 // The staged rows an output row reads (RowJob's geometry and output): tap row a's at rows[a]
 // (a in [a0, a1): the rows inside the input), pair q's pair_stride further on; output column w's
-// tap b at index first + w + b * dw. k: the weights as pairs, k[((q * kh + a) * kw + b) * 8 + o].
+// tap b at index w + b * dw. k: the weights as pairs, k[((q * kh + a) * kw + b) * 8 + o].
 // ahead: the input row the next output row stages first (its channels' rows; `aheads` of them),
 // asked for into the second-level cache as this row's blocks go (columns from col0 on, of in_w):
 // staging reads the input from memory, unlike the dot products, which read the staged rows.
 struct Staged {
   std::array<const Pair*, kMaxExtent> rows{};
-  std::int64_t a0 = 0, a1 = 0, pairs = 0, pair_stride = 0, first = 0;
+  std::int64_t a0 = 0, a1 = 0, pairs = 0, pair_stride = 0;
   const Pair* k = nullptr;
   std::array<const float*, kMaxIn> ahead{};
   std::int64_t aheads = 0, col0 = 0, in_w = 0;
@@ -601,7 +619,7 @@ void row_block(const RowJob& job, const Staged& in, std::int64_t w0, std::int64_
     for (std::int64_t a = 0; a < kh; ++a) {
       if constexpr (!decltype(all_rows)::value)
         if (a < in.a0 || a >= in.a1) continue;
-      const Pair* row = in.rows[static_cast<std::size_t>(a)] + q * in.pair_stride + in.first + w0;
+      const Pair* row = in.rows[static_cast<std::size_t>(a)] + q * in.pair_stride + w0;
       const Pair* k = in.k + (q * kh + a) * kw * kOut;
       for (std::int64_t b = 0; b < kw; ++b, k += kOut) {
         __m512i v[PV];
@@ -647,12 +665,7 @@ void correlate_row(const RowJob& job, const Staged& in) {
       else
         row_block<PV, true, 0, 0>(job, in, w0, end);
     };
-    if (vectors == 1)
-      block.template operator()<1>();
-    else if (vectors == 2)
-      block.template operator()<2>();
-    else
-      block.template operator()<kVectors>();
+    with_vectors(vectors, block);
   }
 }
 
@@ -690,11 +703,7 @@ void filter_taps(const std::uint16_t* dy, std::int64_t vectors, const std::uint1
 void filter_row(const wide::FilterJob& job,
                 const std::array<const std::uint16_t*, kMaxExtent>& rows, std::int64_t x_stride,
                 float* partial, const float* const* dy_ahead, const float* const* x_ahead) {
-  std::int64_t a0 = 0, a1 = job.kh;  // the tap rows inside x
-  while (a0 < a1 && job.row0 + a0 * job.dh < 0)
-    ++a0;
-  while (a1 > a0 && job.row0 + (a1 - 1) * job.dh >= job.in_h)
-    --a1;
+  const auto [a0, a1] = tap_rows_inside(job.row0, job.kh, job.dh, job.in_h);  // inside x
   alignas(64) std::uint16_t dy_block[kOut * kFilterColumns];
   constexpr std::int64_t kTap = kOut * kLanes;  // the partial sums of one tap
   for (std::int64_t w0 = 0; w0 < job.out_w; w0 += kFilterColumns) {
@@ -768,14 +777,15 @@ class RowRing {
   RowRing(std::int64_t count, std::int64_t size)
       : count_(count),
         size_(size),
-        buffer_(static_cast<std::size_t>(count * size + 64 / std::int64_t(sizeof(T)))),
+        buffer_(std::make_unique_for_overwrite<T[]>(
+            static_cast<std::size_t>(count * size + 64 / std::int64_t(sizeof(T))))),
         held_(static_cast<std::size_t>(count), -1) {}
   // The slot holding row `row` of sample n of a tensor `height` rows high, filled by stage(slot)
   // unless it holds that row already.
   template <typename Stage>
   const T* row(std::int64_t n, std::int64_t height, std::int64_t row, Stage&& stage) {
     const auto at = static_cast<std::size_t>(row % count_);
-    T* slot = reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(buffer_.data()) + 63) &
+    T* slot = reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(buffer_.get()) + 63) &
                                    ~std::uintptr_t{63}) +
               static_cast<std::int64_t>(at) * size_;
     if (held_[at] != n * height + row) {
@@ -787,7 +797,7 @@ class RowRing {
 
  private:
   std::int64_t count_, size_;
-  std::vector<T> buffer_;
+  std::unique_ptr<T[]> buffer_;     // not zeroed: a slot is staged whole before it is read
   std::vector<std::int64_t> held_;  // n * height + row of each slot, or -1
 };
 
@@ -1340,11 +1350,12 @@ class NarrowConv final : public ConvKernel<float> {
   }
 
   // A Correlate's bfloat16 side: the weights as pairs, the staged rows' geometry (a staged row's
-  // columns: from the first the taps read, lpad before column 0, to past the last the last block's
-  // vectors read; pairs x width values a row, ring_rows of them a thread), streaming or not.
+  // columns: from the first the taps read, lpad = -col0 before column 0 (col0 <= 0: the padding is
+  // at most the kernel's span, narrow_conv_fits), to past the last the last block's vectors read;
+  // pairs x width values a row, ring_rows of them a thread), streaming or not.
   struct DotCorrelate {
     std::vector<dot::Pair> k;
-    std::int64_t pairs = 0, lpad = 0, first = 0, width = 0, ring_rows = 0;
+    std::int64_t pairs = 0, lpad = 0, width = 0, ring_rows = 0;
     bool stream = false;
     RowRing<dot::Pair> ring() const { return RowRing<dot::Pair>(ring_rows, pairs * width); }
   };
@@ -1353,13 +1364,12 @@ class NarrowConv final : public ConvKernel<float> {
     const auto up16 = [](std::int64_t v) { return (v + kLanes - 1) / kLanes * kLanes; };
     DotCorrelate d{.k = dot_pairs(c.k, c.is.c, (os.c + kOut - 1) / kOut),
                    .pairs = (c.is.c + 1) / 2,
-                   .lpad = std::max<std::int64_t>(0, -c.col0),
+                   .lpad = -c.col0,
                    .ring_rows = (ws.h - 1) * dh_ + 1,
                    .stream = may_stream &&
                              os.numel() * std::int64_t(sizeof(float)) >= streaming_store_bytes() &&
                              c.out.lines_aligned()};
-    d.first = d.lpad + c.col0;
-    d.width = up16(d.first + up16(os.w) + (ws.w - 1) * dw_);
+    d.width = up16(up16(os.w) + (ws.w - 1) * dw_);
     return d;
   }
 
@@ -1371,12 +1381,8 @@ class NarrowConv final : public ConvKernel<float> {
     const std::int64_t taps = ws.h * ws.w, blocks = (os.c + kOut - 1) / kOut;
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / os.h, h = r % os.h, row0 = h + c.row_shift;
-      dot::Staged in{
-          .a0 = 0, .a1 = ws.h, .pairs = d.pairs, .pair_stride = d.width, .first = d.first};
-      while (in.a0 < in.a1 && row0 + in.a0 * dh_ < 0)
-        ++in.a0;
-      while (in.a1 > in.a0 && row0 + (in.a1 - 1) * dh_ >= is.h)
-        --in.a1;
+      const TapRows inside = tap_rows_inside(row0, ws.h, dh_, is.h);
+      dot::Staged in{.a0 = inside.a0, .a1 = inside.a1, .pairs = d.pairs, .pair_stride = d.width};
       // The row the next output row reads that this one does not (dilation 1).
       const std::int64_t next = row0 + 1 + (ws.h - 1) * dh_;
       in.aheads = r + 1 < r1 && (r + 1) % os.h != 0 && next >= 0 && next < is.h ? is.c : 0;
