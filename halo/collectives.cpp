@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/error.hpp"
@@ -48,6 +50,32 @@ void broadcast(const Comm& comm, std::string& text, int root, Group group) {
   if (length == 0) return;
   r = comm.start_broadcast(std::span<char>(text.data(), text.size()), root, group, "broadcast");
   comm.wait(r);
+}
+
+std::vector<std::string> allgather(const Comm& comm, const std::string& text,
+                                   const std::string& what) {
+  // Every rank's length, then each text in its own slot of one buffer, summed (zeros elsewhere).
+  const int size = comm.size(Group::world), rank = comm.rank(Group::world);
+  std::vector<long long> lengths(static_cast<std::size_t>(size));
+  Request r =
+      comm.start_allgather(static_cast<long long>(text.size()), lengths, Group::world, what);
+  comm.wait(r);
+  std::vector<long long> offsets(static_cast<std::size_t>(size) + 1, 0);
+  for (std::size_t k = 0; k < lengths.size(); ++k)
+    offsets[k + 1] = offsets[k] + lengths[k];
+  std::vector<int> bytes(static_cast<std::size_t>(offsets.back()), 0);
+  for (std::size_t c = 0; c < text.size(); ++c)
+    bytes[static_cast<std::size_t>(offsets[static_cast<std::size_t>(rank)]) + c] =
+        static_cast<unsigned char>(text[c]);
+  allreduce_sum(comm, std::span<int>(bytes), Group::world, what);
+  std::vector<std::string> all;
+  for (std::size_t k = 0; k < lengths.size(); ++k) {
+    std::string t;
+    for (long long c = offsets[k]; c < offsets[k + 1]; ++c)
+      t += static_cast<char>(bytes[static_cast<std::size_t>(c)]);
+    all.push_back(std::move(t));
+  }
+  return all;
 }
 
 void agree(const Comm& comm, const std::function<void()>& step, const std::string& what) {

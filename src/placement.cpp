@@ -3,7 +3,8 @@
 
 #include <mpi.h>
 
-#include <span>
+#include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,61 +50,109 @@ GridShape default_grid(const Comm& comm) {
   return default_grid(comm.size(Group::world), nodes, even_blocks);
 }
 
-int device_for(int local_rank, int local_size, int devices, bool share) {
-  TESSERA_CHECK(devices > 0, "no usable GPU on this node for " + std::to_string(local_size) +
-                                 " rank(s): run with --device cpu");
-  if (local_size > devices && !share)
-    throw Error(std::to_string(local_size) + " ranks on this node but " + std::to_string(devices) +
-                " GPU(s): start one rank per GPU, or pass --share-devices to let ranks share "
-                "them (halos then travel through host memory, not NCCL)");
-  return local_rank % devices;
+DeviceAssignment assign_devices(const std::vector<std::vector<std::string>>& visible, bool share) {
+  const int ranks = static_cast<int>(visible.size());
+  std::vector<std::string> gpus;  // the node's GPUs, as first seen
+  for (const std::vector<std::string>& seen : visible)
+    for (const std::string& id : seen)
+      if (std::find(gpus.begin(), gpus.end(), id) == gpus.end()) gpus.push_back(id);
+  DeviceAssignment out;
+  std::map<std::string, int> served;  // ranks per GPU so far
+  for (int k = 0; k < ranks; ++k) {
+    const std::vector<std::string>& seen = visible[static_cast<std::size_t>(k)];
+    TESSERA_CHECK(!seen.empty(), "no usable GPU on this node for node-local rank " +
+                                     std::to_string(k) + " of " + std::to_string(ranks) +
+                                     ": run with --device cpu");
+    int pick = -1;
+    for (std::size_t d = 0; d < seen.size() && pick < 0; ++d)
+      if (served[seen[d]] == 0) pick = static_cast<int>(d);
+    if (pick < 0) {
+      if (!share) {
+        if (static_cast<int>(gpus.size()) < ranks)
+          throw Error(std::to_string(ranks) + " ranks on this node but " +
+                      std::to_string(gpus.size()) +
+                      " GPU(s): start one rank per GPU, or pass --share-devices to let ranks "
+                      "share them (halos then travel through host memory, not NCCL)");
+        std::string ids;
+        for (const std::string& id : seen)
+          ids += (ids.empty() ? "" : ", ") + id;
+        throw Error("node-local rank " + std::to_string(k) + " sees only " + ids +
+                    ", which a rank before it took, though the node has " +
+                    std::to_string(gpus.size()) + " GPUs for its " + std::to_string(ranks) +
+                    " ranks: CUDA_VISIBLE_DEVICES (or the launcher's GPU binding) gives two "
+                    "ranks the same GPU; give each its own, or pass --share-devices");
+      }
+      pick = 0;
+      for (std::size_t d = 1; d < seen.size(); ++d)
+        if (served[seen[d]] < served[seen[static_cast<std::size_t>(pick)]])
+          pick = static_cast<int>(d);
+      out.shared = true;
+    }
+    ++served[seen[static_cast<std::size_t>(pick)]];
+    out.device.push_back(pick);
+  }
+  return out;
+}
+
+std::vector<std::vector<std::string>> node_devices(const Comm& comm, const NodeRank& me,
+                                                   const std::vector<std::string>& mine) {
+  // One line per rank: its host, then the GPUs it sees, one a line (neither holds a newline).
+  std::string text = me.host;
+  for (const std::string& id : mine)
+    text += "\n" + id;
+  std::vector<std::vector<std::string>> node;
+  for (const std::string& rank : allgather(comm, text, "device placement")) {
+    std::vector<std::string> fields;
+    std::size_t at = 0;
+    for (std::size_t end; (end = rank.find('\n', at)) != std::string::npos; at = end + 1)
+      fields.push_back(rank.substr(at, end - at));
+    fields.push_back(rank.substr(at));
+    if (fields.front() != me.host) continue;
+    node.emplace_back(fields.begin() + 1, fields.end());
+  }
+  // The world's ranks on this host, in world order, are the node's in node-local order
+  // (node_rank's split keys them by world rank), unless two nodes report one host name.
+  TESSERA_CHECK(static_cast<int>(node.size()) == me.local_size,
+                "device placement: " + std::to_string(node.size()) + " ranks report host '" +
+                    me.host + "', whose node holds " + std::to_string(me.local_size) +
+                    ": do two nodes share a host name?");
+  return node;
 }
 
 Placement place_on_device(const Comm& comm, bool share) {
   Placement p;
   p.node = node_rank(comm);
+  GpuInfo gpu;
   agree(
       comm,
       [&] {
-        const GpuInfo gpu = gpu_info();
+        gpu = gpu_info();
         TESSERA_CHECK(gpu.built, "--device cuda: this build of tessera has no CUDA");
         TESSERA_CHECK(gpu.devices > 0, "--device cuda: no usable GPU on " + p.node.host + " (" +
                                            gpu.error + "): run with --device cpu");
-        p.device = device_for(p.node.local_rank, p.node.local_size, gpu.devices, share);
+      },
+      "device placement");
+  std::vector<std::vector<std::string>> node;
+  agree(
+      comm, [&] { node = node_devices(comm, p.node, gpu.uuids); }, "device placement");
+  agree(
+      comm,
+      [&] {
+        const DeviceAssignment a = assign_devices(node, share);
+        p.device = a.device[static_cast<std::size_t>(p.node.local_rank)];
+        p.shared = a.shared;
         set_current_device(p.device);
       },
       "device placement");
   p.line = "rank " + std::to_string(comm.rank(Group::world)) + " -> " + p.node.host + " -> GPU " +
-           std::to_string(p.device) + " (" + device_name(p.device) + ")";
+           std::to_string(p.device) + " (" + device_name(p.device) + ", " +
+           gpu.uuids[static_cast<std::size_t>(p.device)] + ")";
   return p;
 }
 
 std::vector<std::string> placement_report(const Comm& comm, const Placement& mine) {
-  // Through the Comm, so the report's waits have the watchdog's deadline: every rank's length,
-  // then each line in its own slot of one buffer, summed.
-  const int size = comm.size(Group::world), rank = comm.rank(Group::world);
-  std::vector<long long> lengths(static_cast<std::size_t>(size));
-  Request r = comm.start_allgather(static_cast<long long>(mine.line.size()), lengths, Group::world,
-                                   "placement report");
-  comm.wait(r);
-  std::vector<long long> offsets(static_cast<std::size_t>(size) + 1, 0);
-  for (int k = 0; k < size; ++k)
-    offsets[static_cast<std::size_t>(k) + 1] =
-        offsets[static_cast<std::size_t>(k)] + lengths[static_cast<std::size_t>(k)];
-  std::vector<int> text(static_cast<std::size_t>(offsets.back()), 0);
-  for (std::size_t c = 0; c < mine.line.size(); ++c)
-    text[static_cast<std::size_t>(offsets[static_cast<std::size_t>(rank)]) + c] =
-        static_cast<unsigned char>(mine.line[c]);
-  allreduce_sum(comm, std::span<int>(text), Group::world, "placement report");
-  std::vector<std::string> lines;
-  if (rank != 0) return lines;
-  for (int k = 0; k < size; ++k) {
-    std::string line;
-    for (long long c = offsets[static_cast<std::size_t>(k)];
-         c < offsets[static_cast<std::size_t>(k) + 1]; ++c)
-      line += static_cast<char>(text[static_cast<std::size_t>(c)]);
-    lines.push_back(std::move(line));
-  }
+  std::vector<std::string> lines = allgather(comm, mine.line, "placement report");
+  if (comm.rank(Group::world) != 0) lines.clear();
   return lines;
 }
 

@@ -29,6 +29,11 @@ long long allreduce_sum(const Comm& comm, long long value, Group group = Group::
 // Broadcasts `text` from rank `root` of `group`. Collective over `group`.
 void broadcast(const Comm& comm, std::string& text, int root, Group group = Group::world);
 
+// Every rank's `text`, in rank order, on every rank (any bytes, any lengths); `what` names it for
+// the watchdog. Collective over the world group.
+std::vector<std::string> allgather(const Comm& comm, const std::string& text,
+                                   const std::string& what = "allgather");
+
 // Runs `step` on every rank; if it throws on any rank, every rank throws an agreed Error with the
 // message of the lowest failing rank (prefixed with that rank when there is more than one). Use it
 // around every check a user can fail, so that a bad input ends all ranks with one message instead

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/allocator.hpp"
 #include "tessera/tensor.hpp"
@@ -21,6 +22,11 @@ struct GpuInfo {
   // Of device 0, when there is one: its name and memory (tessera plan --device cuda).
   std::string name;
   std::int64_t memory_bytes = 0;
+  // Every device this process sees, by index: its UUID as nvidia-smi prints it ("GPU-" and 32 hex
+  // digits in groups). CUDA_VISIBLE_DEVICES, and Slurm's --gpus-per-task through it, restrict and
+  // renumber the devices per process, so an index names different GPUs in different ranks; the
+  // UUID is the same everywhere (src/placement.cpp compares them).
+  std::vector<std::string> uuids;
 };
 
 GpuInfo gpu_info();

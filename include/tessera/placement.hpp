@@ -31,20 +31,37 @@ GridShape default_grid(int ranks, int nodes, bool even_blocks);
 // The same for the job of `comm`, from where its ranks run. Collective over the world group.
 GridShape default_grid(const Comm& comm);
 
-// The device of node-local rank `local_rank` of `local_size` on a node with `devices` GPUs: its own
-// (device local_rank) when there are enough; with `share`, local_rank % devices. Throws an Error
-// naming the counts when the node has no GPU, or fewer GPUs than ranks without `share`. Local;
+// Where the ranks of one node compute: visible[k] lists the GPUs node-local rank k sees, by
+// identity (GpuInfo::uuids), in its own numbering. Every rank of a node may see all of them (as
+// under mpiexec or srun --gpus-per-node), or each its own (srun --gpus-per-task=1, or
+// CUDA_VISIBLE_DEVICES set per rank), or any mix: rank k, in order, takes the first GPU it sees
+// that no rank before it took, so that ranks seeing all of a node's GPUs take GPU k, and ranks
+// seeing one each take that one. Where every GPU rank k sees is taken: with `share`, the one of
+// them that serves the fewest ranks (the lowest index among equals: ranks dealt out in turn);
+// else an Error naming the node's ranks and GPUs. An Error too where a rank sees no GPU. Local;
 // pure.
-int device_for(int local_rank, int local_size, int devices, bool share);
+struct DeviceAssignment {
+  std::vector<int> device;  // per node-local rank: the index of its GPU in its own numbering
+  bool shared = false;      // some GPU of the node serves more than one rank
+};
+DeviceAssignment assign_devices(const std::vector<std::vector<std::string>>& visible, bool share);
+
+// The GPUs every rank of this rank's node sees (`mine`: this rank's, GpuInfo::uuids), in
+// node-local rank order: the ranks whose host is `me.host`. Collective over the world group.
+std::vector<std::vector<std::string>> node_devices(const Comm& comm, const NodeRank& me,
+                                                   const std::vector<std::string>& mine);
 
 struct Placement {
   NodeRank node;
   int device = -1;
-  std::string line;  // "rank 3 -> node7 -> GPU 1 (NVIDIA H100 80GB HBM3)"
+  bool shared = false;  // this node's assignment has a GPU serving two ranks (no NCCL then)
+  // "rank 3 -> node7 -> GPU 1 (NVIDIA H100 80GB HBM3, GPU-8d3f05a1-...)"
+  std::string line;
 };
 
-// Picks this rank's device with device_for and makes it current. A failure on any rank (no GPU,
-// too few without share) is an agreed Error on every rank. Collective over the world group.
+// Picks this rank's device with assign_devices from what every rank of its node sees and makes it
+// current. A failure on any rank (no GPU, too few without share) is an agreed Error on every rank.
+// Collective over the world group.
 Placement place_on_device(const Comm& comm, bool share);
 
 // Every rank's placement line, in rank order, on rank 0 (empty elsewhere). Collective over the

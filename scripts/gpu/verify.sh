@@ -4,7 +4,8 @@
 # the machine's PyTorch install (libcudart, libcudnn, libnccl).
 #
 # Usage: scripts/gpu/verify.sh [-b BUNDLE] [-B BASE_BUNDLE] [-o LOGDIR] [STEP...]
-#   STEP: info kernels gradcheck mpi train nccl bench compare (default: all, in that order);
+#   STEP: info placement kernels gradcheck mpi train nccl bench compare (default: all, in that
+#   order);
 #   compare-unet (compare's unet-small alone); trace (a CUPTI kernel timeline of `tessera bench`
 #   of unet-small, 1 rank, into LOGDIR/trace_unet.txt: scripts/gpu/trace_report.py reads it, here
 #   or on the machine, where c++filt may be missing) and profile (PyTorch's kernels of the same
@@ -38,7 +39,7 @@ while getopts b:B:o: opt; do
 done
 shift $((OPTIND - 1))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(info kernels gradcheck mpi train nccl bench compare)
+[ ${#steps[@]} -eq 0 ] && steps=(info placement kernels gradcheck mpi train nccl bench compare)
 bundle=$(cd "$bundle" && pwd)
 [ -n "$base" ] && base=$(cd "$base" && pwd)
 mkdir -p "$logs"
@@ -80,6 +81,12 @@ for step in "${steps[@]}"; do
       run nvidia-smi 30 nvidia-smi
       run version 60 tessera --version
       run plan 60 tessera plan --model unet-small --grid 1x1x1 --image 3x2048x2048 --device cuda
+      ;;
+    placement)
+      # Two ranks on a machine with fewer GPUs: refused on every rank without --share-devices,
+      # the error naming the counts; with it, the start-up report names each rank's GPU by UUID.
+      run placement_refused 60 bash -c 'out=$(mpiexec -n 2 tessera train --device cuda --steps 1 2>&1); rc=$?; echo "$out"; [ "$rc" -ne 0 ] && grep -q "2 ranks on this node but" <<<"$out"'
+      run placement_shared 120 bash -c 'out=$(mpiexec -n 2 tessera train --device cuda --share-devices --steps 2 2>&1); rc=$?; echo "$out"; [ "$rc" -eq 0 ] && grep -q "rank 1 -> .* -> GPU 0 (.*, GPU-" <<<"$out"'
       ;;
     kernels)
       run gpu_tests 300 gpu_tests

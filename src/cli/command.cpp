@@ -111,13 +111,12 @@ void apply_device(const po::variables_map& vm, const Comm& world, RuntimeOptions
                     .log_algorithms = runtime.cudnn_log});
   agree(world, [&] { (void)backend_of(KernelBackend::cuda); });  // names why it is unusable
   runtime.kernels = KernelBackend::cuda;
-  // NCCL refuses two ranks on one GPU: a node with more ranks than GPUs shares them.
-  const int gpus = gpu_info().devices;
-  const bool shared = allreduce_max(world, placement.node.local_size > gpus ? 1 : 0) == 1;
+  // NCCL refuses two ranks on one GPU.
+  const bool shared = allreduce_max(world, placement.shared ? 1 : 0) == 1;
   agree(world, [&] {
     TESSERA_CHECK(transport != "nccl" || !shared,
-                  "--transport nccl: NCCL refuses two ranks on one GPU, and a node runs more "
-                  "ranks than it has GPUs (--share-devices): use --transport mpi");
+                  "--transport nccl: NCCL refuses two ranks on one GPU, and ranks share GPUs "
+                  "here (--share-devices): use --transport mpi");
   });
   if (transport == "nccl" || (transport == "auto" && !shared && world.size(Group::world) > 1))
     runtime.transport = Transport::nccl;

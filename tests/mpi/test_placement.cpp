@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mpi_test.hpp"
+#include "tessera/collectives.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gpu.hpp"
 #include "tessera/placement.hpp"
@@ -37,6 +38,34 @@ TEST(Placement, TheReportHoldsEveryRanksLineInRankOrder) {
   for (int k = 0; k < comm.size(Group::world); ++k)
     EXPECT_EQ(lines[static_cast<std::size_t>(k)],
               k == 1 ? "" : "rank " + std::to_string(k) + std::string(k, '*') + "\xc3\xa9");
+}
+
+TEST(Placement, EveryRankSeesWhatTheRanksOfItsNodeSee) {
+  const Comm& comm = test::world();
+  const NodeRank me = node_rank(comm);
+  // Rank r sees r + 1 GPUs (none on rank 0), as CUDA_VISIBLE_DEVICES could set them.
+  std::vector<std::string> mine;
+  for (int d = 0; d < comm.rank(Group::world); ++d)
+    mine.push_back("GPU-" + std::to_string(comm.rank(Group::world)) + "-" + std::to_string(d));
+  const std::vector<std::vector<std::string>> node = node_devices(comm, me, mine);
+  ASSERT_EQ(static_cast<int>(node.size()), comm.size(Group::world));  // one host
+  for (std::size_t k = 0; k < node.size(); ++k) {
+    ASSERT_EQ(node[k].size(), k);
+    for (std::size_t d = 0; d < k; ++d)
+      EXPECT_EQ(node[k][d], "GPU-" + std::to_string(k) + "-" + std::to_string(d));
+  }
+  // A host name no other rank reports: its node would hold one rank, not local_size of them.
+  if (comm.size(Group::world) > 1) {
+    NodeRank odd = me;
+    if (comm.rank(Group::world) == 1) odd.host += "-renamed";
+    try {
+      agree(comm, [&] { (void)node_devices(comm, odd, mine); });
+      ADD_FAILURE() << "ranks placed although their hosts and nodes disagree";
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.agreed());
+      EXPECT_TRUE(test::contains(e.what(), "share a host name")) << e.what();
+    }
+  }
 }
 
 TEST(Placement, EveryRankGetsADeviceOrTheSameError) {

@@ -1,6 +1,9 @@
 // One GPU per node-local rank (include/tessera/placement.hpp): the choice, and its refusals.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "../common/test_helpers.hpp"
 #include "tessera/error.hpp"
 #include "tessera/placement.hpp"
@@ -8,32 +11,64 @@
 namespace tessera {
 namespace {
 
+// What `ranks` ranks see when each sees all of the node's `gpus` GPUs.
+std::vector<std::vector<std::string>> all_see(int ranks, int gpus) {
+  std::vector<std::string> ids;
+  for (int d = 0; d < gpus; ++d)
+    ids.push_back("GPU-" + std::to_string(d));
+  return std::vector<std::vector<std::string>>(static_cast<std::size_t>(ranks), ids);
+}
+
 TEST(Placement, EachRankOfANodeTakesItsOwnDevice) {
-  for (int r = 0; r < 4; ++r)
-    EXPECT_EQ(device_for(r, 4, 4, false), r);
-  for (int r = 0; r < 2; ++r)
-    EXPECT_EQ(device_for(r, 2, 8, false), r);
+  const DeviceAssignment four = assign_devices(all_see(4, 4), false);
+  EXPECT_EQ(four.device, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_FALSE(four.shared);
+  EXPECT_EQ(assign_devices(all_see(2, 8), false).device, (std::vector<int>{0, 1}));
+}
+
+TEST(Placement, RanksThatSeeOneGpuEachTakeIt) {
+  // srun --gpus-per-task=1: every rank's only device is its index 0, a different GPU in each.
+  const DeviceAssignment a = assign_devices({{"GPU-a"}, {"GPU-b"}, {"GPU-c"}}, false);
+  EXPECT_EQ(a.device, (std::vector<int>{0, 0, 0}));
+  EXPECT_FALSE(a.shared);
+  // CUDA_VISIBLE_DEVICES=0,1 on rank 0 and 1,0 on rank 1: two GPUs, each rank on its own.
+  EXPECT_EQ(assign_devices({{"GPU-a", "GPU-b"}, {"GPU-b", "GPU-a"}}, false).device,
+            (std::vector<int>{0, 0}));
+  // A mix: rank 0 sees both, rank 1 only the one rank 0 would not take.
+  EXPECT_EQ(assign_devices({{"GPU-a", "GPU-b"}, {"GPU-b"}}, false).device,
+            (std::vector<int>{0, 0}));
 }
 
 TEST(Placement, SharingDealsRanksOutInTurn) {
-  EXPECT_EQ(device_for(0, 4, 2, true), 0);
-  EXPECT_EQ(device_for(1, 4, 2, true), 1);
-  EXPECT_EQ(device_for(2, 4, 2, true), 0);
-  EXPECT_EQ(device_for(3, 4, 2, true), 1);
+  const DeviceAssignment a = assign_devices(all_see(4, 2), true);
+  EXPECT_EQ(a.device, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_TRUE(a.shared);
+  EXPECT_EQ(assign_devices(all_see(5, 2), true).device, (std::vector<int>{0, 1, 0, 1, 0}));
+  // Two ranks bound to one GPU may share it when asked.
+  const DeviceAssignment b = assign_devices({{"GPU-a"}, {"GPU-a"}, {"GPU-b"}}, true);
+  EXPECT_EQ(b.device, (std::vector<int>{0, 0, 0}));
+  EXPECT_TRUE(b.shared);
 }
 
 TEST(Placement, TooFewDevicesOrNoneIsAnErrorNamingTheCounts) {
   try {
-    (void)device_for(0, 4, 2, false);
+    (void)assign_devices(all_see(4, 2), false);
     ADD_FAILURE() << "4 ranks placed on 2 GPUs without sharing";
   } catch (const Error& e) {
     test::expect_mentions(e.what(), {"4 ranks on this node", "2 GPU(s)", "--share-devices"});
   }
   try {
-    (void)device_for(0, 1, 0, true);
+    (void)assign_devices({{"GPU-a"}, {"GPU-a"}, {"GPU-b", "GPU-c"}}, false);
+    ADD_FAILURE() << "two ranks bound to one GPU placed there without sharing";
+  } catch (const Error& e) {
+    test::expect_mentions(e.what(), {"node-local rank 1", "GPU-a", "CUDA_VISIBLE_DEVICES", "3 GPUs",
+                                     "3 ranks", "--share-devices"});
+  }
+  try {
+    (void)assign_devices({{"GPU-a"}, {}}, true);
     ADD_FAILURE() << "a rank placed on a node without GPUs";
   } catch (const Error& e) {
-    test::expect_mentions(e.what(), {"no usable GPU", "--device cpu"});
+    test::expect_mentions(e.what(), {"no usable GPU", "rank 1 of 2", "--device cpu"});
   }
 }
 
