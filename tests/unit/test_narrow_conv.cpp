@@ -616,14 +616,35 @@ TEST(NarrowConv, RunsOnAmxUnderBf16) {
   expect_parts_bit_for_bit("narrow tessera amx");
 }
 
+// An input of case c whose channels [begin, end) hold 2x2 blocks of equal values starting at even
+// global rows and columns, x's row 0 and column 0 at global parities `parity` (a nearest
+// upsampling's output, ConvShapes::doubled_begin); the other channels random.
+Tensor<float> doubled_input(const Case& c, std::int64_t begin, std::int64_t end, BoxAt parity,
+                            std::uint64_t stream) {
+  Tensor<float> x = random_tensor(c.x(), stream);
+  const Shape4 s = c.x();
+  const Tensor<float> blocks = random_tensor({s.n, s.c, s.h / 2 + 2, s.w / 2 + 2}, stream + 1);
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t ch = begin; ch < end; ++ch)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w)
+          x.data()[((n * s.c + ch) * s.h + h) * s.w + w] =
+              blocks.data()[((n * s.c + ch) * (s.h / 2 + 2) + (h + parity.h) / 2) * (s.w / 2 + 2) +
+                            (w + parity.w) / 2];
+  return x;
+}
+
 // The three passes against the float64 reference on bfloat16-rounded factors (x, w, dy; not the
 // bias), within float32 sums' rounding of the largest value (the bias gradient from dy as it is),
-// the forward through the fused activation `f` if any; dw and dbias added into.
+// the forward through the fused activation `f` if any; dw and dbias added into. x: `given_x`
+// where given, else random.
 void expect_matches_rounded_reference(ConvKernel<float>& k, const Case& c,
-                                      const std::optional<FusedActivation>& f) {
+                                      const std::optional<FusedActivation>& f,
+                                      const Tensor<float>* given_x = nullptr) {
   constexpr double kSums = 1e-5;
   const ConvGeometry g = c.geometry();
-  const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
+  const Tensor<float> x = given_x != nullptr ? *given_x : random_tensor(c.x(), 1);
+  const Tensor<float> w = random_tensor(c.w(), 2);
   const Tensor<float> dy = random_tensor(c.y(), 3);
   const Tensor<float> b = c.bias ? random_tensor({c.o, 1, 1, 1}, 4) : Tensor<float>();
   const Tensor<double> xr = rounded(x), wr = rounded(w), dyr = rounded(dy), bd = to_double(b);
@@ -664,17 +685,29 @@ void expect_matches_rounded_reference(ConvKernel<float>& k, const Case& c,
 // elementwise::leaky_relu); boxes (within bfloat16's tolerance of the unrounded reference), a
 // concat's parts and streamed outputs bit for bit the whole tensor's; a layer of doubled channels
 // too (no pair taps). TESSERA_NARROW_BF16=0 or --precision float32: the float32 kernels.
-TEST(NarrowConv, DotProductsUnderBf16MatchTheReferenceOnRoundedInputs) {
-  REQUIRE_NARROW_KERNELS();
+bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__)
-  const bool has_bf16 = __builtin_cpu_supports("avx512bf16");
+  return __builtin_cpu_supports("avx512bf16");
 #else
-  const bool has_bf16 = false;
+  return false;
 #endif
-  if (!has_bf16 || amx::available())
-    GTEST_SKIP() << "the CPU has no AVX512_BF16, or has AMX (the AMX kernels take bf16)";
+}
+
+bool narrow_bf16_switched_off() {
   const char* env = std::getenv("TESSERA_NARROW_BF16");
-  if (env != nullptr && std::string(env) == "0") GTEST_SKIP() << "TESSERA_NARROW_BF16=0";
+  return env != nullptr && std::string(env) == "0";
+}
+
+// Skips a test of the bfloat16 dot products where they do not compute (narrow_conv_bf16_dot), and
+// switches the narrow kernels on for it.
+#define REQUIRE_DOT_PRODUCTS()                                                            \
+  REQUIRE_NARROW_KERNELS();                                                               \
+  if (!cpu_has_avx512_bf16() || amx::available())                                         \
+    GTEST_SKIP() << "the CPU has no AVX512_BF16, or has AMX (the AMX kernels take bf16)"; \
+  if (narrow_bf16_switched_off()) GTEST_SKIP() << "TESSERA_NARROW_BF16=0"
+
+TEST(NarrowConv, DotProductsUnderBf16MatchTheReferenceOnRoundedInputs) {
+  REQUIRE_DOT_PRODUCTS();
   EXPECT_TRUE(narrow_conv_bf16_dot());
   EXPECT_EQ(make(same_case(1, 8, 8, 3, 1, 3, 20, false))->name(), "narrow avx512");  // float32
   struct Bf16 {
@@ -734,7 +767,8 @@ TEST(NarrowConv, DotProductsUnderBf16MatchTheReferenceOnRoundedInputs) {
     EXPECT_TRUE(same_bits(y[0], y[1])) << "streamed forward";
     EXPECT_TRUE(same_bits(dx[0], dx[1])) << "streamed backward-data";
   }
-  // Doubled channels (an upsampling's output, ConvShapes::doubled_begin): all 9 taps in bfloat16.
+  // Doubled channels (an upsampling's output, ConvShapes::doubled_begin), on such an input: all 9
+  // taps in bfloat16 (the filter gradient's twin rows: DotFilterGradientReadsEachBlocksRowsOnce).
   const Case d = same_case(1, 24, 8, 3, 1, 6, 40, false);
   ConvShapes doubled = d.shapes();
   doubled.doubled_begin = 0;
@@ -743,25 +777,8 @@ TEST(NarrowConv, DotProductsUnderBf16MatchTheReferenceOnRoundedInputs) {
   std::unique_ptr<ConvKernel<float>> k = make_narrow_conv(doubled, d.geometry());
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->name(), "narrow avx512 bf16");
-  expect_matches_rounded_reference(*k, d, std::nullopt);
-}
-
-// An input of case c whose channels [begin, end) hold 2x2 blocks of equal values starting at even
-// global rows and columns, x's row 0 and column 0 at global parities `parity` (a nearest
-// upsampling's output, ConvShapes::doubled_begin); the other channels random.
-Tensor<float> doubled_input(const Case& c, std::int64_t begin, std::int64_t end, BoxAt parity,
-                            std::uint64_t stream) {
-  Tensor<float> x = random_tensor(c.x(), stream);
-  const Shape4 s = c.x();
-  const Tensor<float> blocks = random_tensor({s.n, s.c, s.h / 2 + 2, s.w / 2 + 2}, stream + 1);
-  for (std::int64_t n = 0; n < s.n; ++n)
-    for (std::int64_t ch = begin; ch < end; ++ch)
-      for (std::int64_t h = 0; h < s.h; ++h)
-        for (std::int64_t w = 0; w < s.w; ++w)
-          x.data()[((n * s.c + ch) * s.h + h) * s.w + w] =
-              blocks.data()[((n * s.c + ch) * (s.h / 2 + 2) + (h + parity.h) / 2) * (s.w / 2 + 2) +
-                            (w + parity.w) / 2];
-  return x;
+  const Tensor<float> xd = doubled_input(d, 0, 16, BoxAt{0, 0}, 61);
+  expect_matches_rounded_reference(*k, d, std::nullopt, &xd);
 }
 
 // Pair taps (ConvShapes::doubled_begin): where some input channels hold 2x2 blocks of equal values,
@@ -897,6 +914,85 @@ TEST(NarrowConv, PairTapsReadEachBlockOnce) {
     EXPECT_EQ(make_narrow_conv(strip, c.geometry())->name(), "narrow tessera amx");
     set_conv_bf16(false);
   }
+}
+
+// Twin tap rows (FilterJob::twin_rows): under the bfloat16 dot products, the filter gradient of
+// doubled channels computes the products of two tap rows that read one block's two rows once and
+// adds them to both: bit for bit the kernel told nothing of the blocks, in backward_filter, the
+// fused backward and from a concat's parts, at every parity of x's origin, "same" padding (a
+// windowless tile, odd heights ending on a block's first row) and none (a window), 3x3 and 5x5
+// kernels (two twins a row), 1 and 2 threads. On random input (no blocks) the results differ:
+// the test can fail.
+TEST(NarrowConv, DotFilterGradientReadsEachBlocksRowsOnce) {
+  REQUIRE_DOT_PRODUCTS();
+  struct Bf16 {
+    Bf16() { set_conv_bf16(true); }
+    ~Bf16() { set_conv_bf16(false); }
+  } bf16_scope;
+  std::int64_t i = 0;
+  for (std::int64_t kernel : {3, 5})
+    for (std::int64_t height : {6, 7})
+      for (std::int64_t width : {9, 70})
+        for (bool pad : {true, false})
+          for (BoxAt parity : {BoxAt{0, 0}, BoxAt{1, 1}, BoxAt{1, 0}}) {
+            ++i;
+            const Case c =
+                pad ? same_case(1 + i % 2, 24, 8, kernel, 1, height, width, i % 2 == 0)
+                    : narrow_case(1 + i % 2, 24, 8, kernel, 1, height, width, i % 2 == 0);
+            const std::int64_t begin = i % 3 == 0 ? 8 : 0, end = begin + 16;
+            const std::string what = c.str() + ", doubled " + std::to_string(begin) + "-" +
+                                     std::to_string(end) + " at parity " +
+                                     std::to_string(parity.h) + "," + std::to_string(parity.w);
+            ConvShapes s = c.shapes();
+            s.doubled_begin = begin;
+            s.doubled_end = end;
+            s.doubled_parity = parity;
+            std::unique_ptr<ConvKernel<float>> twins = make_narrow_conv(s, c.geometry());
+            std::unique_ptr<ConvKernel<float>> plain = make_narrow_conv(c.shapes(), c.geometry());
+            ASSERT_NE(twins, nullptr) << what;
+            ASSERT_NE(plain, nullptr) << what;
+            EXPECT_EQ(twins->name(), "narrow avx512 bf16") << what;
+            const Tensor<float> x = doubled_input(c, begin, end, parity, 51);
+            const Tensor<float> w = random_tensor(c.w(), 52), dy = random_tensor(c.y(), 53);
+            const auto bias = [&](Tensor<float>& t) {
+              return c.bias ? t.span() : std::span<float>();
+            };
+            for (int threads : {1, 2}) {
+              const Threads scope(threads);
+              Tensor<float> dw(c.w()), dw_plain(c.w()), db({c.o, 1, 1, 1}), db_plain(db.shape());
+              twins->backward_filter(x, dy, dw, bias(db));
+              plain->backward_filter(x, dy, dw_plain, bias(db_plain));
+              EXPECT_TRUE(same_bits(dw, dw_plain)) << "backward-weights, " << what;
+              EXPECT_TRUE(same_bits(db, db_plain)) << "bias, " << what;
+              Tensor<float> dx(c.x()), dx_plain(c.x()), dwf(c.w()), dwf_plain(c.w());
+              Tensor<float> dbf(db.shape()), dbf_plain(db.shape());
+              if (twins->backward_fused(x, dy, w, std::nullopt, dx, dwf, bias(dbf))) {
+                ASSERT_TRUE(plain->backward_fused(x, dy, w, std::nullopt, dx_plain, dwf_plain,
+                                                  bias(dbf_plain)))
+                    << what;
+                EXPECT_TRUE(same_bits(dwf, dwf_plain)) << "fused dw, " << what;
+                EXPECT_TRUE(same_bits(dx, dx_plain)) << "fused dx, " << what;
+              }
+            }
+            const std::int64_t cut = begin > 0 ? begin : end;  // the doubled channels a part
+            std::vector<Tensor<float>> xs = split(x, {cut, c.c - cut});
+            const std::vector<const Tensor<float>*> in = pointers<const Tensor<float>>(xs);
+            Tensor<float> dw(c.w()), dw_parts(c.w());
+            plain->backward_filter(x, dy, dw, {});
+            twins->backward_filter_parts(in, dy, dw_parts, {});
+            EXPECT_TRUE(same_bits(dw, dw_parts)) << "filter parts, " << what;
+          }
+  // Random input: the rows the twins take for equal are not.
+  const Case c = same_case(1, 24, 8, 3, 1, 6, 40, false);
+  ConvShapes s = c.shapes();
+  s.doubled_begin = 0;
+  s.doubled_end = 16;
+  s.doubled_parity = BoxAt{};
+  const Tensor<float> x = random_tensor(c.x(), 54), dy = random_tensor(c.y(), 55);
+  Tensor<float> dw(c.w()), dw_plain(c.w());
+  make_narrow_conv(s, c.geometry())->backward_filter(x, dy, dw, {});
+  make_narrow_conv(c.shapes(), c.geometry())->backward_filter(x, dy, dw_plain, {});
+  EXPECT_FALSE(same_bits(dw, dw_plain));
 }
 
 TEST(ConvKernel, GathersAConcatsPartsByDefault) {

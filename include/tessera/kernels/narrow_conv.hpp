@@ -21,8 +21,9 @@
 // bfloat16 dot products take the layer (narrow_conv_bf16_dot), which computes the 9 taps: pair
 // weights (sums of taps) rounded to bfloat16 would differ from the border strips' weights, each
 // rounded alone (box kernels have no pair taps), and a sharded run's borders would then differ
-// from one rank's at bfloat16's rounding. Backward-data
-// computes all 9 (its output has no blocks).
+// from one rank's at bfloat16's rounding; their filter gradient computes the products of two tap
+// rows that read one block's two rows once, adding them into both taps' sums (bit for bit the
+// separate sums). Backward-data computes all 9 (its output has no blocks).
 #pragma once
 
 #include <memory>
