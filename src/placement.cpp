@@ -53,43 +53,69 @@ GridShape default_grid(const Comm& comm) {
 DeviceAssignment assign_devices(const std::vector<std::vector<std::string>>& visible, bool share) {
   const int ranks = static_cast<int>(visible.size());
   std::vector<std::string> gpus;  // the node's GPUs, as first seen
-  for (const std::vector<std::string>& seen : visible)
-    for (const std::string& id : seen)
-      if (std::find(gpus.begin(), gpus.end(), id) == gpus.end()) gpus.push_back(id);
-  DeviceAssignment out;
-  std::map<std::string, int> served;  // ranks per GPU so far
   for (int k = 0; k < ranks; ++k) {
     const std::vector<std::string>& seen = visible[static_cast<std::size_t>(k)];
     TESSERA_CHECK(!seen.empty(), "no usable GPU on this node for node-local rank " +
                                      std::to_string(k) + " of " + std::to_string(ranks) +
                                      ": run with --device cpu");
-    int pick = -1;
-    for (std::size_t d = 0; d < seen.size() && pick < 0; ++d)
-      if (served[seen[d]] == 0) pick = static_cast<int>(d);
-    if (pick < 0) {
-      if (!share) {
-        if (static_cast<int>(gpus.size()) < ranks)
-          throw Error(std::to_string(ranks) + " ranks on this node but " +
-                      std::to_string(gpus.size()) +
-                      " GPU(s): start one rank per GPU, or pass --share-devices to let ranks "
-                      "share them (halos then travel through host memory, not NCCL)");
-        std::string ids;
-        for (const std::string& id : seen)
-          ids += (ids.empty() ? "" : ", ") + id;
-        throw Error("node-local rank " + std::to_string(k) + " sees only " + ids +
-                    ", which a rank before it took, though the node has " +
-                    std::to_string(gpus.size()) + " GPUs for its " + std::to_string(ranks) +
-                    " ranks: CUDA_VISIBLE_DEVICES (or the launcher's GPU binding) gives two "
-                    "ranks the same GPU; give each its own, or pass --share-devices");
+    for (const std::string& id : seen)
+      if (std::find(gpus.begin(), gpus.end(), id) == gpus.end()) gpus.push_back(id);
+  }
+  // A GPU of its own for as many ranks as can have one: rank k takes the first free GPU it sees,
+  // or, where none is, one whose holder can move to another (an augmenting path of a bipartite
+  // matching: rank 0 seeing GPUs a and b and rank 1 only a give rank 0 b).
+  DeviceAssignment out;
+  out.device.assign(static_cast<std::size_t>(ranks), -1);
+  std::map<std::string, int> holder;  // a GPU's own rank
+  std::map<std::string, bool> visited;
+  const auto take = [&](auto& self, int r) -> bool {
+    const std::vector<std::string>& seen = visible[static_cast<std::size_t>(r)];
+    for (std::size_t d = 0; d < seen.size(); ++d)
+      if (!holder.contains(seen[d])) {
+        holder[seen[d]] = r;
+        out.device[static_cast<std::size_t>(r)] = static_cast<int>(d);
+        return true;
       }
-      pick = 0;
-      for (std::size_t d = 1; d < seen.size(); ++d)
-        if (served[seen[d]] < served[seen[static_cast<std::size_t>(pick)]])
-          pick = static_cast<int>(d);
-      out.shared = true;
+    for (std::size_t d = 0; d < seen.size(); ++d)
+      if (!std::exchange(visited[seen[d]], true) && self(self, holder[seen[d]])) {
+        holder[seen[d]] = r;  // its holder moved to another GPU
+        out.device[static_cast<std::size_t>(r)] = static_cast<int>(d);
+        return true;
+      }
+    return false;
+  };
+  std::map<std::string, int> served;  // ranks per GPU
+  std::vector<int> left;              // ranks without a GPU of their own
+  for (int k = 0; k < ranks; ++k) {
+    visited.clear();
+    if (!take(take, k)) left.push_back(k);
+  }
+  for (const auto& [id, rank] : holder)
+    served[id] = 1;
+  for (int k : left) {
+    const std::vector<std::string>& seen = visible[static_cast<std::size_t>(k)];
+    if (!share) {
+      if (static_cast<int>(gpus.size()) < ranks)
+        throw Error(std::to_string(ranks) + " ranks on this node but " +
+                    std::to_string(gpus.size()) +
+                    " GPU(s): start one rank per GPU, or pass --share-devices to let ranks "
+                    "share them (halos then travel through host memory, not NCCL)");
+      std::string ids;
+      for (const std::string& id : seen)
+        ids += (ids.empty() ? "" : ", ") + id;
+      throw Error("node-local rank " + std::to_string(k) + " sees only " + ids +
+                  ", which other ranks took, though the node has " + std::to_string(gpus.size()) +
+                  " GPUs for its " + std::to_string(ranks) +
+                  " ranks: CUDA_VISIBLE_DEVICES (or the launcher's GPU binding) gives two ranks "
+                  "the same GPU; give each its own, or pass --share-devices");
     }
-    ++served[seen[static_cast<std::size_t>(pick)]];
-    out.device.push_back(pick);
+    // Shared: the GPU it sees that serves the fewest ranks (the first among equals).
+    std::size_t pick = 0;
+    for (std::size_t d = 1; d < seen.size(); ++d)
+      if (served[seen[d]] < served[seen[pick]]) pick = d;
+    ++served[seen[pick]];
+    out.device[static_cast<std::size_t>(k)] = static_cast<int>(pick);
+    out.shared = true;
   }
   return out;
 }

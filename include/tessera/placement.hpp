@@ -34,12 +34,13 @@ GridShape default_grid(const Comm& comm);
 // Where the ranks of one node compute: visible[k] lists the GPUs node-local rank k sees, by
 // identity (GpuInfo::uuids), in its own numbering. Every rank of a node may see all of them (as
 // under mpiexec or srun --gpus-per-node), or each its own (srun --gpus-per-task=1, or
-// CUDA_VISIBLE_DEVICES set per rank), or any mix: rank k, in order, takes the first GPU it sees
-// that no rank before it took, so that ranks seeing all of a node's GPUs take GPU k, and ranks
-// seeing one each take that one. Where every GPU rank k sees is taken: with `share`, the one of
-// them that serves the fewest ranks (the lowest index among equals: ranks dealt out in turn);
-// else an Error naming the node's ranks and GPUs. An Error too where a rank sees no GPU. Local;
-// pure.
+// CUDA_VISIBLE_DEVICES set per rank), or any mix. As many ranks as can get a GPU of their own:
+// rank k, in order, takes the first GPU it sees that no rank before it took (ranks that see all
+// of a node's GPUs take GPU k, ranks that see one each take that one), and where none is left,
+// one whose holder can move to another GPU it sees (a bipartite matching). The others: with
+// `share`, each the GPU it sees that serves the fewest ranks (the first among equals: ranks
+// dealt out in turn); else an Error naming the node's ranks and GPUs. An Error too where a rank
+// sees no GPU. Local; pure.
 struct DeviceAssignment {
   std::vector<int> device;  // per node-local rank: the index of its GPU in its own numbering
   bool shared = false;      // some GPU of the node serves more than one rank

@@ -37,6 +37,13 @@ TEST(Placement, RanksThatSeeOneGpuEachTakeIt) {
   // A mix: rank 0 sees both, rank 1 only the one rank 0 would not take.
   EXPECT_EQ(assign_devices({{"GPU-a", "GPU-b"}, {"GPU-b"}}, false).device,
             (std::vector<int>{0, 0}));
+  // Rank 1 sees only the GPU rank 0 would take first: rank 0 moves to its other one.
+  const DeviceAssignment moved = assign_devices({{"GPU-a", "GPU-b"}, {"GPU-a"}}, false);
+  EXPECT_EQ(moved.device, (std::vector<int>{1, 0}));
+  EXPECT_FALSE(moved.shared);
+  // A longer path: rank 2 takes c from rank 1, which takes b from rank 0, which takes a.
+  EXPECT_EQ(assign_devices({{"GPU-b", "GPU-a"}, {"GPU-c", "GPU-b"}, {"GPU-c"}}, false).device,
+            (std::vector<int>{1, 1, 0}));
 }
 
 TEST(Placement, SharingDealsRanksOutInTurn) {
@@ -44,6 +51,10 @@ TEST(Placement, SharingDealsRanksOutInTurn) {
   EXPECT_EQ(a.device, (std::vector<int>{0, 1, 0, 1}));
   EXPECT_TRUE(a.shared);
   EXPECT_EQ(assign_devices(all_see(5, 2), true).device, (std::vector<int>{0, 1, 0, 1, 0}));
+  // Sharing only those that cannot have their own: rank 2 shares, the others keep theirs.
+  const DeviceAssignment some = assign_devices({{"GPU-a"}, {"GPU-b"}, {"GPU-a", "GPU-b"}}, true);
+  EXPECT_EQ(some.device, (std::vector<int>{0, 0, 0}));
+  EXPECT_TRUE(some.shared);
   // Two ranks bound to one GPU may share it when asked.
   const DeviceAssignment b = assign_devices({{"GPU-a"}, {"GPU-a"}, {"GPU-b"}}, true);
   EXPECT_EQ(b.device, (std::vector<int>{0, 0, 0}));
