@@ -276,36 +276,51 @@ TEST(NarrowConv, MatchesTheReferenceWithPaddingAtEveryRowWidth) {
   }
 }
 
+bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// Sets the streaming-store threshold back to what it was (set_streaming_store_bytes) on leaving
+// its scope.
+struct StreamingThreshold {
+  std::int64_t bytes = streaming_store_bytes();
+  ~StreamingThreshold() { set_streaming_store_bytes(bytes); }
+};
+
+// The forward and backward-data of case k with streaming stores for every output (a threshold of
+// 0) give the bits they give with plain stores (make(k): whichever kernel the switches choose).
+void expect_streamed_bit_for_bit(const Case& k) {
+  const StreamingThreshold restore;
+  const Tensor<float> x = random_tensor(k.x(), 1), wt = random_tensor(k.w(), 2);
+  const Tensor<float> dy = random_tensor(k.y(), 3), b = random_tensor({k.o, 1, 1, 1}, 4);
+  Tensor<float> y[2] = {Tensor<float>(k.y()), Tensor<float>(k.y())};
+  Tensor<float> dx[2] = {Tensor<float>(k.x()), Tensor<float>(k.x())};
+  for (int streaming = 0; streaming < 2; ++streaming) {
+    set_streaming_store_bytes(streaming ? 0 : std::int64_t{1} << 40);
+    std::unique_ptr<ConvKernel<float>> kernel = make(k);
+    ASSERT_NE(kernel, nullptr) << k.str();
+    kernel->forward(x, wt, b.span(), y[streaming]);
+    kernel->backward_data(dy, wt, dx[streaming]);
+  }
+  EXPECT_TRUE(same_bits(y[0], y[1])) << "streamed forward, " << k.str();
+  EXPECT_TRUE(same_bits(dx[0], dx[1])) << "streamed backward-data, " << k.str();
+}
+
 // With streaming stores for every output (a threshold of 0), where one pass over the input
 // channels writes the output (at most 8 of them: the forward from up to 8, backward-data from up to
 // 8 output channels) and its rows start on 64-byte lines (widths that are multiples of 16) or not,
 // the forward and backward-data give the same bits as with plain stores, and match the reference.
 TEST(NarrowConv, StreamsItsOutputWithTheSameBits) {
   REQUIRE_NARROW_KERNELS();
-  struct Restore {
-    std::int64_t bytes = streaming_store_bytes();
-    ~Restore() { set_streaming_store_bytes(bytes); }
-  } restore;
+  const StreamingThreshold restore;
   const std::int64_t channels[][2] = {{3, 8}, {8, 8}, {8, 16}, {5, 3}, {24, 8}, {8, 12}};
   for (const std::int64_t w : {16, 17, 32, 48, 64, 96, 100, 128, 160, 512}) {
     for (const auto& [c, o] : channels) {
       const Case k = same_case(2, c, o, 3, 1, 5, w, true);
-      const Tensor<float> x = random_tensor(k.x(), 1), wt = random_tensor(k.w(), 2);
-      const Tensor<float> dy = random_tensor(k.y(), 3), b = random_tensor({k.o, 1, 1, 1}, 4);
-      Tensor<float> y[2] = {Tensor<float>(k.y()), Tensor<float>(k.y())};
-      Tensor<float> dx[2] = {Tensor<float>(k.x()), Tensor<float>(k.x())};
-      for (int streaming = 0; streaming < 2; ++streaming) {
-        set_streaming_store_bytes(streaming ? 0 : std::int64_t{1} << 40);
-        std::unique_ptr<ConvKernel<float>> kernel = make(k);
-        ASSERT_NE(kernel, nullptr) << k.str();
-        kernel->forward(x, wt, b.span(), y[streaming]);
-        kernel->backward_data(dy, wt, dx[streaming]);
-        if (streaming) expect_both_match(k);
-      }
-      EXPECT_EQ(std::memcmp(y[0].data(), y[1].data(), y[0].numel() * sizeof(float)), 0)
-          << "forward, " << k.str();
-      EXPECT_EQ(std::memcmp(dx[0].data(), dx[1].data(), dx[0].numel() * sizeof(float)), 0)
-          << "backward-data, " << k.str();
+      expect_streamed_bit_for_bit(k);
+      set_streaming_store_bytes(0);
+      expect_both_match(k);
     }
   }
 }
@@ -405,11 +420,6 @@ std::vector<P*> pointers(std::vector<Tensor<float>>& parts) {
   for (Tensor<float>& p : parts)
     out.push_back(&p);
   return out;
-}
-
-bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
-  return a.shape() == b.shape() &&
-         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(float)) == 0;
 }
 
 // backward_fused (both passes and the input activation's f' in one sweep over bands of rows) gives
@@ -748,25 +758,7 @@ TEST(NarrowConv, DotProductsUnderBf16MatchTheReferenceOnRoundedInputs) {
     check(same_case(2, 19, 8, 3, 1, 7, 61, true), f);
   expect_fused_activation_bit_for_bit(same_case(2, 19, 8, 3, 1, 7, 61, true));
   expect_parts_bit_for_bit("narrow avx512 bf16");
-  {
-    struct Restore {
-      std::int64_t bytes = streaming_store_bytes();
-      ~Restore() { set_streaming_store_bytes(bytes); }
-    } restore;
-    const Case c = same_case(2, 24, 8, 3, 1, 5, 96, true);
-    const Tensor<float> x = random_tensor(c.x(), 1), w = random_tensor(c.w(), 2);
-    const Tensor<float> dy = random_tensor(c.y(), 3), b = random_tensor({c.o, 1, 1, 1}, 4);
-    Tensor<float> y[2] = {Tensor<float>(c.y()), Tensor<float>(c.y())};
-    Tensor<float> dx[2] = {Tensor<float>(c.x()), Tensor<float>(c.x())};
-    for (int streaming = 0; streaming < 2; ++streaming) {
-      set_streaming_store_bytes(streaming ? 0 : std::int64_t{1} << 40);
-      std::unique_ptr<ConvKernel<float>> k = make(c);
-      k->forward(x, w, b.span(), y[streaming]);
-      k->backward_data(dy, w, dx[streaming]);
-    }
-    EXPECT_TRUE(same_bits(y[0], y[1])) << "streamed forward";
-    EXPECT_TRUE(same_bits(dx[0], dx[1])) << "streamed backward-data";
-  }
+  expect_streamed_bit_for_bit(same_case(2, 24, 8, 3, 1, 5, 96, true));
   // Doubled channels (an upsampling's output, ConvShapes::doubled_begin), on such an input: all 9
   // taps in bfloat16 (the filter gradient's twin rows: DotFilterGradientReadsEachBlocksRowsOnce).
   const Case d = same_case(1, 24, 8, 3, 1, 6, 40, false);
