@@ -22,7 +22,7 @@ void gather_tiles(std::span<const T> mine, const Distribution& d, std::int64_t p
   std::vector<std::vector<T>> tiles(static_cast<std::size_t>(ranks));
   std::vector<Message<T>> recv;
   for (int r = 1; r < ranks; ++r) {
-    const Distribution theirs{d.global, d.grid, comm.coords_of(r), d.replicated};
+    const Distribution theirs = d.at(comm.coords_of(r));
     const Shape4 s = theirs.local_shape();
     tiles[r].resize(static_cast<std::size_t>(s.n * planes * s.h * s.w));
     recv.push_back({r, tiles[r].data(), std::ssize(tiles[r])});
@@ -32,7 +32,7 @@ void gather_tiles(std::span<const T> mine, const Distribution& d, std::int64_t p
                                   std::span<const Message<const T>>(), what);
   comm.wait(q);
   for (int r = 0; r < ranks; ++r)
-    put(Distribution{d.global, d.grid, comm.coords_of(r), d.replicated}, tiles[r]);
+    put(d.at(comm.coords_of(r)), tiles[r]);
 }
 
 }  // namespace

@@ -37,7 +37,14 @@ Shape4 Distribution::local_shape() const {
 
 Box Distribution::tile_of(int i, int j) const {
   if (replicated) return {{0, global.h}, {0, global.w}};
-  return {block_range(global.h, grid.h, i), block_range(global.w, grid.w, j)};
+  return {split_range(global.h, row_units, grid.h, i), split_range(global.w, col_units, grid.w, j)};
+}
+
+int Distribution::row_owner(std::int64_t row) const {
+  return split_owner(global.h, row_units, grid.h, row);
+}
+int Distribution::col_owner(std::int64_t col) const {
+  return split_owner(global.w, col_units, grid.w, col);
 }
 
 Range Distribution::samples_of(int n) const {

@@ -1,6 +1,7 @@
 #include "tessera/partition.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include "tessera/error.hpp"
 
@@ -31,6 +32,33 @@ int block_owner(std::int64_t extent, int parts, std::int64_t i) {
   const std::int64_t big = r * (q + 1);
   if (i < big) return static_cast<int>(i / (q + 1));
   return static_cast<int>(r + (i - big) / q);
+}
+
+Range split_range(std::int64_t extent, std::int64_t units, int parts, int index) {
+  if (units <= 0 || extent % units != 0) return block_range(extent, parts, index);
+  const Range r = block_range(units, parts, index);
+  const std::int64_t length = extent / units;
+  return {r.begin * length, r.end * length};
+}
+
+int split_owner(std::int64_t extent, std::int64_t units, int parts, std::int64_t i) {
+  if (units <= 0 || extent % units != 0) return block_owner(extent, parts, i);
+  TESSERA_CHECK(i >= 0 && i < extent, "split_owner: index outside the extent");
+  return block_owner(units, parts, i / (extent / units));
+}
+
+std::int64_t aligned_units(const std::vector<std::int64_t>& extents, int parts) {
+  if (parts <= 1 || extents.empty()) return 0;
+  std::int64_t g = 0, largest = 0;
+  for (std::int64_t e : extents) {
+    if (e <= 0) return 0;
+    g = std::gcd(g, e);
+    largest = std::max(largest, e);
+  }
+  if (g < parts) return 0;
+  const std::int64_t aligned = (g + parts - 1) / parts * (largest / g);
+  const std::int64_t even = (largest + parts - 1) / parts;
+  return aligned * 100 <= even * 103 ? g : 0;
 }
 
 std::int64_t window_output_extent(std::int64_t extent, const WindowAxis& a) {

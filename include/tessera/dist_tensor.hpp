@@ -15,6 +15,11 @@ struct Distribution {
   // A spatially replicated tensor (after global pooling: N x C x 1 x 1) is whole on every rank
   // of a sample group: its rows and columns are not split. Samples are still split over groups.
   bool replicated = false;
+  // The model's split units (Model: with_aligned_split): rows cut as split_range(global.h,
+  // row_units, grid.h, i), so that every tensor whose height is a multiple of row_units has its
+  // tile boundaries at the same image rows; 0 (the default), or a height they do not divide: as
+  // block_range(global.h, grid.h, i). Columns likewise.
+  std::int64_t row_units = 0, col_units = 0;
 
   Range samples() const;  // my samples, [begin, end) of global.n
   Range rows() const;     // my rows of global.h
@@ -26,9 +31,21 @@ struct Distribution {
   Box tile_of(int i, int j) const;
   Range samples_of(int n) const;
 
-  // Same grid and rank, another global shape.
-  Distribution with_shape(Shape4 s) const { return {s, grid, me, replicated}; }
-  Distribution replicated_with_shape(Shape4 s) const { return {s, grid, me, true}; }
+  // The spatial rank (i, j) that owns global row `row` / column `col` (not replicated).
+  int row_owner(std::int64_t row) const;
+  int col_owner(std::int64_t col) const;
+
+  // Same grid, rank and split units, another global shape.
+  Distribution with_shape(Shape4 s) const {
+    return {s, grid, me, replicated, row_units, col_units};
+  }
+  Distribution replicated_with_shape(Shape4 s) const {
+    return {s, grid, me, true, row_units, col_units};
+  }
+  // The same distribution as rank `c` holds it.
+  Distribution at(GridCoords c) const {
+    return {global, grid, c, replicated, row_units, col_units};
+  }
   // Empty tiles (fewer rows or columns than grid parts) are an impossible distribution.
   bool has_empty_tile() const;
 };

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/box.hpp"
 
@@ -15,6 +16,23 @@ Range block_range(std::int64_t extent, int parts, int index);
 
 // The part that owns element `i` of `extent` split over `parts`.
 int block_owner(std::int64_t extent, int parts, std::int64_t i);
+
+// Part `index` of `extent` split over `parts` in whole units: where `units` > 0 divides `extent`,
+// block_range(units, parts, index) scaled by the unit's length extent / units (the first
+// units % parts parts get one unit more); else block_range(extent, parts, index). So extents
+// that are multiples of one unit count (a model's 2048, 1024 and 512 rows in 512 units of 4, 2
+// and 1 rows) are cut at the same places of the image (README.md "The grid").
+Range split_range(std::int64_t extent, std::int64_t units, int parts, int index);
+
+// The part of split_range(extent, units, parts, .) that owns element `i`.
+int split_owner(std::int64_t extent, std::int64_t units, int parts, std::int64_t i);
+
+// The unit count that lines up the splits of `extents` (one axis of every tensor of a model) over
+// `parts`: their greatest common divisor g, where that costs little balance -- the largest part
+// of the largest extent, ceil(g / parts) units, at most 3% more than block_range's -- else 0
+// (block_range of each extent; also for one part, or an extent <= 0). With g a multiple of
+// `parts` the splits are block_range's.
+std::int64_t aligned_units(const std::vector<std::int64_t>& extents, int parts);
 
 // One spatial axis of a convolution-like window (conv, pooling). Padding may be asymmetric
 // (`same` padding with an even kernel); pad_end only changes the output extent.

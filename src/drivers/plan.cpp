@@ -58,7 +58,7 @@ Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
                     std::to_string(g.w) + " has " +
                     std::to_string(static_cast<std::int64_t>(g.h) * g.w) +
                     " spatial ranks; tessera plan handles up to " + std::to_string(max_ranks));
-  return {in, g, GridCoords{}};
+  return with_aligned_split(spec, {in, g, GridCoords{}});
 }
 
 // Builds and sets up every layer as Model does, without binding any to a grid: shapes only, the
@@ -95,17 +95,20 @@ std::vector<RankHalo> halo_of_every_rank(const Distribution& in, const Distribut
     }
   // The parts [first, last] of one axis whose tiles meet `want` (all of them when every tile is
   // the whole image); last < first when `want` lies in the padding.
-  auto reach = [&](Range want, std::int64_t extent, int parts) -> std::pair<int, int> {
+  auto reach = [&](Range want, bool rows) -> std::pair<int, int> {
+    const std::int64_t extent = rows ? in.global.h : in.global.w;
+    const int parts = rows ? g.h : g.w;
     const Range c = intersect(want, {0, extent});
     if (c.empty()) return {0, -1};
     if (in.replicated) return {0, parts - 1};
-    return {block_owner(extent, parts, c.begin), block_owner(extent, parts, c.end - 1)};
+    const auto owner = [&](std::int64_t k) { return rows ? in.row_owner(k) : in.col_owner(k); };
+    return {owner(c.begin), owner(c.end - 1)};
   };
   for (int k = 0; k < g.h * g.w; ++k) {
     const Box& window = ranks[k].window;
     if (window.empty()) continue;
-    const auto [a0, a1] = reach(window.h, in.global.h, g.h);
-    const auto [b0, b1] = reach(window.w, in.global.w, g.w);
+    const auto [a0, a1] = reach(window.h, true);
+    const auto [b0, b1] = reach(window.w, false);
     for (int a = a0; a <= a1; ++a)
       for (int b = b0; b <= b1; ++b) {
         const int peer = a * g.w + b;

@@ -1,6 +1,7 @@
 #include "tessera/engine/graph.hpp"
 
 #include "tessera/layers/registry.hpp"
+#include "tessera/partition.hpp"
 
 namespace tessera {
 
@@ -40,6 +41,19 @@ std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distributio
                                       spec.layers.back().name +
                                       "' gives an image (use pixel_cross_entropy)");
   return nodes;
+}
+
+Distribution with_aligned_split(const ModelSpec& spec, Distribution input) {
+  input.row_units = input.col_units = 0;
+  std::vector<std::int64_t> heights{input.global.h}, widths{input.global.w};
+  for (const LayerNode<double>& node : set_up_layers<double>(spec, input, Parameters::count))
+    if (!node.out.replicated) {
+      heights.push_back(node.out.global.h);
+      widths.push_back(node.out.global.w);
+    }
+  input.row_units = aligned_units(heights, input.grid.h);
+  input.col_units = aligned_units(widths, input.grid.w);
+  return input;
 }
 
 template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&,

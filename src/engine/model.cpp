@@ -66,9 +66,9 @@ Model<T>::Model(const ModelSpec& spec, const Runtime& runtime, Shape4 input)
                 "the batch has " + std::to_string(input.n) + " samples, fewer than the grid's " +
                     std::to_string(grid.shape().n) +
                     " data-parallel groups: every group needs at least one sample");
-  input_ = {input, grid.shape(), grid.coords()};
   check_splittable("the " + std::to_string(input.h) + "x" + std::to_string(input.w) + " image",
                    input.h, input.w, grid.shape().h, grid.shape().w);
+  input_ = with_aligned_split(spec, {input, grid.shape(), grid.coords()});
   std::vector<LayerNode<T>> graph = set_up_layers<T>(spec, input_);
   for (std::size_t k = 0; k < graph.size(); ++k) {
     LayerNode<T>& n = graph[k];

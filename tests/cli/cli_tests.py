@@ -409,6 +409,9 @@ def gradcheck_doubled_inputs(env):
                              env.exe, *args])
             if r.rc != 0 or "PASS" not in r.output:
                 fail(f"expected PASS on {grid} with TESSERA_WINDOWLESS={windowless}", r)
+            # 20 and 10 rows do not line up over 3 ranks at little cost: split evenly, odd starts.
+            if grid == "1x3x1" and "rows [0, 7)" not in r.output:
+                fail("expected rank 0's tile to be rows [0, 7) (the odd starts this tests)", r)
             for which in ("sharded", "reference") if torch_here else ():
                 c = env.run_cmd([sys.executable, CHECK_WITH_PYTORCH, env.path("g.h5"), "--which",
                                  which])
@@ -433,6 +436,31 @@ def gradcheck_doubled_inputs(env):
                              "sharded"])
             if c.rc != 0:
                 fail(f"expected check_with_pytorch.py to pass (a valid conv, height {height})", c)
+
+
+@scenario
+def gradcheck_aligned_split(env):
+    """On grids of 3 ranks, unet-small's tiles are cut in whole units of its coarsest level
+    (with_aligned_split: 128 rows in 32 units of 4, so rank 0 holds rows [0, 44) where an even
+    split gives [0, 43)), at every resolution at the same image rows: the sharded gradients still
+    equal the single rank's at 1e-10 (rows and columns); tessera plan shows no halo for the
+    pooling and upsampling layers at 2048 rows on 1x3x1, and tessera train names the units."""
+    r = env.tessera(3, "gradcheck", "--model", "unet-small", "--grid", "1x3x1", "--height", "128",
+                    "--width", "64", "--dtype", "float64")
+    expect_ok(r, "rank 0 tile: rows [0, 44), columns [0, 64)", "PASS")
+    r = env.tessera(3, "gradcheck", "--model", "unet-small", "--grid", "1x1x3", "--height", "40",
+                    "--width", "140", "--dtype", "float64")
+    expect_ok(r, "rank 0 tile: rows [0, 40), columns [0, 48)", "PASS")
+    r = plan_cmd(env, "--model", "unet-small", "--grid", "1x3x1", "--image", "3x2048x2048")
+    expect_ok(r, "680..684 x 2048")
+    for layer in ("pool1", "pool2", "up2", "up1"):
+        row = re.search(rf"^  {layer} .*$", r.output, re.M)
+        if not row or not row.group(0).endswith(" 0 B      0 B"):
+            fail(f"expected no halo bytes for {layer} on 1x3x1", r)
+    r = env.tessera(3, "train", "--model", "unet-small", "--grid", "1x3x1", "--height", "128",
+                    "--width", "64", "--steps", "1", "--samples", "2", "--batch", "1",
+                    "--val-samples", "0", "--progress", "plain")
+    expect_ok(r, "tiles from 40x64 to 44x64, cut in whole units of 4 rows", "done: 1 steps")
 
 
 @scenario

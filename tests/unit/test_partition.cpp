@@ -33,6 +33,63 @@ TEST(BlockPartition, MatchesTheDesignFormula) {
   EXPECT_EQ(block_range(17, 3, 2), (Range{12, 17}));
 }
 
+// Split in units: in order, covering the extent, each part whole units (ceil or floor of
+// units / parts), the owner of every element the part that holds it; block_range where the units
+// do not divide the extent.
+TEST(SplitRange, CutsWholeUnitsInOrderAndOwnsEveryElement) {
+  for (std::int64_t units = 0; units <= 12; ++units)
+    for (std::int64_t length = 1; length <= 4; ++length)
+      for (std::int64_t extent : {units * length, units * length + 1})
+        for (int parts = 1; parts <= 5; ++parts) {
+          if (extent < parts) continue;
+          const bool whole = units > 0 && extent % units == 0;
+          std::int64_t next = 0;
+          for (int i = 0; i < parts; ++i) {
+            const Range r = split_range(extent, units, parts, i);
+            SCOPED_TRACE(std::to_string(extent) + " in " + std::to_string(units) + " units over " +
+                         std::to_string(parts) + ", part " + std::to_string(i));
+            EXPECT_EQ(r.begin, next);
+            if (whole) {
+              const std::int64_t unit = extent / units;
+              EXPECT_EQ(r.size(), (units / parts + (i < units % parts ? 1 : 0)) * unit);
+            } else {
+              EXPECT_EQ(r, block_range(extent, parts, i));
+            }
+            for (std::int64_t k = r.begin; k < r.end; ++k)
+              EXPECT_EQ(split_owner(extent, units, parts, k), i);
+            next = r.end;
+          }
+          EXPECT_EQ(next, extent);
+        }
+}
+
+TEST(SplitRange, LinesUpTheResolutionsOfAModel) {
+  // unet-small at 2048 rows over 3 ranks: 512 units of 4, 2 and 1 rows.
+  EXPECT_EQ(split_range(2048, 512, 3, 1), (Range{684, 1368}));
+  EXPECT_EQ(split_range(1024, 512, 3, 1), (Range{342, 684}));
+  EXPECT_EQ(split_range(512, 512, 3, 1), (Range{171, 342}));
+  EXPECT_EQ(split_range(2048, 512, 3, 2), (Range{1368, 2048}));
+  // block_range cuts 2048 at 683 and 1366, 1024 at 342 and 683: an odd row and pooling halos.
+  EXPECT_EQ(block_range(2048, 3, 1), (Range{683, 1366}));
+}
+
+TEST(AlignedUnits, TheCommonDivisorWhereItCostsLittleBalance) {
+  EXPECT_EQ(aligned_units({2048, 1024, 512}, 3), 512);
+  EXPECT_EQ(aligned_units({2048, 1024, 512}, 7), 512);  // 296 rows against 293: 1.0%
+  EXPECT_EQ(aligned_units({70, 35}, 3), 35);            // 24, 24, 22 against 24, 23, 23
+  // Splits that divide the units are block_range's anyway.
+  EXPECT_EQ(aligned_units({2048, 1024, 512}, 2), 512);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(split_range(2048, 512, 2, i), block_range(2048, 2, i));
+  // 64, 32, 16 over 3: 24 rows against 22 (9%): each extent split on its own.
+  EXPECT_EQ(aligned_units({64, 32, 16}, 3), 0);
+  EXPECT_EQ(aligned_units({2048, 2046}, 3), 0);  // a valid conv: units of 2 rows, fewer than 3
+  EXPECT_EQ(aligned_units({17, 9}, 2), 0);       // a stride-2 layer of an odd extent
+  EXPECT_EQ(aligned_units({2048, 1024}, 1), 0);  // one part
+  EXPECT_EQ(aligned_units({}, 3), 0);
+  EXPECT_EQ(aligned_units({2048, 0}, 3), 0);
+}
+
 // The window must be exactly the hull of the input rows the outputs read.
 TEST(InputWindow, IsTheHullOfEveryTapOfEveryOutputRow) {
   for (std::int64_t extent = 1; extent <= 24; ++extent)

@@ -9,11 +9,13 @@
 #include "tessera/allocator.hpp"
 #include "tessera/batch.hpp"
 #include "tessera/drivers/plan.hpp"
+#include "tessera/engine/graph.hpp"
 #include "tessera/engine/model.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/layers/registry.hpp"
 #include "tessera/layers/window.hpp"
+#include "tessera/partition.hpp"
 #include "tessera/tensor.hpp"
 #include "unit_test.hpp"
 
@@ -99,7 +101,7 @@ void check_against_window_plans(const ModelSpec& m, GridShape g, Shape4 input) {
   // The layers set up here as the model does, each asked for its own window map.
   std::vector<std::unique_ptr<Layer<double>>> layers;
   std::vector<Distribution> outs;
-  const Distribution input_dist{input, g, {}};
+  const Distribution input_dist = with_aligned_split(m, {input, g, {}});
   std::vector<std::int64_t> per_rank(g.h * g.w, 0);
   ASSERT_EQ(p.layers.size(), m.layers.size());
   for (std::size_t l = 0; l < m.layers.size(); ++l) {
@@ -180,6 +182,40 @@ TEST(Plan, BytesAndHalosOfOtherHaloLayers) {
     {"name": "head", "type": "conv2d", "out_channels": 2, "kernel": 1}]})");
   for (GridShape g : {GridShape{1, 2, 2}, GridShape{2, 3, 2}, GridShape{1, 1, 8}})
     check_against_window_plans(m, g, {3, 1, 18, 16});
+  // 70 and 35 rows in 35 units over 3: tiles of 24, 24, 22 and 12, 12, 11 rows.
+  for (GridShape g : {GridShape{1, 3, 1}, GridShape{1, 3, 2}})
+    check_against_window_plans(m, g, {3, 1, 70, 16});
+}
+
+// unet-small on grids whose rank count is no power of two: every tensor's tiles cut where the
+// coarsest level's are (with_aligned_split), so pooling and upsampling need no halos, and every
+// full-resolution tile starts at a multiple of 4 rows. A 4-rank grid is cut as block_range cuts.
+TEST(Plan, AlignedSplitLinesUpTheResolutionsOfUnetSmall) {
+  const ModelSpec m = load_model("unet-small");
+  for (GridShape g : {GridShape{1, 3, 1}, GridShape{1, 1, 3}, GridShape{1, 6, 1},
+                      GridShape{2, 3, 5}, GridShape{1, 4, 1}}) {
+    SCOPED_TRACE(g.str());
+    const Distribution in = with_aligned_split(m, {{1, 3, 2048, 2048}, g, {}});
+    EXPECT_EQ(in.row_units, g.h > 1 ? 512 : 0);
+    EXPECT_EQ(in.col_units, g.w > 1 ? 512 : 0);
+    for (int i = 0; i < g.h; ++i)
+      for (int j = 0; j < g.w; ++j) {
+        const Box t = in.tile_of(i, j);
+        EXPECT_EQ(t.h.begin % 4, 0);
+        EXPECT_EQ(t.w.begin % 4, 0);
+        if (g.h == 4) {
+          EXPECT_EQ(t.h, block_range(2048, 4, i));
+        }
+      }
+    const Plan p = make_plan(m, options(g, {g.n, 3, 2048, 2048}, "float32"));
+    for (const LayerPlan& l : p.layers) {
+      if (l.type != "maxpool2d" && l.type != "conv_transpose2d" && l.type != "upsample_nearest")
+        continue;
+      SCOPED_TRACE(l.name);
+      EXPECT_EQ(l.forward_bytes, 0);
+      EXPECT_EQ(l.backward_bytes, 0);
+    }
+  }
 }
 
 // The GPU's sum on a case small enough to count by hand: one 3x3 conv (padding 1), 1 -> 1

@@ -27,4 +27,12 @@ template <typename T>
 std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distribution& input,
                                         Parameters parameters = Parameters::allocate);
 
+// `input` with the split units that line up the tiles of every tensor of `spec`'s model
+// (Distribution::row_units, col_units: aligned_units of the heights and of the widths of the
+// input and of every layer's output that is not replicated), so that a pooling, an upsampling
+// or a strided layer finds the rows its tile needs on its own rank wherever the resolutions
+// allow (README.md "The grid"). Sets the layers up once on `input` to learn the extents: throws
+// what set_up_layers throws. Local and pure.
+Distribution with_aligned_split(const ModelSpec& spec, Distribution input);
+
 }  // namespace tessera
