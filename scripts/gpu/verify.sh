@@ -96,6 +96,8 @@ for step in "${steps[@]}"; do
       run gradcheck_2rank_f64 120 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float64
       run gradcheck_4rank_unet_f64 180 mpiexec -n 4 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x2x2 --height 64 --width 72
       run gradcheck_3rank_uneven_f64 180 mpiexec -n 3 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x1x3 --height 40 --width 52
+      # 128 rows over 3 in 32 units of 4 (README "The grid"): rows [0, 44), no pooling halos.
+      run gradcheck_3rank_aligned_f64 180 mpiexec -n 3 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 1x3x1 --height 128 --width 64
       run gradcheck_4rank_dp_f64 180 mpiexec -n 4 tessera gradcheck --device cuda --share-devices --dtype float64 --model convnet-small --grid 2x1x2
       # Data parallel only: every tile the whole image, so the 3x3 convs compute windowless there.
       run gradcheck_2rank_dp_unet_f64 180 mpiexec -n 2 tessera gradcheck --device cuda --share-devices --dtype float64 --model unet-small --grid 2x1x1

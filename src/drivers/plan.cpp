@@ -64,9 +64,8 @@ Distribution input_distribution(const ModelSpec& spec, const PlanOptions& o) {
 // Builds and sets up every layer as Model does, without binding any to a grid: shapes only, the
 // parameters counted, not allocated. A training step is planned: a layer that cannot train on
 // this input (Layer::check_trainable) is refused, as tessera train refuses it.
-std::vector<Node> set_up(const ModelSpec& spec, const PlanOptions& o) {
-  std::vector<Node> nodes =
-      set_up_layers<double>(spec, input_distribution(spec, o), Parameters::count);
+std::vector<Node> set_up(const ModelSpec& spec, const Distribution& input) {
+  std::vector<Node> nodes = set_up_layers<double>(spec, input, Parameters::count);
   for (const Node& node : nodes)
     node.layer->check_trainable();
   return nodes;
@@ -166,8 +165,9 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
   plan.model = spec.name;
   plan.options = o;
   plan.dtype_bytes = dtype_size(o.dtype);
-  const std::vector<Node> nodes = set_up(spec, o);
   const Distribution input = input_distribution(spec, o);
+  const std::vector<Node> nodes = set_up(spec, input);
+  plan.split_units = split_units_text(input);
   const GridShape& g = o.grid;
   for (int n = 0; n < g.n; ++n)
     widen(plan.samples, input.samples_of(n).size(), n == 0);
@@ -268,7 +268,7 @@ Plan analyse(const ModelSpec& spec, const PlanOptions& o) {
 
 bool plans(const ModelSpec& spec, const PlanOptions& o) {
   try {
-    set_up(spec, o);
+    set_up(spec, input_distribution(spec, o));
     return true;
   } catch (const Error&) {
     return false;
@@ -441,7 +441,9 @@ void print_plan(const Plan& p, std::ostream& out) {
       << static_cast<std::int64_t>(o.grid.n) * o.grid.h * o.grid.w << " ranks), image " << o.input.c
       << "x" << o.input.h << "x" << o.input.w << ", batch " << o.input.n << ", " << o.dtype << "\n";
   out << "  samples per rank " << spread(p.samples) << "; " << p.params
-      << " parameters; tiles and halos: min..max over ranks\n\n";
+      << " parameters; tiles and halos: min..max over ranks\n";
+  if (!p.split_units.empty()) out << "  tiles " << p.split_units << "\n";
+  out << "\n";
   std::vector<std::vector<std::string>> rows = {{"layer", "type", "output", "tile rows x cols",
                                                  "top", "bottom", "left", "right", "fwd", "bwd"}};
   rows.push_back({"input", "", o.input.str(), spread(p.input_rows) + " x " + spread(p.input_cols),

@@ -21,6 +21,7 @@
 #include "tessera/checked.hpp"
 #include "tessera/collectives.hpp"
 #include "tessera/dataset.hpp"
+#include "tessera/engine/graph.hpp"
 #include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/h5_dataset.hpp"
@@ -505,14 +506,7 @@ void Trainer<T>::print_summary() {
     }
   if (rows_min != rows_max || cols_min != cols_max)
     out_ << "; tiles from " << rows_min << "x" << cols_min << " to " << rows_max << "x" << cols_max;
-  // Split units that make the tiles differ from an even split (with_aligned_split).
-  std::string units;
-  if (in.row_units > 0 && in.row_units % g.h != 0)
-    units = std::to_string(in.global.h / in.row_units) + " rows";
-  if (in.col_units > 0 && in.col_units % g.w != 0)
-    units += (units.empty() ? "" : " x ") + std::to_string(in.global.w / in.col_units) + " columns";
-  if (!units.empty())
-    out_ << ", cut in whole units of " << units << " so every resolution lines up";
+  if (const std::string units = split_units_text(in); !units.empty()) out_ << ", " << units;
   out_ << "\n"
        << "  data: " << data_text_ << "\n"
        << "  batch " << o_.batch << " (" << in.samples().size() << " on rank 0's group), "

@@ -56,6 +56,15 @@ Distribution with_aligned_split(const ModelSpec& spec, Distribution input) {
   return input;
 }
 
+std::string split_units_text(const Distribution& in) {
+  std::string units;
+  if (in.row_units > 0 && in.row_units % in.grid.h != 0)
+    units = std::to_string(in.global.h / in.row_units) + " rows";
+  if (in.col_units > 0 && in.col_units % in.grid.w != 0)
+    units += (units.empty() ? "" : " x ") + std::to_string(in.global.w / in.col_units) + " columns";
+  return units.empty() ? units : "cut in whole units of " + units + " so every resolution lines up";
+}
+
 template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&,
                                                      Parameters);
 template std::vector<LayerNode<double>> set_up_layers(const ModelSpec&, const Distribution&,

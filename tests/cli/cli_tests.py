@@ -444,7 +444,7 @@ def gradcheck_aligned_split(env):
     (with_aligned_split: 128 rows in 32 units of 4, so rank 0 holds rows [0, 44) where an even
     split gives [0, 43)), at every resolution at the same image rows: the sharded gradients still
     equal the single rank's at 1e-10 (rows and columns); tessera plan shows no halo for the
-    pooling and upsampling layers at 2048 rows on 1x3x1, and tessera train names the units."""
+    pooling and upsampling layers at 2048 rows on 1x3x1; both name the units."""
     r = env.tessera(3, "gradcheck", "--model", "unet-small", "--grid", "1x3x1", "--height", "128",
                     "--width", "64", "--dtype", "float64")
     expect_ok(r, "rank 0 tile: rows [0, 44), columns [0, 64)", "PASS")
@@ -452,7 +452,8 @@ def gradcheck_aligned_split(env):
                     "--width", "140", "--dtype", "float64")
     expect_ok(r, "rank 0 tile: rows [0, 40), columns [0, 48)", "PASS")
     r = plan_cmd(env, "--model", "unet-small", "--grid", "1x3x1", "--image", "3x2048x2048")
-    expect_ok(r, "680..684 x 2048")
+    expect_ok(r, "680..684 x 2048",
+              "tiles cut in whole units of 4 rows so every resolution lines up")
     for layer in ("pool1", "pool2", "up2", "up1"):
         row = re.search(rf"^  {layer} .*$", r.output, re.M)
         if not row or not row.group(0).endswith(" 0 B      0 B"):

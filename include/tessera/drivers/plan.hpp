@@ -138,6 +138,7 @@ struct Plan {
   std::int64_t dtype_bytes = 4;
   Spread samples;                 // samples per rank, over the data-parallel groups
   Spread input_rows, input_cols;  // of the input tile, over spatial ranks
+  std::string split_units;        // split_units_text of the input distribution
   std::vector<LayerPlan> layers;
   // Over all layers, the largest over ranks of the halo bytes received + sent in one step.
   std::int64_t step_bytes = 0;

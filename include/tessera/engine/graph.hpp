@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/engine/layer.hpp"
@@ -34,5 +35,10 @@ std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distributio
 // allow (README.md "The grid"). Sets the layers up once on `input` to learn the extents: throws
 // what set_up_layers throws. Local and pure.
 Distribution with_aligned_split(const ModelSpec& spec, Distribution input);
+
+// Where `in`'s split units make its tiles differ from an even split: "cut in whole units of 4
+// rows so every resolution lines up" (rows, columns or "4 rows x 2 columns"); else empty. For
+// the start-up report of tessera train and for tessera plan. Local and pure.
+std::string split_units_text(const Distribution& in);
 
 }  // namespace tessera
