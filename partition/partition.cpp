@@ -1,6 +1,7 @@
 #include "tessera/partition.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "tessera/error.hpp"
@@ -49,16 +50,20 @@ int split_owner(std::int64_t extent, std::int64_t units, int parts, std::int64_t
 
 std::int64_t aligned_units(const std::vector<std::int64_t>& extents, int parts) {
   if (parts <= 1 || extents.empty()) return 0;
-  std::int64_t g = 0, largest = 0;
-  for (std::int64_t e : extents) {
-    if (e <= 0) return 0;
-    g = std::gcd(g, e);
-    largest = std::max(largest, e);
+  std::vector<std::int64_t> sorted = extents;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  if (sorted.back() <= 0) return 0;
+  const std::int64_t largest = sorted.front(), even = (largest + parts - 1) / parts;
+  // The largest extents first, while their common divisor still splits at little cost.
+  std::int64_t g = 0, best = 0;
+  for (std::size_t k = 0; k < sorted.size(); ++k) {
+    const std::int64_t next = std::gcd(g, sorted[k]);
+    if (next < parts || (next + parts - 1) / parts * (largest / next) * 100 > even * 103) break;
+    g = next;
+    if (k > 0) best = g;  // two extents or more line up
   }
-  if (g < parts) return 0;
-  const std::int64_t aligned = (g + parts - 1) / parts * (largest / g);
-  const std::int64_t even = (largest + parts - 1) / parts;
-  return aligned * 100 <= even * 103 ? g : 0;
+  return best;
 }
 
 std::int64_t window_output_extent(std::int64_t extent, const WindowAxis& a) {

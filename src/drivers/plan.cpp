@@ -442,7 +442,7 @@ void print_plan(const Plan& p, std::ostream& out) {
       << "x" << o.input.h << "x" << o.input.w << ", batch " << o.input.n << ", " << o.dtype << "\n";
   out << "  samples per rank " << spread(p.samples) << "; " << p.params
       << " parameters; tiles and halos: min..max over ranks\n";
-  if (!p.split_units.empty()) out << "  tiles " << p.split_units << "\n";
+  if (!p.split_units.empty()) out << "  tiles: " << p.split_units << "\n";
   out << "\n";
   std::vector<std::vector<std::string>> rows = {{"layer", "type", "output", "tile rows x cols",
                                                  "top", "bottom", "left", "right", "fwd", "bwd"}};

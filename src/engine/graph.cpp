@@ -57,12 +57,20 @@ Distribution with_aligned_split(const ModelSpec& spec, Distribution input) {
 }
 
 std::string split_units_text(const Distribution& in) {
-  std::string units;
-  if (in.row_units > 0 && in.row_units % in.grid.h != 0)
-    units = std::to_string(in.global.h / in.row_units) + " rows";
-  if (in.col_units > 0 && in.col_units % in.grid.w != 0)
-    units += (units.empty() ? "" : " x ") + std::to_string(in.global.w / in.col_units) + " columns";
-  return units.empty() ? units : "cut in whole units of " + units + " so every resolution lines up";
+  // Units that change the tiles (with_aligned_split), and their length in the input's rows.
+  const auto axis = [](std::int64_t units, std::int64_t extent, int parts, const char* what) {
+    if (units <= 0 || units % parts == 0) return std::string();
+    std::string s = std::string(what) + " cut in " + std::to_string(units) + " units";
+    if (extent % units == 0) s += " of " + std::to_string(extent / units);
+    return s;
+  };
+  const std::string rows = axis(in.row_units, in.global.h, in.grid.h, "rows");
+  const std::string cols = axis(in.col_units, in.global.w, in.grid.w, "columns");
+  if (rows.empty() && cols.empty()) return {};
+  return (rows.empty()   ? cols
+          : cols.empty() ? rows
+                         : rows + ", " + cols) +
+         " to line up the resolutions";
 }
 
 template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&,

@@ -77,12 +77,19 @@ TEST(AlignedUnits, TheCommonDivisorWhereItCostsLittleBalance) {
   EXPECT_EQ(aligned_units({2048, 1024, 512}, 3), 512);
   EXPECT_EQ(aligned_units({2048, 1024, 512}, 7), 512);  // 296 rows against 293: 1.0%
   EXPECT_EQ(aligned_units({70, 35}, 3), 35);            // 24, 24, 22 against 24, 23, 23
+  // A deeper net: down to 128 rows (64 would cost 3.1%: 704 rows against 683); the 64-row level
+  // is then split on its own (split_range falls back where the units do not divide).
+  EXPECT_EQ(aligned_units({2048, 1024, 512, 256, 128, 64, 128, 2048}, 3), 128);
+  EXPECT_EQ(split_range(64, 128, 3, 1), block_range(64, 3, 1));
+  EXPECT_EQ(aligned_units({160, 80, 40, 20}, 3), 80);  // 40 in 40 units would cost 3.7%
   // Splits that divide the units are block_range's anyway.
   EXPECT_EQ(aligned_units({2048, 1024, 512}, 2), 512);
   for (int i = 0; i < 2; ++i)
     EXPECT_EQ(split_range(2048, 512, 2, i), block_range(2048, 2, i));
-  // 64, 32, 16 over 3: 24 rows against 22 (9%): each extent split on its own.
-  EXPECT_EQ(aligned_units({64, 32, 16}, 3), 0);
+  // 64, 32, 16 over 3: 32 units (22, 22, 20 rows, as even at most), not 16 (24, 20, 20: 9%).
+  EXPECT_EQ(aligned_units({64, 32, 16}, 3), 32);
+  EXPECT_EQ(aligned_units({20, 10}, 3), 0);      // 10 units: 8 rows against 7
+  EXPECT_EQ(aligned_units({2048}, 3), 0);        // one extent: nothing to line up
   EXPECT_EQ(aligned_units({2048, 2046}, 3), 0);  // a valid conv: units of 2 rows, fewer than 3
   EXPECT_EQ(aligned_units({17, 9}, 2), 0);       // a stride-2 layer of an odd extent
   EXPECT_EQ(aligned_units({2048, 1024}, 1), 0);  // one part

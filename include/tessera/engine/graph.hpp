@@ -36,9 +36,9 @@ std::vector<LayerNode<T>> set_up_layers(const ModelSpec& spec, const Distributio
 // what set_up_layers throws. Local and pure.
 Distribution with_aligned_split(const ModelSpec& spec, Distribution input);
 
-// Where `in`'s split units make its tiles differ from an even split: "cut in whole units of 4
-// rows so every resolution lines up" (rows, columns or "4 rows x 2 columns"); else empty. For
-// the start-up report of tessera train and for tessera plan. Local and pure.
+// Where `in`'s split units make its tiles differ from an even split: "rows cut in 512 units of 4
+// to line up the resolutions" (rows, columns or both: "rows cut in ..., columns cut in ..."); else
+// empty. For the start-up report of tessera train and for tessera plan. Local and pure.
 std::string split_units_text(const Distribution& in);
 
 }  // namespace tessera
