@@ -19,6 +19,7 @@
 #include "tessera/allocator.hpp"
 #include "tessera/batch.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/engine/graph.hpp"
 #include "tessera/engine/model.hpp"
 #include "tessera/engine/model_spec.hpp"
 #include "tessera/engine/optimizer.hpp"
@@ -171,6 +172,18 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
 
 // Every rank's split on every rank; every other number its maximum over ranks (the slowest rank
 // sets the pace). Collective over the world group.
+// The input's tiles as the JSON says them: the split units (0: an even split) and each spatial
+// rank's rows and columns, [begin, end), in the grid's row-major order.
+nlohmann::json tile_json(const Distribution& in) {
+  nlohmann::json tiles = nlohmann::json::array();
+  for (int i = 0; i < in.grid.h; ++i)
+    for (int k = 0; k < in.grid.w; ++k) {
+      const Box b = in.tile_of(i, k);
+      tiles.push_back({{"rows", {b.h.begin, b.h.end}}, {"cols", {b.w.begin, b.w.end}}});
+    }
+  return {{"row_units", in.row_units}, {"col_units", in.col_units}, {"spatial", tiles}};
+}
+
 void gather(Measured& m, const Comm& world) {
   allreduce_sum(world, std::span<double>(m.split));
   allreduce(world, std::span<double>(m.v), ReduceOp::max);
@@ -409,6 +422,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
         << " parameters), " << o.dtype << ", grid " << o.grid.str() << " (" << size
         << (size == 1 ? " rank" : " ranks") << "), image " << input.c << "x" << input.h << "x"
         << input.w << ", batch " << input.n << "\n"
+        << "  rank 0's " << tiles_text(model->input_distribution()) << "\n"
         << "  kernels: " << runtime.backend().description() << "\n"
         << "  waiting: " << to_string(runtime.comm().wait_settings().policy) << "; " << o.warmup
         << " warm-up step" << (o.warmup == 1 ? "" : "s")
@@ -466,6 +480,7 @@ int bench(const BenchOptions& o, const Comm& world, const RuntimeOptions& ro, st
   j["ranks"] = size;
   j["image"] = {input.c, input.h, input.w};
   j["batch"] = input.n;
+  j["tiles"] = tile_json(model->input_distribution());
   j["threads_per_rank"] = kernel_threads().count;
   j["kernels"] = runtime.backend().description();
   j["steps"] = o.steps;

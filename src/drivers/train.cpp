@@ -492,22 +492,7 @@ void Trainer<T>::print_summary() {
   out_ << "tessera train: model " << spec_.name << " (" << model_->parameter_count()
        << " parameters), " << o_.dtype << ", loss " << to_string(spec_.loss) << "\n"
        << "  grid " << g.str() << ": " << g.n << " data-parallel group(s) of " << g.h << "x" << g.w
-       << " spatial ranks; rank 0 tile rows " << to_string(in.rows()) << ", columns "
-       << to_string(in.cols()) << " of " << in.global.h << "x" << in.global.w;
-  // Uneven tiles: the smallest and the largest, rows x columns.
-  std::int64_t rows_min = in.global.h, rows_max = 0, cols_min = in.global.w, cols_max = 0;
-  for (int i = 0; i < g.h; ++i)
-    for (int j = 0; j < g.w; ++j) {
-      const Box b = in.tile_of(i, j);
-      rows_min = std::min(rows_min, b.h.size());
-      rows_max = std::max(rows_max, b.h.size());
-      cols_min = std::min(cols_min, b.w.size());
-      cols_max = std::max(cols_max, b.w.size());
-    }
-  if (rows_min != rows_max || cols_min != cols_max)
-    out_ << "; tiles from " << rows_min << "x" << cols_min << " to " << rows_max << "x" << cols_max;
-  if (const std::string units = split_units_text(in); !units.empty()) out_ << ", " << units;
-  out_ << "\n"
+       << " spatial ranks; rank 0 " << tiles_text(in) << "\n"
        << "  data: " << data_text_ << "\n"
        << "  batch " << o_.batch << " (" << in.samples().size() << " on rank 0's group), "
        << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"

@@ -1,5 +1,7 @@
 #include "tessera/engine/graph.hpp"
 
+#include <algorithm>
+
 #include "tessera/layers/registry.hpp"
 #include "tessera/partition.hpp"
 
@@ -71,6 +73,26 @@ std::string split_units_text(const Distribution& in) {
           : cols.empty() ? rows
                          : rows + ", " + cols) +
          " to line up the resolutions";
+}
+
+std::string tiles_text(const Distribution& in) {
+  std::string s = "tile rows " + to_string(in.rows()) + ", columns " + to_string(in.cols()) +
+                  " of " + std::to_string(in.global.h) + "x" + std::to_string(in.global.w);
+  // Uneven tiles: the smallest and the largest, rows x columns.
+  std::int64_t rows_min = in.global.h, rows_max = 0, cols_min = in.global.w, cols_max = 0;
+  for (int i = 0; i < in.grid.h; ++i)
+    for (int j = 0; j < in.grid.w; ++j) {
+      const Box b = in.tile_of(i, j);
+      rows_min = std::min(rows_min, b.h.size());
+      rows_max = std::max(rows_max, b.h.size());
+      cols_min = std::min(cols_min, b.w.size());
+      cols_max = std::max(cols_max, b.w.size());
+    }
+  if (rows_min != rows_max || cols_min != cols_max)
+    s += "; tiles from " + std::to_string(rows_min) + "x" + std::to_string(cols_min) + " to " +
+         std::to_string(rows_max) + "x" + std::to_string(cols_max);
+  if (const std::string units = split_units_text(in); !units.empty()) s += ", " + units;
+  return s;
 }
 
 template std::vector<LayerNode<float>> set_up_layers(const ModelSpec&, const Distribution&,

@@ -29,10 +29,15 @@ def bench_runs(env):
     out = env.path("b.json")
     r = env.tessera(2, "bench", "--image", "3x32x48", "--steps", "2", "--json", out)
     expect_ok(r, "tessera bench: model conv-bench", "grid 1x2x1", "c1", "forward", "backward",
-              "head", "exposed communication", "convolutions:", "sgemm:", "peak memory")
+              "head", "exposed communication", "convolutions:", "sgemm:", "peak memory",
+              "rank 0's tile rows [0, 16), columns [0, 48) of 32x48\n")
     j = json.loads(out.read_text())
     if j["grid"] != "1x2x1" or j["ranks"] != 2 or j["image"] != [3, 32, 48]:
         fail(f"wrong run settings in the JSON: {j}")
+    want = {"row_units": 0, "col_units": 0, "spatial": [{"rows": [0, 16], "cols": [0, 48]},
+                                                        {"rows": [16, 32], "cols": [0, 48]}]}
+    if j["tiles"] != want:
+        fail(f"expected the tiles {want}, got {j['tiles']}")
     if len(j["layers"]) != 2 * 9:
         fail(f"expected forward and backward rows for 9 layers, got {len(j['layers'])}")
     # Rank 0's tile is 16 x 48: the FLOP count is exact.
@@ -70,6 +75,16 @@ def bench_runs(env):
         fail("--sgemm 0 still measured SGEMM", r)
     if "memory: STREAM" in r.output or "membw_node_gbs" in j:
         fail("--membw 0 still measured the memory bandwidth", r)
+
+    # Uneven tiles, cut in units that line up unet-small's resolutions: said and written down.
+    r = env.tessera(3, "bench", "--model", "unet-small", "--image", "3x64x64", "--steps", "1",
+                    "--sgemm", "0", "--membw", "0", "--json", out)
+    expect_ok(r, "grid 1x3x1", "rank 0's tile rows [0, 22), columns [0, 64) of 64x64; tiles from "
+              "20x64 to 22x64, rows cut in 32 units of 2 to line up the resolutions")
+    tiles = json.loads(out.read_text())["tiles"]
+    if tiles["row_units"] != 32 or [t["rows"] for t in tiles["spatial"]] != [[0, 22], [22, 44],
+                                                                               [44, 64]]:
+        fail(f"expected rows cut in 32 units as 22/22/20, got {tiles}")
 
 
 @scenario
