@@ -16,6 +16,7 @@
 
 #include "tessera/batch.hpp"
 #include "tessera/collectives.hpp"
+#include "tessera/engine/graph.hpp"
 #include "tessera/engine/model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/gather.hpp"
@@ -345,7 +346,9 @@ int run(const GradcheckOptions& o, const Comm& world, const RuntimeOptions& ro, 
         << "\n";
     const Box t = x.dist.tile();
     out << "  rank 0 tile: rows " << to_string(t.h) << ", columns " << to_string(t.w)
-        << ", samples " << to_string(x.dist.samples()) << "\n";
+        << ", samples " << to_string(x.dist.samples());
+    if (const std::string spread = tile_spread_text(x.dist); !spread.empty()) out << "; " << spread;
+    out << "\n";
   }
 
   const auto t0 = clock::now();

@@ -75,9 +75,7 @@ std::string split_units_text(const Distribution& in) {
          " to line up the resolutions";
 }
 
-std::string tiles_text(const Distribution& in) {
-  std::string s = "tile rows " + to_string(in.rows()) + ", columns " + to_string(in.cols()) +
-                  " of " + std::to_string(in.global.h) + "x" + std::to_string(in.global.w);
+std::string tile_spread_text(const Distribution& in) {
   // Uneven tiles: the smallest and the largest, rows x columns.
   std::int64_t rows_min = in.global.h, rows_max = 0, cols_min = in.global.w, cols_max = 0;
   for (int i = 0; i < in.grid.h; ++i)
@@ -88,10 +86,19 @@ std::string tiles_text(const Distribution& in) {
       cols_min = std::min(cols_min, b.w.size());
       cols_max = std::max(cols_max, b.w.size());
     }
+  std::string s;
   if (rows_min != rows_max || cols_min != cols_max)
-    s += "; tiles from " + std::to_string(rows_min) + "x" + std::to_string(cols_min) + " to " +
-         std::to_string(rows_max) + "x" + std::to_string(cols_max);
-  if (const std::string units = split_units_text(in); !units.empty()) s += ", " + units;
+    s = "tiles from " + std::to_string(rows_min) + "x" + std::to_string(cols_min) + " to " +
+        std::to_string(rows_max) + "x" + std::to_string(cols_max);
+  if (const std::string units = split_units_text(in); !units.empty())
+    s += (s.empty() ? "" : ", ") + units;
+  return s;
+}
+
+std::string tiles_text(const Distribution& in) {
+  std::string s = "tile rows " + to_string(in.rows()) + ", columns " + to_string(in.cols()) +
+                  " of " + std::to_string(in.global.h) + "x" + std::to_string(in.global.w);
+  if (const std::string spread = tile_spread_text(in); !spread.empty()) s += "; " + spread;
   return s;
 }
 

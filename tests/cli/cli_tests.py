@@ -447,10 +447,12 @@ def gradcheck_aligned_split(env):
     pooling and upsampling layers at 2048 rows on 1x3x1; both name the units."""
     r = env.tessera(3, "gradcheck", "--model", "unet-small", "--grid", "1x3x1", "--height", "128",
                     "--width", "64", "--dtype", "float64")
-    expect_ok(r, "rank 0 tile: rows [0, 44), columns [0, 64)", "PASS")
+    expect_ok(r, "rank 0 tile: rows [0, 44), columns [0, 64), samples [0, 2); tiles from 40x64 to "
+              "44x64, rows cut in 32 units of 4 to line up the resolutions\n", "PASS")
     r = env.tessera(3, "gradcheck", "--model", "unet-small", "--grid", "1x1x3", "--height", "40",
                     "--width", "140", "--dtype", "float64")
-    expect_ok(r, "rank 0 tile: rows [0, 40), columns [0, 48)", "PASS")
+    expect_ok(r, "rank 0 tile: rows [0, 40), columns [0, 48), samples [0, 2); tiles from 40x44 to "
+              "40x48, columns cut in 35 units of 4 to line up the resolutions\n", "PASS")
     # Lined up down to 80 of 160, 80, 40 and 20 rows (40 in 40 units would cost 3.7%): 54, 54, 52
     # and 27, 27, 26 rows, the 40 and 20 rows split on their own (14, 13, 13 and 7, 7, 6).
     write_json(env.path("deep.json"), {"input_channels": 3, "layers": [

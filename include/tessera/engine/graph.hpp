@@ -41,10 +41,15 @@ Distribution with_aligned_split(const ModelSpec& spec, Distribution input);
 // empty. For the start-up report of tessera train and for tessera plan. Local and pure.
 std::string split_units_text(const Distribution& in);
 
+// Where the tiles of `in` differ: the smallest and the largest and the split units, "tiles from
+// 680x2048 to 684x2048, rows cut in 512 units of 4 to line up the resolutions"; else empty. Local
+// and pure.
+std::string tile_spread_text(const Distribution& in);
+
 // This rank's tile of `in` and, where the tiles differ, the smallest and the largest and the split
 // units: "tile rows [0, 684), columns [0, 2048) of 2048x2048; tiles from 680x2048 to 684x2048,
-// rows cut in 512 units of 4 to line up the resolutions". For the start-up reports of tessera
-// train and tessera bench. Local and pure.
+// rows cut in 512 units of 4 to line up the resolutions" (tile_spread_text). For the start-up
+// reports of tessera train and tessera bench. Local and pure.
 std::string tiles_text(const Distribution& in);
 
 }  // namespace tessera
