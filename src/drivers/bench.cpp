@@ -170,10 +170,8 @@ Measured time_steps(Model<T>& model, Optimizer<T>& optimizer, const DistTensor<T
   return m;
 }
 
-// Every rank's split on every rank; every other number its maximum over ranks (the slowest rank
-// sets the pace). Collective over the world group.
 // The input's tiles as the JSON says them: the split units (0: an even split) and each spatial
-// rank's rows and columns, [begin, end), in the grid's row-major order.
+// rank's rows and columns, [begin, end), in the grid's row-major order. Local.
 nlohmann::json tile_json(const Distribution& in) {
   nlohmann::json tiles = nlohmann::json::array();
   for (int i = 0; i < in.grid.h; ++i)
@@ -184,6 +182,8 @@ nlohmann::json tile_json(const Distribution& in) {
   return {{"row_units", in.row_units}, {"col_units", in.col_units}, {"spatial", tiles}};
 }
 
+// Every rank's split on every rank; every other number its maximum over ranks (the slowest rank
+// sets the pace). Collective over the world group.
 void gather(Measured& m, const Comm& world) {
   allreduce_sum(world, std::span<double>(m.split));
   allreduce(world, std::span<double>(m.v), ReduceOp::max);
