@@ -38,7 +38,8 @@ Distribution with_aligned_split(const ModelSpec& spec, Distribution input);
 
 // Where `in`'s split units make its tiles differ from an even split: "rows cut in 512 units of 4
 // to line up the resolutions" (rows, columns or both: "rows cut in ..., columns cut in ..."); else
-// empty. For the start-up report of tessera train and for tessera plan. Local and pure.
+// empty. For tessera plan, and through tile_spread_text for train, bench and gradcheck. Local
+// and pure.
 std::string split_units_text(const Distribution& in);
 
 // Where the tiles of `in` differ: the smallest and the largest and the split units, "tiles from
